@@ -1,0 +1,258 @@
+"""Import a Hugging Face Llama/Mistral/Qwen2 directory (config.json, safetensors shards) into a store."""
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
+
+from nodes.config import DTYPES, ModelConfig, StoreError
+from tools.store_writer import StoreWriter
+
+ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+# HF name inside model.layers.{i} -> store name (see import_gguf.LAYER_NAMES). HF's q/k rows are
+# already in rotate-half order, so unlike GGUF nothing is permuted.
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "wq.weight", "self_attn.k_proj.weight": "wk.weight",
+    "self_attn.v_proj.weight": "wv.weight", "self_attn.q_proj.bias": "wq.bias",
+    "self_attn.k_proj.bias": "wk.bias", "self_attn.v_proj.bias": "wv.bias",
+    "self_attn.o_proj.weight": "wo.weight", "mlp.gate_proj.weight": "w_gate.weight",
+    "mlp.up_proj.weight": "w_up.weight", "mlp.down_proj.weight": "w_down.weight",
+}
+BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+UNSUPPORTED = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path}: invalid JSON ({exc})") from None
+
+
+def rope(hf: dict) -> tuple[float, dict | None]:
+    """rope_theta and the store's rope_scaling, from transformers 5's `rope_parameters` or the older keys."""
+    params = hf.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    scaling = params if ("rope_type" in params or "type" in params) else (hf.get("rope_scaling") or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise StoreError(f"rope scaling {kind!r} is not supported (only 'llama3')")
+    missing = [k for k in LLAMA3_KEYS if k not in scaling]
+    if missing:
+        raise StoreError(f"llama3 rope scaling lacks {missing}")
+    return theta, {"type": "llama3", **{k: scaling[k] for k in LLAMA3_KEYS}}
+
+
+def architecture(hf: dict) -> str:
+    archs = hf.get("architectures") or [hf.get("model_type")]
+    arch = next((ARCHS[a] for a in archs if a in ARCHS), None)
+    if arch is None:
+        raise StoreError(f"unsupported architecture {archs!r}; supported: {sorted(ARCHS)}")
+    return arch
+
+
+def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
+    """The model's shape from config.json; biases and tying are read off the tensor names."""
+    arch = architecture(hf)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise StoreError(f"activation {hf['hidden_act']!r} is not supported (only silu)")
+    try:
+        hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        theta, scaling = rope(hf)
+        max_seq = int(hf.get("max_position_embeddings", 4096))
+        # Sliding-window attention equals full attention on sequences no longer than the window.
+        window = hf.get("sliding_window") if arch == "mistral" or hf.get("use_sliding_window") else None
+        return ModelConfig(
+            architecture=arch, hidden=hidden, intermediate=int(hf["intermediate_size"]),
+            n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
+            n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or hidden // heads), vocab=int(hf["vocab_size"]),
+            max_seq_len=min(max_seq, int(window)) if window else max_seq,
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
+            qkv_bias=any(f"model.layers.0.{n}" in tensors for n in BIASES),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in tensors)),
+        )
+    except KeyError as exc:
+        raise StoreError(f"config.json lacks {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"config.json has a malformed value ({exc})") from None
+
+
+def tensor_files(src: Path) -> dict[str, Path]:
+    """Which shard holds each tensor: from model.safetensors.index.json, else from every shard's header."""
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise StoreError(f"{index} has no weight_map")
+        return {name: src / file for name, file in weight_map.items()}
+    shards = sorted(src.glob("*.safetensors"))
+    if not shards:
+        raise StoreError(f"{src} has no *.safetensors files (pytorch .bin checkpoints are not supported)")
+    where = {}
+    for path in shards:
+        with open_shard(path) as f:
+            where.update(dict.fromkeys(f.keys(), path))
+    return where
+
+
+def open_shard(path: Path):
+    try:
+        return safe_open(path, framework="pt")
+    except FileNotFoundError:
+        raise StoreError(f"safetensors shard {path} is missing") from None
+    except (SafetensorError, OSError) as exc:
+        raise StoreError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
+
+
+class Shards:
+    """Reads single tensors on demand, each shard opened (memory-mapped) once."""
+
+    def __init__(self, where: dict[str, Path], stack: ExitStack):
+        self.where, self.stack, self.handles = where, stack, {}
+
+    def dtype(self, name: str) -> str:
+        return self.handle(name).get_slice(name).get_dtype()
+
+    def handle(self, name: str):
+        if name not in self.where:
+            raise StoreError(f"checkpoint lacks tensor {name!r}")
+        path = self.where[name]
+        if path not in self.handles:
+            self.handles[path] = self.stack.enter_context(open_shard(path))
+        if name not in self.handles[path].keys():
+            raise StoreError(f"{path.name} lacks tensor {name!r} (the index lists it there)")
+        return self.handles[path]
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        try:
+            t = self.handle(name).get_tensor(name)
+        except SafetensorError as exc:
+            raise StoreError(f"{self.where[name]}: cannot read tensor {name!r} ({exc})") from None
+        if tuple(t.shape) != shape:
+            raise StoreError(f"tensor {name!r} has shape {tuple(t.shape)}; config.json implies {shape}")
+        return t.to(dtype)
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    return {
+        "attn_norm.weight": (h,), "ffn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h),
+        "wv.weight": (kv, h), "wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,), "wo.weight": (h, q),
+        "w_gate.weight": (i, h), "w_up.weight": (i, h), "w_down.weight": (h, i),
+    }
+
+
+def ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def special_tokens(hf: dict, gen: dict, tok_cfg: dict, tok: Tokenizer, tok_json: dict) -> dict:
+    """bos_token_id, eos_token_ids and add_bos for the manifest."""
+    bos = hf.get("bos_token_id") if hf.get("bos_token_id") is not None else gen.get("bos_token_id")
+    eos = ids(gen.get("eos_token_id")) or ids(hf.get("eos_token_id"))
+    # The tokenizer's own EOS goes first: chat templates render it as {{ eos_token }}.
+    spec = tok_cfg.get("eos_token")
+    text = spec.get("content") if isinstance(spec, dict) else spec
+    tok_eos = tok.token_to_id(text) if isinstance(text, str) else None
+    eos = ([tok_eos] if tok_eos is not None else []) + eos
+    add_bos = tok_cfg.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        add_bos = bos is not None and adds_bos(tok_json, tok.id_to_token(int(bos)))
+    return {"bos_token_id": None if bos is None else int(bos), "eos_token_ids": tuple(dict.fromkeys(eos)),
+            "add_bos": add_bos}
+
+
+def adds_bos(tok_json: dict, bos: str | None) -> bool:
+    """Whether tokenizer.json's post-processor puts BOS in front (when tokenizer_config does not say)."""
+    post = tok_json.get("post_processor") or {}
+    for p in post.get("processors", [post]):
+        if p.get("type") == "TemplateProcessing":
+            return any(piece.get("SpecialToken", {}).get("id") == bos for piece in p.get("single", []))
+    return False
+
+
+def chat_template(src: Path, tok_cfg: dict) -> str | None:
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if template is None and (src / "chat_template.jinja").is_file():
+        template = (src / "chat_template.jinja").read_text()
+    return template
+
+
+def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool = False,
+              progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    src, out = Path(src), Path(out)
+    if not (src / "config.json").is_file():
+        raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
+    hf = read_json(src / "config.json")
+    architecture(hf)  # fail on an unsupported model before opening any shard
+    if not (src / "tokenizer.json").is_file():
+        raise StoreError(f"{src}: tokenizer.json is missing (only fast tokenizers are supported)")
+    tok_bytes = (src / "tokenizer.json").read_bytes()
+    try:
+        tok = Tokenizer.from_str(tok_bytes.decode())
+    except Exception as exc:  # tokenizers raises plain Exception
+        raise StoreError(f"{src / 'tokenizer.json'}: not a valid tokenizer ({str(exc)[:120]})") from None
+    tok_cfg = read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
+    gen = read_json(src / "generation_config.json") if (src / "generation_config.json").is_file() else {}
+    try:
+        special = special_tokens(hf, gen, tok_cfg, tok, json.loads(tok_bytes))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{src}: malformed special token ids ({exc})") from None
+
+    where = tensor_files(src)
+    cfg = read_config(hf, where)
+    prefix = [f"model.layers.{i}." for i in range(cfg.n_layers)]
+    bad = next((p + n for p in prefix for n in UNSUPPORTED if p + n in where), None)
+    if bad:
+        raise StoreError(f"tensor {bad!r}: output/MLP biases are not supported")
+    hf_names = [n for n in LAYER_NAMES if cfg.qkv_bias or n not in BIASES]
+    names = [p + n for p in prefix for n in hf_names]
+    names += ["model.embed_tokens.weight", "model.norm.weight"]
+    names += [] if cfg.tie_embeddings else ["lm_head.weight"]
+    missing = next((n for n in names if n not in where), None)
+    if missing:
+        raise StoreError(f"checkpoint lacks tensor {missing!r}")
+
+    with ExitStack() as stack:
+        shards = Shards(where, stack)
+        if dtype is None:
+            dtype = hf.get("dtype") or hf.get("torch_dtype") or SAFETENSORS_DTYPES.get(
+                shards.dtype("model.embed_tokens.weight"), "")
+        if dtype not in DTYPES:
+            raise StoreError(f"weight dtype {dtype!r} is not supported; pass dtype= one of {DTYPES}")
+        torch_dtype = getattr(torch, dtype)
+        shapes = layer_shapes(cfg)
+        with StoreWriter(out, overwrite=overwrite) as w:
+            w.write_unit("embed", {"embed.weight": shards.get(
+                "model.embed_tokens.weight", (cfg.vocab, cfg.hidden), torch_dtype)})
+            for i in range(cfg.n_layers):
+                w.write_unit(f"layer.{i}", {
+                    LAYER_NAMES[n]: shards.get(prefix[i] + n, shapes[LAYER_NAMES[n]], torch_dtype)
+                    for n in hf_names
+                })
+                progress(i + 1, cfg.n_layers)
+            head = {"norm.weight": shards.get("model.norm.weight", (cfg.hidden,), torch_dtype)}
+            if not cfg.tie_embeddings:
+                head["output.weight"] = shards.get("lm_head.weight", (cfg.vocab, cfg.hidden), torch_dtype)
+            w.write_unit("head", head)
+
+            w.add_file("tokenizer.json", tok_bytes)
+            w.finish(name=src.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
+                     chat_template=chat_template(src, tok_cfg), **special)
+    return out
