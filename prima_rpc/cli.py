@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from prima_rpc import cli_ring
 from prima_rpc.cli_errors import fail, guarded
 from prima_rpc.progress import bar
 
@@ -108,6 +109,9 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids)}))
     else:
         print()
+
+
+cli_ring.register(app, state)
 
 
 def _default_model() -> Path:

@@ -1,11 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -30,7 +28,7 @@ class Tensor(_message.Message):
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: str | None = ..., shape: _Iterable[int] | None = ..., data: bytes | None = ...) -> None: ...
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class LayerRange(_message.Message):
     __slots__ = ("start", "stop")
@@ -38,7 +36,7 @@ class LayerRange(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     start: int
     stop: int
-    def __init__(self, start: int | None = ..., stop: int | None = ...) -> None: ...
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
     __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq")
@@ -58,13 +56,13 @@ class Frame(_message.Message):
     hidden: Tensor
     error: str
     seq: int
-    def __init__(self, request_id: str | None = ..., kind: FrameKind | str | None = ..., start_pos: int | None = ..., next_layer: int | None = ..., capacity: int | None = ..., hidden: Tensor | _Mapping | None = ..., error: str | None = ..., seq: int | None = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
     SEQ_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: int | None = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
     __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes")
@@ -86,14 +84,14 @@ class NodeStats(_message.Message):
     frames: int
     active_requests: int
     rss_bytes: int
-    def __init__(self, resident_bytes: int | None = ..., disk_read_bytes: int | None = ..., compute_s: float | None = ..., stall_s: float | None = ..., link_s: float | None = ..., last_token_ms: float | None = ..., frames: int | None = ..., active_requests: int | None = ..., rss_bytes: int | None = ...) -> None: ...
+    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +103,8 @@ class NodeInfo(_message.Message):
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MEM_BUDGET_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -116,7 +116,9 @@ class NodeInfo(_message.Message):
     model_name: str
     mem_budget: int
     stats: NodeStats
-    def __init__(self, name: str | None = ..., address: str | None = ..., peer: str | None = ..., role: str | None = ..., windows: _Iterable[LayerRange | _Mapping] | None = ..., loaded: bool | None = ..., n_layers: int | None = ..., model_id: str | None = ..., model_name: str | None = ..., mem_budget: int | None = ..., stats: NodeStats | _Mapping | None = ...) -> None: ...
+    node_id: str
+    error: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
     __slots__ = ("windows", "head", "model_id", "ring_layers")
@@ -128,7 +130,7 @@ class AssignRequest(_message.Message):
     head: bool
     model_id: str
     ring_layers: int
-    def __init__(self, windows: _Iterable[LayerRange | _Mapping] | None = ..., head: bool | None = ..., model_id: str | None = ..., ring_layers: int | None = ...) -> None: ...
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready")
@@ -140,19 +142,19 @@ class LoadProgress(_message.Message):
     total_bytes: int
     unit: str
     ready: bool
-    def __init__(self, done_bytes: int | None = ..., total_bytes: int | None = ..., unit: str | None = ..., ready: bool | None = ...) -> None: ...
+    def __init__(self, done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., unit: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
     __slots__ = ("refresh",)
     REFRESH_FIELD_NUMBER: _ClassVar[int]
     refresh: bool
-    def __init__(self, refresh: bool | None = ...) -> None: ...
+    def __init__(self, refresh: _Optional[bool] = ...) -> None: ...
 
 class ProfileReply(_message.Message):
     __slots__ = ("json",)
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
-    def __init__(self, json: str | None = ...) -> None: ...
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()
@@ -168,7 +170,7 @@ class ChatMessage(_message.Message):
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: str | None = ..., content: str | None = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "messages", "raw", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "request_id")
@@ -192,7 +194,7 @@ class GenerateRequest(_message.Message):
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, prompt: str | None = ..., messages: _Iterable[ChatMessage | _Mapping] | None = ..., raw: bool | None = ..., max_tokens: int | None = ..., temperature: float | None = ..., top_k: int | None = ..., top_p: float | None = ..., seed: int | None = ..., stop: _Iterable[str] | None = ..., request_id: str | None = ...) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., raw: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "text", "index", "elapsed_ms")
@@ -204,7 +206,7 @@ class TokenEvent(_message.Message):
     text: str
     index: int
     elapsed_ms: float
-    def __init__(self, token_id: int | None = ..., text: str | None = ..., index: int | None = ..., elapsed_ms: float | None = ...) -> None: ...
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., elapsed_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id")
@@ -220,7 +222,7 @@ class Finished(_message.Message):
     ttft_ms: float
     tpot_ms: float
     request_id: str
-    def __init__(self, finish_reason: str | None = ..., prompt_tokens: int | None = ..., completion_tokens: int | None = ..., ttft_ms: float | None = ..., tpot_ms: float | None = ..., request_id: str | None = ...) -> None: ...
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("token", "finished")
@@ -228,16 +230,16 @@ class GenerateEvent(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     token: TokenEvent
     finished: Finished
-    def __init__(self, token: TokenEvent | _Mapping | None = ..., finished: Finished | _Mapping | None = ...) -> None: ...
+    def __init__(self, token: _Optional[_Union[TokenEvent, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: str | None = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class CancelReply(_message.Message):
     __slots__ = ("found",)
     FOUND_FIELD_NUMBER: _ClassVar[int]
     found: bool
-    def __init__(self, found: bool | None = ...) -> None: ...
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...

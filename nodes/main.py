@@ -1,0 +1,100 @@
+"""`prima-node`: one device of the ring. Serves Ring, Control and Inference until stopped."""
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import structlog
+import typer
+
+from nodes.config import StoreError
+from nodes.node import Node, NodeConfig
+from nodes.services import ControlService, InferenceService, RingService
+from prima_rpc.channel import SERVER_OPTIONS
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9}
+    t = text.strip().lower()
+    num = t.rstrip("abgikm")
+    try:
+        value = float(num) * units[t[len(num):]]
+    except (ValueError, KeyError):
+        raise typer.BadParameter(f"{text!r} is not a size like 512MiB or 2GiB") from None
+    if value < 0:
+        raise typer.BadParameter("a size cannot be negative")
+    return int(value)
+
+
+async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
+    stop = asyncio.Event()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
+    advertised = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    node = Node(replace(cfg, port=port))
+    node.address = f"{advertised}:{port}"
+    rpc.add_RingServicer_to_server(RingService(node), server)
+    rpc.add_ControlServicer_to_server(ControlService(node, stop), server)
+    rpc.add_InferenceServicer_to_server(InferenceService(node), server)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ready(node.address)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(node.compute_loop(), name="compute")
+            tasks.create_task(node.send_loop(), name="send")
+            await stop.wait()
+            raise asyncio.CancelledError  # leave the task group, cancelling the loops
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await server.stop(grace=2)
+        await node.link.close()
+        node.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@app.command()
+def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the ring"),
+         port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
+         host: str = typer.Option("0.0.0.0", help="address to bind"),
+         model: Path = typer.Option(None, help="layer store directory (none: relay only)"),
+         name: str = typer.Option("", help="a name for status tables"),
+         mem_budget: str = typer.Option("0", help="memory for weights, e.g. 2GiB (0: unlimited)"),
+         token: str = typer.Option(None, envvar="PRIMA_TOKEN", help="cluster secret"),
+         dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
+         log_level: str = typer.Option("info")):
+    """Run one node of a prima-rpc ring."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
+                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    if dtype not in ("float32", "bfloat16"):
+        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
+                     token=token, dtype=dtype)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # Windows: the default loop
+        runner = asyncio.run
+    try:
+        runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True)))
+    except (StoreError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    app()

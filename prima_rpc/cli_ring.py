@@ -1,0 +1,174 @@
+"""`prima-ctl` commands that talk to a live ring: start, status, generate, chat, up, down."""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prima_rpc import ring
+from prima_rpc.cli_errors import fail, guarded
+from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+
+
+def register(app: typer.Typer, state: dict) -> None:
+    @app.command()
+    @guarded
+    def start(windows: str = typer.Option(..., help="layers per node in ring order from --node: 8,8,14; 0 = relay")):
+        """Assign windows to the ring (the --node becomes the head) and wait until every node has loaded."""
+        try:
+            sizes = [int(w) for w in windows.split(",")]
+        except ValueError:
+            fail(f"--windows must be comma-separated integers, got {windows!r}")
+        nodes = _start(state, sizes)
+        print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
+
+    @app.command()
+    @guarded
+    def status(json_out: bool = typer.Option(False, "--json", help="print JSON")):
+        """Every node in ring order: address, role, windows, memory, timings."""
+        rows = [_row(address, info) for address, info in _walk(state)]
+        if json_out:
+            print(json.dumps({"nodes": rows}, indent=1))
+            return
+        table = Table(title=f"ring from {state['node']}")
+        for col in ("address", "name", "role", "windows", "loaded", "resident MiB", "RSS MiB", "frames",
+                    "compute s", "link s", "last token ms"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["address"], r["name"], r["role"], " ".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
+                          "yes" if r["loaded"] else "no", f"{r['resident_bytes'] / 2**20:.0f}",
+                          f"{r['rss_bytes'] / 2**20:.0f}", str(r["frames"]), f"{r['compute_s']:.2f}",
+                          f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}")
+        Console().print(table)
+
+    @app.command()
+    @guarded
+    def generate(prompt: str = typer.Argument(...), max_tokens: int = typer.Option(128),
+                 temperature: float = typer.Option(0.0), top_k: int = typer.Option(0),
+                 top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
+                 stop: list[str] = typer.Option([], help="stop string (repeatable)"),
+                 raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json")):
+        """Stream a completion from the ring's head (the --node)."""
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      stop=tuple(stop), raw=raw)
+        tokens, text, done = asyncio.run(_stream(state, prompt, None, kwargs, echo=not json_out))
+        if json_out:
+            print(json.dumps({"tokens": tokens, "text": text, "prompt_tokens": done.prompt_tokens,
+                              "finish_reason": done.finish_reason, "ttft_ms": done.ttft_ms, "tpot_ms": done.tpot_ms}))
+        else:
+            print()
+
+    @app.command()
+    @guarded
+    def chat(max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0)):
+        """An interactive chat with the ring (empty line or Ctrl-D ends it)."""
+        messages: list[dict] = []
+        while True:
+            try:
+                line = input("you> ").strip()
+            except EOFError:
+                break
+            if not line:
+                break
+            messages.append({"role": "user", "content": line})
+            sys.stdout.write("model> ")
+            _, text, _ = asyncio.run(_stream(state, "", messages, dict(max_tokens=max_tokens,
+                                                                        temperature=temperature), echo=True))
+            print()
+            messages.append({"role": "assistant", "content": text})
+
+    @app.command()
+    @guarded
+    def up(local: int = typer.Option(3, "--local", help="nodes to start on this machine"),
+           model: Path = typer.Option(None, help="store directory (default: SmolLM2, imported if missing)"),
+           base_port: int = typer.Option(7000), windows: str = typer.Option(None, help="default: an even split"),
+           prompt: str = typer.Option("What is the capital of France?", help="a first question to answer")):
+        """Start a local ring of N nodes on loopback, assign windows, and answer one prompt."""
+        from prima_rpc.local_ring import launch
+
+        if local < 1:
+            fail("--local needs at least 1 node")
+        if model is None:
+            from tools.default_model import ensure_default_store
+
+            model = ensure_default_store()
+        local_ring = launch(model, local, base_port)
+        addresses = local_ring.addresses
+        state["node"] = addresses[0]
+        sizes = [int(w) for w in windows.split(",")] if windows else None
+        nodes = _start(state, sizes or _even(ring.walk(addresses[0])[0][1].n_layers, local))
+        print(f"ring ready: {len(nodes)} nodes on {', '.join(addresses)}; logs in {local_ring.log_dir}")
+        if prompt:
+            print(f"you> {prompt}\nmodel> ", end="")
+            asyncio.run(_stream(state, prompt, None, dict(max_tokens=64), echo=True))
+            print()
+        print(f"chat with: prima-ctl --node {addresses[0]} chat    stop with: prima-ctl --node {addresses[0]} down")
+
+    @app.command()
+    @guarded
+    def down():
+        """Stop every node of the ring."""
+        nodes = _walk(state)
+        for address, _ in nodes:
+            ring.shutdown(address, state["token"])
+        print(f"stopped {len(nodes)} nodes")
+
+
+def _walk(state: dict):
+    try:
+        return ring.walk(state["node"], state["token"])
+    except ring.RingError as exc:
+        fail(str(exc))
+
+
+def _start(state: dict, sizes: list[int]):
+    from prima_rpc.progress import bar
+
+    loaded: dict[str, tuple[int, int]] = {}
+    with bar("loading windows") as progress:
+        def report(address: str, update) -> None:
+            if update.total_bytes:
+                loaded[address] = (update.done_bytes, update.total_bytes)
+                progress(sum(d for d, _ in loaded.values()) >> 20, sum(t for _, t in loaded.values()) >> 20)
+
+        try:
+            return ring.start(state["node"], sizes, state["token"], progress=report)
+        except ring.RingError as exc:
+            fail(str(exc))
+
+
+def _even(n_layers: int, nodes: int) -> list[int]:
+    """Windows for one round (k = 1) as even as the layer count allows; the head gets the remainder."""
+    base, extra = divmod(n_layers, nodes)
+    return [base + extra] + [base] * (nodes - 1)
+
+
+def _row(address: str, info) -> dict:
+    s = info.stats
+    return {"address": address, "name": info.name, "role": info.role, "peer": info.peer,
+            "windows": [[r.start, r.stop] for r in info.windows], "loaded": info.loaded, "model": info.model_name,
+            "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
+            "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
+            "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error}
+
+
+async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):
+    tokens, text, done = [], [], None
+    async with PrimaClient(state["node"], state["token"]) as client:
+        try:
+            async for event in client.generate(prompt, messages=messages, **kwargs):
+                if isinstance(event, Token):
+                    tokens.append(event.token_id)
+                    text.append(event.text)
+                    if echo:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                elif isinstance(event, Finished):
+                    done = event
+        except PrimaError as exc:
+            fail(str(exc))
+    return tokens, "".join(text), done

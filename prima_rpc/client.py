@@ -1,0 +1,136 @@
+"""The Python client: `async for event in client.generate(...)`, and a sync wrapper.
+
+    async with PrimaClient("127.0.0.1:7000") as client:
+        async for event in client.generate("Hello!", max_tokens=32):
+            print(event.text, end="")
+"""
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from prima_rpc.channel import aio_channel, metadata
+from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+
+class PrimaError(Exception):
+    """A failed call: `code` is the gRPC status (e.g. INVALID_ARGUMENT, UNAVAILABLE)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: int
+    text: str
+    index: int
+    elapsed_ms: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    request_id: str
+
+
+def _request(prompt: str, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id):
+    return pb.GenerateRequest(
+        prompt=prompt, messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ()],
+        raw=raw, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        stop=list(stop), request_id=request_id)
+
+
+class PrimaClient:
+    def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0):
+        self.address, self.token, self.timeout = address, token, timeout
+        self._channel = aio_channel(address)
+        self._inference = rpc.InferenceStub(self._channel)
+
+    async def __aenter__(self) -> "PrimaClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def generate(self, prompt: str = "", *, messages: list[dict] | None = None, max_tokens: int = 128,
+                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                       stop: tuple[str, ...] = (), raw: bool = False,
+                       request_id: str = "") -> AsyncIterator[Token | Finished]:
+        """Token events as the head produces them, then one Finished; PrimaError on failure."""
+        req = _request(prompt, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id)
+        call = self._inference.Generate(req, metadata=metadata(self.token), timeout=self.timeout)
+        try:
+            async for event in call:
+                if event.HasField("token"):
+                    t = event.token
+                    yield Token(t.token_id, t.text, t.index, t.elapsed_ms)
+                else:
+                    f = event.finished
+                    yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
+                                   f.request_id)
+        except grpc.aio.AioRpcError as exc:
+            raise PrimaError(exc.code(), exc.details()) from None
+        finally:
+            call.cancel()
+
+    async def cancel(self, request_id: str) -> bool:
+        reply = await rpc.InferenceStub(self._channel).Cancel(pb.CancelRequest(request_id=request_id),
+                                                              metadata=metadata(self.token))
+        return reply.found
+
+
+class SyncClient:
+    """The same client for code without an event loop: a background loop thread drives it."""
+
+    def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="prima-client")
+        self._thread.start()
+        self._client = asyncio.run_coroutine_threadsafe(self._make(address, token, timeout), self._loop).result()
+
+    @staticmethod
+    async def _make(address, token, timeout) -> PrimaClient:
+        return PrimaClient(address, token, timeout)
+
+    def generate(self, prompt: str = "", **kwargs) -> Iterator[Token | Finished]:
+        events: queue.Queue = queue.Queue()
+        done = object()
+
+        async def pump():
+            try:
+                async for event in self._client.generate(prompt, **kwargs):
+                    events.put(event)
+            except Exception as exc:  # handed to the caller's thread below
+                events.put(exc)
+            events.put(done)
+
+        asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        while (event := events.get()) is not done:
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "SyncClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

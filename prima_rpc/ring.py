@@ -1,0 +1,80 @@
+"""Operations on a whole ring from outside: walk it, assign windows, read status (sync gRPC)."""
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from prima_rpc.channel import metadata, sync_channel
+from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+from solver.plan import layer_ranges
+
+MAX_RING = 256
+
+
+class RingError(Exception):
+    """The ring is not in a state the command can work with."""
+
+
+def control(address: str) -> rpc.ControlStub:
+    return rpc.ControlStub(sync_channel(address))
+
+
+def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tuple[str, pb.NodeInfo]]:
+    """(address, info) of every node in ring order from `start`, by following successors."""
+    out: list[tuple[str, pb.NodeInfo]] = []
+    seen: set[str] = set()
+    address = start
+    while len(out) <= MAX_RING:
+        try:
+            info = control(address).Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+        except grpc.RpcError as exc:
+            where = f" (successor of {out[-1][0]})" if out else ""
+            raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}") from None
+        if info.node_id in seen:
+            if info.node_id != out[0][1].node_id:
+                raise RingError(f"the successors of {start} lead into a loop that skips it at {address}")
+            return out
+        seen.add(info.node_id)
+        out.append((address, info))
+        address = info.peer
+    raise RingError(f"no ring closes within {MAX_RING} nodes")
+
+
+def start(head: str, windows: list[int], token: str | None = None,
+          progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None) -> list[tuple[str, pb.NodeInfo]]:
+    """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel."""
+    ring = walk(head, token)
+    if len(windows) != len(ring):
+        raise RingError(f"{len(windows)} windows for a ring of {len(ring)} nodes: "
+                        + " -> ".join(a for a, _ in ring))
+    head_info = ring[0][1]
+    if not head_info.model_id:
+        raise RingError(f"the head {head} has no model (start it with --model)")
+    try:
+        ranges = layer_ranges(windows, head_info.n_layers)
+    except ValueError as exc:
+        raise RingError(str(exc)) from None
+
+    def assign(i: int) -> None:
+        address, _ = ring[i]
+        req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges[i]], head=(i == 0),
+                               model_id=head_info.model_id, ring_layers=head_info.n_layers)
+        try:
+            for update in control(address).Assign(req, metadata=metadata(token)):
+                progress(address, update)
+        except grpc.RpcError as exc:
+            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+
+    with ThreadPoolExecutor(len(ring)) as pool:
+        for future in [pool.submit(assign, i) for i in range(len(ring))]:
+            future.result()
+    return walk(head, token)
+
+
+def shutdown(address: str, token: str | None = None) -> None:
+    try:
+        control(address).Shutdown(pb.ShutdownRequest(), metadata=metadata(token), timeout=5)
+    except grpc.RpcError as exc:
+        raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None

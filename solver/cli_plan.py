@@ -1,0 +1,43 @@
+"""Offline planning entry point for `prima-ctl plan`: profiles file + manifest -> JSON-able plan."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from solver.baselines import even_split, exo_split, halda_noselect
+from solver.cost_model import Instance
+from solver.halda import halda
+from solver.model_profile import ModelProfile
+from solver.plan import Infeasible, Plan
+from solver.profiles import load_profiles
+
+STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
+
+
+def plan_to_json(plan: Plan, n_layers: int) -> dict:
+    ranges = plan.layer_ranges(n_layers)
+    return {
+        "strategy": plan.strategy,
+        "k": plan.k,
+        "predicted_tpot_ms": plan.predicted_tpot_s * 1e3,
+        "solve_ms": plan.solve_ms,
+        "devices": [
+            {"name": d.name, "role": d.role, "window": d.window, "gpu_layers": d.gpu_layers,
+             "set": d.set_label, "memory_bytes": d.memory_bytes, "predicted_ms": d.predicted_s * 1e3,
+             "layers": [list(r) for r in rs]}  # half-open [start, stop) per round
+            for d, rs in zip(plan.devices, ranges)],
+    }
+
+
+def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
+                 must_stay: Collection[str] = ()) -> dict:
+    """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+    model = ModelProfile.from_manifest(manifest)
+    inst = Instance(load_profiles(profiles_path), model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
+    plan = STRATEGIES[strategy](inst)
+    if isinstance(plan, Infeasible):
+        return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
+    return plan_to_json(plan, model.n_layers)

@@ -1,0 +1,102 @@
+"""Real prima-node processes on loopback: every ring shape gives the reference's greedy tokens."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from nodes.generation import GenerateParams
+from nodes.reference import ReferenceModel
+from prima_rpc import ring
+from prima_rpc.client import Finished, PrimaClient, PrimaError, SyncClient, Token
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
+TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def reference(smol_store):
+    model = ReferenceModel(smol_store)
+    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS}
+
+
+async def collect(address: str, prompt: str, **kwargs) -> tuple[list[int], Finished]:
+    tokens, done = [], None
+    async with PrimaClient(address) as client:
+        async for event in client.generate(prompt, max_tokens=TOKENS, **kwargs):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+            else:
+                done = event
+    return tokens, done
+
+
+@pytest.mark.parametrize("windows", [
+    [30],             # one node holds everything
+    [10, 10, 10],     # 3 nodes, k = 1
+    [7, 3, 5],        # 3 nodes, uneven windows, k = 2
+    [10, 10, 0, 10],  # 4 nodes, one relay
+    [3, 2],           # 2 nodes, k = 6: each node's share is split across six rounds
+], ids=lambda w: ",".join(map(str, w)))
+def test_ring_shape_equals_reference(rings, reference, windows):
+    local = rings(len(windows))
+    nodes = ring.start(local.addresses[0], windows)
+    assert [info.role for _, info in nodes] == ["head"] + ["relay" if w == 0 else "worker" for w in windows[1:]]
+    for prompt in PROMPTS:
+        tokens, done = asyncio.run(collect(local.addresses[0], prompt))
+        assert tokens == reference[prompt], f"windows {windows}, prompt {prompt!r}"
+        assert done.completion_tokens == len(tokens) and done.finish_reason in ("length", "stop")
+    # Every request released its KV cache on every node.
+    assert all(info.stats.active_requests == 0 for _, info in ring.walk(local.addresses[0]))
+
+
+def test_concurrent_requests_do_not_mix(rings, reference):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+
+    async def all_at_once():
+        return await asyncio.gather(*(collect(local.addresses[0], p) for p in PROMPTS + PROMPTS[:1]))
+
+    results = asyncio.run(all_at_once())
+    for prompt, (tokens, _) in zip(PROMPTS + PROMPTS[:1], results):
+        assert tokens == reference[prompt]
+
+
+def test_sync_client_and_seeded_sampling_repeat(rings):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    with SyncClient(local.addresses[0]) as client:
+        runs = [[e.token_id for e in client.generate(PROMPTS[1], max_tokens=8, temperature=0.8, seed=11)
+                 if isinstance(e, Token)] for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 8
+
+
+@pytest.mark.parametrize("kwargs, code, message", [
+    (dict(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    (dict(prompt="hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be positive"),
+    (dict(prompt="hi", max_tokens=-5), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be positive"),
+    (dict(prompt="hi", top_p=3.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+    (dict(prompt="hi", raw=True, stop=("",)), grpc.StatusCode.INVALID_ARGUMENT, "stop strings"),
+])
+def test_bad_generate_requests_get_a_clear_status(rings, kwargs, code, message):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+
+    async def call():
+        async with PrimaClient(local.addresses[0]) as client:
+            prompt = kwargs.pop("prompt")
+            async for _ in client.generate(prompt, **kwargs):
+                pass
+
+    with pytest.raises(PrimaError) as err:
+        asyncio.run(call())
+    assert err.value.code == code and message in err.value.message
+
+
+def test_generate_on_a_worker_is_refused(rings):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    with pytest.raises(PrimaError) as err:
+        asyncio.run(collect(local.addresses[1], "hi"))
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "not the ring's head" in err.value.message

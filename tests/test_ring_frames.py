@@ -1,0 +1,92 @@
+"""Hostile frames at a worker's Ring service: each gets a clear gRPC status and the ring keeps serving."""
+
+import asyncio
+
+import grpc
+import pytest
+import torch
+
+from prima_rpc import codec, ring
+from prima_rpc.channel import aio_channel
+from prima_rpc.client import PrimaClient, Token
+from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+pytestmark = pytest.mark.slow
+H = 576  # SmolLM2's hidden size
+
+
+@pytest.fixture(scope="module")
+def ring3(rings):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])  # node1 holds [0, 10), node2 [10, 20), head [20, 30)
+    return local
+
+
+async def send_frames(address: str, *frames: pb.Frame, unlimited: bool = False) -> grpc.aio.AioRpcError | None:
+    # unlimited: a client that ignores our send limit, to reach the server's receive limit
+    options = [("grpc.max_send_message_length", -1)]
+    channel = grpc.aio.insecure_channel(address, options=options) if unlimited else aio_channel(address)
+    async with channel:
+        call = rpc.RingStub(channel).Stream()
+        for frame in frames:
+            await call.write(frame)
+        await call.done_writing()
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc
+    return None
+
+
+def forward(request_id="r1", next_layer=0, start_pos=0, capacity=8, hidden=None) -> pb.Frame:
+    hidden = codec.encode(torch.zeros(2, H)) if hidden is None else hidden
+    return pb.Frame(request_id=request_id, kind=pb.FORWARD, start_pos=start_pos, next_layer=next_layer,
+                    capacity=capacity, hidden=hidden)
+
+
+BAD = {
+    "wrong dtype": (forward(hidden=pb.Tensor(dtype="int8", shape=[2, H], data=b"\0" * 2 * H)),
+                    "INVALID_ARGUMENT", "unknown dtype"),
+    "byte count": (forward(hidden=pb.Tensor(dtype="float32", shape=[2, H], data=b"\0" * 7)),
+                   "INVALID_ARGUMENT", "needs 4608 bytes"),
+    "hidden size": (forward(hidden=codec.encode(torch.zeros(2, 100))), "INVALID_ARGUMENT", "hidden must be"),
+    "no tokens": (forward(hidden=codec.encode(torch.zeros(0, H))), "INVALID_ARGUMENT", "hidden must be"),
+    "layer outside windows": (forward(next_layer=10), "INVALID_ARGUMENT", "outside this node's windows"),
+    "layer beyond model": (forward(next_layer=99), "INVALID_ARGUMENT", "beyond the model"),
+    "unknown request": (forward(request_id="nobody", start_pos=5), "NOT_FOUND", "unknown request id"),
+    "beyond context": (forward(start_pos=8191), "OUT_OF_RANGE", "exceed the context"),
+    "empty request id": (forward(request_id=""), "INVALID_ARGUMENT", "request_id"),
+    "huge request id": (forward(request_id="x" * 500), "INVALID_ARGUMENT", "request_id"),
+    "unknown kind": (pb.Frame(request_id="r", kind=99), "INVALID_ARGUMENT", "unknown frame kind"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_frame_gets_a_status_and_the_ring_keeps_serving(ring3, name):
+    frame, code, message = BAD[name]
+    err = asyncio.run(send_frames(ring3.addresses[1], frame))
+    assert err is not None and err.code().name == code and message in err.details()
+
+
+def test_capacity_too_small_fails_only_that_request(ring3):
+    # Valid framing, but positions beyond the KV capacity the first frame reserved.
+    err = asyncio.run(send_frames(ring3.addresses[1], forward(request_id="cap", capacity=1)))
+    assert err is None  # accepted by the stream; the request itself is failed and reported forward
+
+
+def test_oversized_message_is_refused_by_the_transport(ring3):
+    big = pb.Tensor(dtype="float32", shape=[20 * 1024 * 1024], data=b"\0" * (80 << 20))
+    err = asyncio.run(send_frames(ring3.addresses[1], forward(hidden=big), unlimited=True))
+    assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_ring_still_answers_after_the_abuse(ring3):
+    async def one():
+        async with PrimaClient(ring3.addresses[0]) as client:
+            return [e.token_id async for e in client.generate("Say hi.", max_tokens=6) if isinstance(e, Token)]
+
+    assert len(asyncio.run(one())) == 6
+    assert all(info.stats.active_requests == 0 for _, info in ring.walk(ring3.addresses[0])
+               if info.role == "head")

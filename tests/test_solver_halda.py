@@ -1,0 +1,123 @@
+"""Halda on real python-mip: equals exhaustive search on small instances; rows hold on random ones."""
+
+import dataclasses
+
+import pytest
+
+from solver.cost_model import Instance, device_costs, evaluate, fits, window_fits
+from solver.exhaustive import exhaustive
+from solver.halda import halda
+from solver.plan import Infeasible, layer_ranges
+from solver.presets import preset
+from solver.synthetic import N_CTX, random_devices, small_instance
+
+
+def check_rows(inst: Instance, plan) -> None:
+    """The plan obeys every row of the LDA: (7), (8), RAM/VRAM, windows, roles."""
+    L, cs = inst.model.n_layers, device_costs(inst)
+    k, w = plan.k, plan.windows
+    assert k * sum(w) == L  # (8)
+    for c, d, dev in zip(cs, plan.devices, inst.devices):
+        assert 0 <= d.gpu_layers <= d.window  # (7)
+        assert k * d.gpu_layers * c.b_prime <= (min(dev.vram_free, max(c.ram, 0)) if c.uma else dev.vram_free)
+        assert window_fits(c, d.window, d.gpu_layers)  # one window fits in RAM (prefetch premise)
+        if c.forced_fit or d.set_label == "M4":
+            assert fits(c, k, d.window, d.gpu_layers)  # M4 rows: the whole share fits
+        if d.role in ("removed", "relay"):
+            assert d.window == 0
+        if d.role == "removed":
+            assert c.routable
+        if d.role == "relay":  # only a device the ring cannot drop (or no selection at all)
+            assert d.name in inst.must_stay or plan.strategy == "halda-noselect"
+    assert plan.devices[0].role == "head"
+    covered = sorted(r for rs in layer_ranges(w, L) for r in rs)
+    assert covered[0][0] == 0 and covered[-1][1] == L
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # contiguous, no overlap
+
+
+@pytest.mark.parametrize("select", [True, False])
+@pytest.mark.parametrize("chunk", range(4))
+def test_matches_exhaustive_search(select, chunk):
+    for seed in range(chunk * 40, chunk * 40 + 40):
+        inst = small_instance(seed)
+        plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
+        if opt is None:
+            assert isinstance(plan, Infeasible), (seed, plan)
+            continue
+        assert not isinstance(plan, Infeasible), (seed, plan, opt)
+        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
+        check_rows(inst, plan)
+
+
+@pytest.mark.parametrize("seed, L", [(1, 24), (2, 32), (3, 24), (5, 32), (7, 32), (9, 24)])
+def test_matches_exhaustive_search_deeper_models(seed, L):
+    inst = small_instance(seed, L=L, max_devices=3)
+    plan, opt = halda(inst), exhaustive(inst)
+    if opt is None:
+        assert isinstance(plan, Infeasible)
+    else:
+        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("name, count, seed", [("llama3-70b", 8, 1), ("qwen2.5-72b", 12, 2),
+                                               ("qwen2.5-32b", 16, 3), ("llama3-8b", 6, 4)])
+def test_rows_hold_on_random_clusters(name, count, seed):
+    devs = random_devices(count, seed)
+    inst = Instance(devs, preset(name), must_stay=frozenset({devs[-1].name}))
+    plan = halda(inst)
+    check_rows(inst, plan)
+    br = evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring, strict=True)
+    assert br is not None and br.tpot_s == pytest.approx(plan.predicted_tpot_s)
+
+
+def test_rows_hold_on_small_random_instances():
+    for seed in range(200, 260):
+        inst = small_instance(seed)
+        plan = halda(inst)
+        if not isinstance(plan, Infeasible):
+            check_rows(inst, plan)
+
+
+def test_relay_when_ring_cannot_route_around():
+    base = small_instance(11)
+    inst = dataclasses.replace(base, must_stay=frozenset())
+    plan = halda(inst)
+    idle = [d.name for d in plan.devices[1:] if d.window == 0]
+    assert idle, "instance should leave some device idle"
+    stuck = dataclasses.replace(base, must_stay=frozenset(idle[:1]))
+    p2 = halda(stuck)
+    assert {d.name: d.role for d in p2.devices}[idle[0]] == "relay"
+
+
+def test_noselect_keeps_every_device_computing():
+    inst = Instance(random_devices(5, 7), preset("qwen2.5-32b"))
+    plan = halda(inst, select=False)
+    assert all(d.window >= 1 for d in plan.devices)
+    assert plan.strategy == "halda-noselect"
+    assert halda(inst).predicted_tpot_s <= plan.predicted_tpot_s
+
+
+def test_infeasible_is_a_typed_result():
+    inst = small_instance(0)
+    head = inst.devices[0]
+    poor = dataclasses.replace(head, ram_available=10)
+    res = halda(Instance((poor,) + inst.devices[1:], inst.model, n_ctx=N_CTX))
+    assert isinstance(res, Infeasible) and "cannot hold the embedding" in res.reason
+    # Nobody can hold even one layer window, and the slow disk forbids offloading.
+    tiny = dataclasses.replace(head, ram_available=inst.model.head_extra_bytes + 10, gpu_kind="none",
+                               gpu_flops=0.0, vram_free=0, disk_seq_read=0.05e9)
+    res = halda(Instance((tiny,), inst.model, n_ctx=N_CTX))
+    assert isinstance(res, Infeasible) and "total memory + disk cannot hold the model" in res.reason
+
+
+def test_layer_ranges_prima_order():
+    assert layer_ranges([2, 1, 1], 8) == [[(2, 4), (6, 8)], [(0, 1), (4, 5)], [(1, 2), (5, 6)]]
+    assert layer_ranges([0, 32, 0], 32) == [[], [(0, 32)], []]
+    assert layer_ranges([3], 6) == [[(0, 3), (3, 6)]]
+
+
+@pytest.mark.parametrize("windows, L, msg", [([2, 1], 8, "does not divide"), ([0, 0], 8, "at least one"),
+                                             ([2, -1, 3], 8, ">= 0"), ([1], 0, "n_layers")])
+def test_layer_ranges_validation(windows, L, msg):
+    with pytest.raises(ValueError, match=msg):
+        layer_ranges(windows, L)

@@ -1,0 +1,113 @@
+"""The published prima.cpp testbed (D1-D4): Halda vs baselines, the simulator, and plan_offline's JSON."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from solver.baselines import even_split, exo_split, halda_noselect
+from solver.cli_plan import plan_offline
+from solver.cost_model import Instance
+from solver.halda import halda
+from solver.plan import Plan
+from solver.presets import preset
+from solver.profiles import load_profiles
+from solver.simulator import simulate
+
+TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
+DEVS = load_profiles(TESTBED)
+
+
+def roles(plan: Plan) -> dict[str, tuple[str, int, int]]:
+    return {d.name: (d.role, d.window, d.gpu_layers) for d in plan.devices}
+
+
+def test_8b_runs_on_d3_alone():
+    # prima.cpp: all 32 layers of Llama3-8B Q4K on D3's 2080Ti, the other devices dropped. The head
+    # cannot leave the ring, so D1 stays as head with window 0 (it only embeds and samples).
+    plan = halda(Instance(DEVS, preset("llama3-8b")))
+    assert plan.k == 1
+    assert roles(plan) == {"D1": ("head", 0, 0), "D2": ("removed", 0, 0), "D3": ("worker", 32, 32),
+                           "D4": ("removed", 0, 0)}
+    assert plan.layer_ranges(32) == [[], [], [(0, 32)], []]
+
+
+@pytest.fixture(scope="module")
+def plans_70b():
+    inst = Instance(DEVS, preset("llama3-70b"))
+    return inst, {f.__name__: f(inst) for f in (halda, halda_noselect, exo_split, even_split)}
+
+
+def test_70b_halda_beats_exo_five_fold(plans_70b):
+    inst, plans = plans_70b
+    tpot = {name: simulate(p, inst).tpot_s for name, p in plans.items()}
+    assert tpot["halda"] * 5 <= tpot["exo_split"]
+    assert tpot["halda"] <= tpot["halda_noselect"] <= tpot["exo_split"] < tpot["even_split"]
+    # 37 GiB of RAM+VRAM cannot hold 70B Q4K: Halda goes round the ring more than once (PRP).
+    assert plans["halda"].k > 1
+
+
+def test_prediction_is_the_simulators(plans_70b):
+    inst, plans = plans_70b
+    for p in plans.values():
+        assert simulate(p, inst).tpot_s == pytest.approx(p.predicted_tpot_s)
+
+
+def test_prefetch_hides_loads_only_when_windows_fit(plans_70b):
+    inst, plans = plans_70b
+    h = plans["halda"]
+    with_pf, without = simulate(h, inst), simulate(h, inst, prefetch=False)
+    assert with_pf.tpot_s < without.tpot_s and with_pf.serial_loads == ()
+    exo = plans["exo_split"]  # k = 1: each share is its window, too big to prefetch
+    assert simulate(exo, inst).serial_loads and simulate(exo, inst).tpot_s == \
+        pytest.approx(simulate(exo, inst, prefetch=False).tpot_s)
+
+
+def test_ttft_and_throughput():
+    inst = Instance(DEVS, preset("qwen2.5-32b"))
+    plan = halda(inst)
+    one = simulate(plan, inst, prompt_tokens=1)
+    assert one.ttft_s == pytest.approx(one.tpot_s)  # a one-token prompt is a decode step
+    assert simulate(plan, inst, prompt_tokens=512).ttft_s > one.ttft_s
+    tps = [simulate(plan, inst, concurrency=m).throughput_tps for m in (1, 2, 8, 64)]
+    assert tps == sorted(tps)
+    assert tps[-1] <= 1 / max(one.stage_s.values())  # the slowest stage caps the rate
+    assert one.bottleneck_device == max(one.per_device_s, key=one.per_device_s.get)
+
+
+def test_slow_link_is_reported():
+    slow = tuple(dataclasses.replace(d, link_latency_s=2.0) if d.name == "D2" else d for d in DEVS)
+    inst = Instance(slow, preset("llama3-8b"))
+    assert "D2" not in simulate(even_split(inst), Instance(DEVS, preset("llama3-8b"))).bottleneck_links
+    pred = simulate(even_split(inst), inst)
+    assert "D2" in pred.bottleneck_links
+    with pytest.raises(ValueError, match="do not match"):
+        simulate(even_split(inst), Instance(DEVS[:3], preset("llama3-8b")))
+
+
+def test_plan_offline_json():
+    man = preset("llama3-70b").to_manifest()
+    for strategy in ("halda", "halda-noselect", "exo", "even"):
+        out = json.loads(json.dumps(plan_offline(TESTBED, man, strategy)))
+        assert out["strategy"] == strategy
+        assert {"k", "predicted_tpot_ms", "solve_ms", "devices"} <= set(out)
+        assert [d["name"] for d in out["devices"]] == ["D1", "D2", "D3", "D4"]
+        for d in out["devices"]:
+            assert {"name", "role", "window", "gpu_layers", "set", "memory_bytes", "predicted_ms"} <= set(d)
+            assert d["role"] in ("head", "worker", "relay", "removed")
+        assert out["k"] * sum(d["window"] for d in out["devices"]) == 80
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        plan_offline(TESTBED, man, "random")
+
+
+def test_plan_offline_relay_and_infeasible(tmp_path):
+    man = preset("llama3-8b").to_manifest()
+    out = plan_offline(TESTBED, man, must_stay=["D4"])
+    assert {d["name"]: d["role"] for d in out["devices"]} == \
+        {"D1": "head", "D2": "removed", "D3": "worker", "D4": "relay"}
+    poor = json.loads(TESTBED.read_text())
+    poor["devices"][0]["ram_available"] = 1000
+    path = tmp_path / "poor.json"
+    path.write_text(json.dumps(poor))
+    assert "cannot hold the embedding" in plan_offline(path, man)["infeasible"]
