@@ -11,6 +11,7 @@ import grpc
 import structlog
 import typer
 
+from nodes.auth import TokenAuth
 from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
 from nodes.services import ControlService, InferenceService, RingService
@@ -36,7 +37,8 @@ def parse_size(text: str) -> int:
 
 async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
     stop = asyncio.Event()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    interceptors = [TokenAuth(cfg.token)] if cfg.token else []
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     if port == 0:
         raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
@@ -50,6 +52,10 @@ async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if not cfg.token and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        structlog.get_logger().warning(
+            f"NO TOKEN: anyone who can reach {cfg.host}:{port} can drive this node; "
+            "start every node with --token SECRET (or PRIMA_TOKEN)")
     ready(node.address)
     try:
         async with asyncio.TaskGroup() as tasks:

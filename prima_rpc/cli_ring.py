@@ -17,12 +17,18 @@ from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
 def register(app: typer.Typer, state: dict) -> None:
     @app.command()
     @guarded
-    def start(windows: str = typer.Option(..., help="layers per node in ring order from --node: 8,8,14; 0 = relay")):
-        """Assign windows to the ring (the --node becomes the head) and wait until every node has loaded."""
-        try:
-            sizes = [int(w) for w in windows.split(",")]
-        except ValueError:
-            fail(f"--windows must be comma-separated integers, got {windows!r}")
+    def start(windows: str = typer.Option(None, help="layers per node in ring order from --node: 8,8,14; 0 = relay"),
+              plan: Path = typer.Option(None, help="a plan saved by `prima-ctl plan --out`")):
+        """Assign windows to the ring (the --node becomes the head) and wait until every node has loaded.
+
+        Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
+        if windows is not None:
+            try:
+                sizes = [int(w) for w in windows.split(",")]
+            except ValueError:
+                fail(f"--windows must be comma-separated integers, got {windows!r}")
+        else:
+            sizes = _plan_windows(state, plan)
         nodes = _start(state, sizes)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
 
@@ -96,7 +102,7 @@ def register(app: typer.Typer, state: dict) -> None:
             from tools.default_model import ensure_default_store
 
             model = ensure_default_store()
-        local_ring = launch(model, local, base_port)
+        local_ring = launch(model, local, base_port, token=state["token"])
         addresses = local_ring.addresses
         state["node"] = addresses[0]
         sizes = [int(w) for w in windows.split(",")] if windows else None
@@ -116,6 +122,25 @@ def register(app: typer.Typer, state: dict) -> None:
         for address, _ in nodes:
             ring.shutdown(address, state["token"])
         print(f"stopped {len(nodes)} nodes")
+
+
+def _plan_windows(state: dict, plan_file: Path | None) -> list[int]:
+    """Windows in ring order from a saved or freshly solved plan; removed devices stay as relays."""
+    if plan_file is not None:
+        try:
+            result = json.loads(plan_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            fail(f"cannot read plan {plan_file}: {exc}")
+    else:
+        from prima_rpc.live_plan import plan_live
+
+        result = plan_live(state["node"], state["token"], "halda", refresh=False)
+    if "infeasible" in result:
+        fail(f"the plan is infeasible: {result['infeasible']}")
+    try:
+        return [int(d["window"]) for d in result["devices"]]
+    except (KeyError, TypeError, ValueError):
+        fail("the plan has no valid devices list")
 
 
 def _walk(state: dict):

@@ -1,5 +1,6 @@
 """Start N prima-node processes on loopback, each pointing at the next, and wait until they serve."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from prima_rpc.channel import sync_channel
+from prima_rpc.channel import metadata, sync_channel
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -53,7 +54,7 @@ def free_ports(n: int, base: int = 0) -> list[int]:
 
 def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | None = None,
            extra_args: list[list[str]] | None = None, models: list[Path | None] | None = None,
-           detach: bool = True, timeout: float = 60.0) -> LocalRing:
+           detach: bool = True, timeout: float = 60.0, token: str | None = None) -> LocalRing:
     """Start n nodes; node i gets models[i] (default: `model`) and extra_args[i]."""
     from tools.default_model import prima_home
 
@@ -62,32 +63,36 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
     ports = free_ports(n, base_port)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     ring = LocalRing(addresses, log_dir)
+    # Nodes sharing one machine's cores: an idle node's OpenMP threads must not spin-wait on the cores
+    # the active node needs (measured: a k=2 ring on 2 cores went from 95 to 63 ms/token).
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     for i, port in enumerate(ports):
         store = models[i] if models else model
         cmd = [sys.executable, "-m", "nodes.main", "--host", "127.0.0.1", "--port", str(port),
                "--peer", addresses[(i + 1) % n], "--name", f"node{i}"]
         cmd += ["--model", str(store)] if store else []
         cmd += extra_args[i] if extra_args else []
+        cmd += ["--token", token] if token else []
         log = open(log_dir / f"node{i}.log", "ab")
         ring.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=detach))
+                                               start_new_session=detach, env=env))
     try:
         for address, proc in zip(addresses, ring.processes):
-            wait_serving(address, proc, timeout)
+            wait_serving(address, proc, timeout, token)
     except Exception:
         ring.stop()
         raise
     return ring
 
 
-def wait_serving(address: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_serving(address: str, proc: subprocess.Popen, timeout: float, token: str | None = None) -> None:
     deadline = time.monotonic() + timeout
     stub = rpc.ControlStub(sync_channel(address))
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"node {address} exited with status {proc.returncode} (see its log)")
         try:
-            stub.Info(pb.InfoRequest(), timeout=1)
+            stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=1)
             return
         except grpc.RpcError:
             if time.monotonic() > deadline:

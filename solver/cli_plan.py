@@ -10,7 +10,7 @@ from solver.cost_model import Instance
 from solver.halda import halda
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, Plan
-from solver.profiles import load_profiles
+from solver.profiles import DeviceProfile, load_profiles
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
@@ -33,10 +33,15 @@ def plan_to_json(plan: Plan, n_layers: int) -> dict:
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
                  must_stay: Collection[str] = ()) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
+    return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay)
+
+
+def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
+             must_stay: Collection[str] = ()) -> dict:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     model = ModelProfile.from_manifest(manifest)
-    inst = Instance(load_profiles(profiles_path), model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
+    inst = Instance(devices, model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}

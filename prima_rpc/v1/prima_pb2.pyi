@@ -151,10 +151,12 @@ class ProfileRequest(_message.Message):
     def __init__(self, refresh: _Optional[bool] = ...) -> None: ...
 
 class ProfileReply(_message.Message):
-    __slots__ = ("json",)
+    __slots__ = ("json", "manifest")
     JSON_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     json: str
-    def __init__(self, json: _Optional[str] = ...) -> None: ...
+    manifest: str
+    def __init__(self, json: _Optional[str] = ..., manifest: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()

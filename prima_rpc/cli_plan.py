@@ -1,0 +1,58 @@
+"""`prima-ctl plan`: solve the layer-to-device assignment, offline from a profiles file or for the live ring."""
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from nodes.config import read_manifest
+from prima_rpc.cli_errors import fail, guarded
+from solver.cli_plan import STRATEGIES, plan_offline
+
+
+def register(app: typer.Typer, state: dict) -> None:
+    @app.command()
+    @guarded
+    def plan(profiles: Path = typer.Option(None, help="device profiles JSON (offline what-if; default: the live ring)"),
+             model: Path = typer.Option(None, help="store directory (with --profiles)"),
+             strategy: str = typer.Option("halda", help=f"one of {', '.join(STRATEGIES)}"),
+             json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+             out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
+             refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles")):
+        """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+        if profiles is not None:
+            if model is None:
+                fail("--profiles needs --model DIR (a store or a manifest-only store)")
+            read_manifest(model)  # a clear error for a directory that is not a store
+            manifest = json.loads((model / "manifest.json").read_text())
+            result = plan_offline(profiles, manifest, strategy)
+        else:
+            from prima_rpc.live_plan import plan_live
+
+            result = plan_live(state["node"], state["token"], strategy, refresh)
+        if out is not None:
+            out.write_text(json.dumps(result, indent=1))
+        if json_out:
+            print(json.dumps(result))
+        else:
+            show(result)
+        if "infeasible" in result:
+            raise typer.Exit(1)
+
+
+def show(result: dict) -> None:
+    console = Console()
+    if "infeasible" in result:
+        console.print(f"[red]infeasible[/red]: {result['infeasible']}")
+        return
+    table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token")
+    for col in ("device", "role", "window", "GPU layers", "set", "memory GiB", "predicted ms", "layers"):
+        table.add_column(col)
+    for d in result["devices"]:
+        table.add_row(d["name"], d["role"], str(d["window"]), str(d["gpu_layers"]), d["set"],
+                      f"{d['memory_bytes'] / 2**30:.2f}", f"{d['predicted_ms']:.1f}",
+                      " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
+    console.print(table)
+    console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms; solved in {result['solve_ms']:.1f} ms")
