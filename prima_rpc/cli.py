@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from prima_rpc import cli_plan, cli_ring
+from prima_rpc import cli_plan, cli_ring, cli_serve
 from prima_rpc.cli_errors import fail, guarded
 from prima_rpc.progress import bar
 
@@ -113,6 +113,7 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
 
 cli_ring.register(app, state)
 cli_plan.register(app, state)
+cli_serve.register(app, state)
 
 
 def _default_model() -> Path:

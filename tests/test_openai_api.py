@@ -1,0 +1,290 @@
+"""The OpenAI-compatible HTTP API: request validation by table, and the official `openai` client on a real ring."""
+
+import asyncio
+import contextlib
+import http.client
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from prima_rpc import ring
+from prima_rpc.client import PrimaClient, Token
+from prima_rpc.local_ring import free_ports
+from prima_rpc.openai_api import ApiConfig, ApiError, parse_request, serve
+
+CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]
+RAW = "The three primary colors are"
+TOKENS = 10
+
+
+@contextlib.contextmanager
+def api_server(head: str, token: str | None = None):
+    """The HTTP API on a free port, served by a background thread's event loop; yields its base URL."""
+    started: queue.Queue = queue.Queue()
+    loop_and_stop = []
+
+    async def main():
+        stop = asyncio.Event()
+        loop_and_stop.extend([asyncio.get_running_loop(), stop])
+        try:
+            await serve(ApiConfig(head, token), "127.0.0.1", 0, ready=started.put, stop=stop)
+        except BaseException as exc:  # handed to the test's thread below
+            started.put(exc)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True, name="openai-api")
+    thread.start()
+    url = started.get(timeout=30)
+    if isinstance(url, BaseException):
+        raise url
+    try:
+        yield url
+    finally:
+        loop, stop = loop_and_stop
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=10)
+
+
+def post(url: str, data: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as res:
+            return res.status, json.loads(res.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def assert_openai_error(body: dict, param: str | None = None) -> None:
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], body
+    assert error["param"] == param, body
+
+
+# ---------------------------------------------------------------- validation, no ring
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ([], None, "JSON object"),
+    ({}, "messages", "Missing required parameter: 'messages'"),
+    ({"messages": []}, "messages", "non-empty array"),
+    ({"messages": "hi"}, "messages", "non-empty array"),
+    ({"messages": ["hi"]}, "messages[0]", "expected an object"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "one of system"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "string or text content parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", "text content"),
+    ({"messages": CHAT, "max_tokens": 0}, "max_tokens", "integer in [1,"),
+    ({"messages": CHAT, "max_tokens": 2.5}, "max_tokens", "integer in [1,"),
+    ({"messages": CHAT, "max_tokens": True}, "max_tokens", "integer in [1,"),
+    ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "integer in [1,"),
+    ({"messages": CHAT, "temperature": 2.5}, "temperature", "number in [0, 2]"),
+    ({"messages": CHAT, "temperature": "hot"}, "temperature", "number in [0, 2]"),
+    ({"messages": CHAT, "top_p": 1.5}, "top_p", "number in [0, 1]"),
+    ({"messages": CHAT, "seed": "7"}, "seed", "integer"),
+    ({"messages": CHAT, "stop": ""}, "stop", "non-empty string"),
+    ({"messages": CHAT, "stop": ["a"] * 17}, "stop", "up to 16"),
+    ({"messages": CHAT, "n": 2}, "n", "Unsupported value of 'n'"),
+    ({"messages": CHAT, "logprobs": True}, "logprobs", "Unsupported"),
+    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "Unsupported"),
+    ({"messages": CHAT, "stream": "yes"}, "stream", "boolean"),
+    ({"messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options", "only with stream"),
+    ({"messages": CHAT, "model": 3}, "model", "string"),
+])
+def test_bad_chat_bodies_name_the_parameter(body, param, message):
+    with pytest.raises(ApiError) as err:
+        parse_request(body, chat=True, default_max_tokens=64)
+    assert err.value.status == 400 and err.value.param == param and message in err.value.message
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"),
+    ({"prompt": "hi", "echo": True}, "echo"), ({"prompt": "hi", "best_of": 3}, "best_of"),
+])
+def test_bad_completion_bodies_name_the_parameter(body, param):
+    with pytest.raises(ApiError) as err:
+        parse_request(body, chat=False, default_max_tokens=64)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_good_bodies_become_generate_arguments():
+    call = parse_request({"model": "x", "messages": [{"role": "developer", "content": "Be brief."},
+                                                     {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                                  {"type": "text", "text": "b"}]}],
+                          "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9, "seed": -1, "stop": "\n",
+                          "n": 1, "stream": True, "stream_options": {"include_usage": True}, "user": "ignored"},
+                         chat=True, default_max_tokens=64)
+    assert call.generate_kwargs() == dict(prompt="", messages=[{"role": "system", "content": "Be brief."},
+                                                               {"role": "user", "content": "a\nb"}],
+                                          raw=False, max_tokens=5, temperature=0.5, top_p=0.9, top_k=0,
+                                          seed=2**64 - 1, stop=("\n",))
+    assert call.stream and call.include_usage and call.model == "x"
+    plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64)
+    assert plain.generate_kwargs()["raw"] and plain.max_tokens == 64 and plain.prompt == "hi"
+    assert plain.temperature == 0.0  # top_p 0 keeps only the likeliest token: greedy
+    assert parse_request({"prompt": "hi"}, chat=False, default_max_tokens=64).temperature == 1.0  # OpenAI's default
+
+
+def test_http_errors_without_a_ring_have_openai_shape():
+    (dead,) = free_ports(1)  # nothing listens there: the head is unavailable
+    with api_server(f"127.0.0.1:{dead}") as url:
+        status, body = post(url + "/chat/completions", b"{not json")
+        assert status == 400 and "could not parse the JSON body" in body["error"]["message"]
+        assert_openai_error(body)
+        status, body = post(url + "/chat/completions", json.dumps({"model": "m", "messages": CHAT}).encode())
+        assert status == 503 and body["error"]["type"] == "server_error" and body["error"]["code"] == "unavailable"
+        status, body = post(url + "/embeddings", b"{}")
+        assert status == 404
+        assert_openai_error(body)
+
+
+def test_token_is_required_as_bearer_key():
+    (dead,) = free_ports(1)
+    with api_server(f"127.0.0.1:{dead}", token="s3cret") as url:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, body = post(url + "/completions", b"{}", headers)
+            assert status == 401 and body["error"]["code"] == "invalid_api_key", headers
+        status, body = post(url + "/completions", b"{}", {"Authorization": "Bearer s3cret"})
+        assert status == 400 and body["error"]["param"] == "prompt"  # past the key check
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+
+
+# ---------------------------------------------------------------- a real 3-node ring
+
+
+@pytest.fixture(scope="module")
+def head(rings) -> str:
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    return local.addresses[0]
+
+
+@pytest.fixture(scope="module")
+def api(head):
+    with api_server(head) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    return openai.OpenAI(base_url=api, api_key="unused", max_retries=0, timeout=60)
+
+
+async def grpc_text(head: str, prompt: str = "", **kwargs) -> tuple[str, object]:
+    text, done = [], None
+    async with PrimaClient(head) as c:
+        async for event in c.generate(prompt, max_tokens=TOKENS, temperature=0.0, **kwargs):
+            if isinstance(event, Token):
+                text.append(event.text)
+            else:
+                done = event
+    return "".join(text), done
+
+
+@pytest.mark.slow
+def test_models_report_the_heads_model(client, head):
+    (model,) = client.models.list().data
+    assert model.id == ring.walk(head)[0][1].model_name and model.owned_by == "prima-rpc"
+
+
+@pytest.mark.slow
+def test_chat_equals_the_grpc_client(client, head):
+    expected, done = asyncio.run(grpc_text(head, messages=CHAT))
+    reply = client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].message.content == expected and reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason == done.finish_reason and reply.object == "chat.completion"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (done.prompt_tokens, done.completion_tokens)
+    assert reply.usage.total_tokens == done.prompt_tokens + done.completion_tokens
+
+    chunks = list(client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == done.finish_reason
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == done.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+@pytest.mark.slow
+def test_completions_are_raw_and_equal_the_grpc_client(client, head):
+    expected, done = asyncio.run(grpc_text(head, RAW, raw=True))
+    reply = client.completions.create(model="any", prompt=RAW, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].text == expected and reply.usage.prompt_tokens == done.prompt_tokens
+    streamed = list(client.completions.create(model="any", prompt=RAW, max_tokens=TOKENS, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == done.finish_reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data, param", [
+    (b'{"messages": [', None),
+    (json.dumps({"model": "m", "messages": CHAT, "max_tokens": 0}).encode(), "max_tokens"),
+    (json.dumps({"model": "m"}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": CHAT, "n": 2}).encode(), "n"),
+])
+def test_bad_requests_get_400_in_openai_shape(api, data, param):
+    status, body = post(api + "/chat/completions", data)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert_openai_error(body, param)
+
+
+@pytest.mark.slow
+def test_head_rejections_keep_their_status(client):
+    # The head itself refuses a prompt longer than the model's context: INVALID_ARGUMENT -> 400.
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="any", prompt="hello " * 9000, max_tokens=4, temperature=0)
+    assert "context" in err.value.message
+
+
+@pytest.mark.slow
+def test_curl_streams_from_the_cli_server(head):
+    (port,) = free_ports(1)
+    server = subprocess.Popen([sys.executable, "-m", "prima_rpc.cli", "--node", head, "serve", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in server.stdout.readline()
+        body = json.dumps({"model": "m", "messages": CHAT, "max_tokens": TOKENS, "temperature": 0, "stream": True})
+        res = subprocess.run(["curl", "-sN", "--max-time", "60", f"http://127.0.0.1:{port}/v1/chat/completions",
+                              "-H", "Content-Type: application/json", "-d", body],
+                             capture_output=True, text=True, timeout=90)
+        events = [line.removeprefix("data: ") for line in res.stdout.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", res.stdout
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+        assert text == asyncio.run(grpc_text(head, messages=CHAT))[0]
+    finally:
+        server.terminate()  # SIGTERM: a graceful stop
+        out, err = server.communicate(timeout=15)
+    assert server.returncode == 0 and "stopped" in out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_client_disconnect_cancels_the_ring_request(api, head, stream):
+    host, port = api.removeprefix("http://").removesuffix("/v1").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    # Counting never ends by itself: without cancellation the head would run all 1000 tokens (minutes).
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1000,
+                                                        "temperature": 0, "stream": stream}),
+                 {"Content-Type": "application/json"})
+    if stream:
+        res = conn.getresponse()
+        assert res.status == 200 and res.readline().startswith(b"data: ")
+        res.close()
+    else:
+        deadline = time.monotonic() + 10
+        while not ring.walk(head)[0][1].stats.active_requests:
+            assert time.monotonic() < deadline, "the request never reached the head"
+            time.sleep(0.1)
+    assert ring.walk(head)[0][1].stats.active_requests == 1
+    conn.close()
+    deadline = time.monotonic() + 10
+    while any(info.stats.active_requests for _, info in ring.walk(head)):
+        assert time.monotonic() < deadline, "the ring still holds the request after its client left"
+        time.sleep(0.2)
