@@ -1,0 +1,247 @@
+"""The device profiler: measures this node into a solver.profiles.DeviceProfile, cached on disk.
+
+Measured, not guessed: matmul FLOP/s of the compute dtype (CPU, and the GPU torch sees), memory
+read bandwidth, disk reads of the store's filesystem past the page cache, available RAM by the OS
+rule, free VRAM, and the link to the successor over the real Ring stream. The local part takes a
+few seconds and runs off the event loop; the link part ~20 PINGs and a few large frames.
+
+Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline):
+  cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak
+  ram_bandwidth            CPU memory read bandwidth; vram_bandwidth the GPU's
+  disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
+  ram_available, vram_free a snapshot when measured (a cached profile keeps it; refresh to re-read)
+  link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
+                           carry 1 MiB of padding (the successor acks a PING without reading it)
+
+Cache file ($PRIMA_HOME/profile-<name>.json unless told), plain JSON written atomically:
+  {"format": "prima-profile/1",
+   "measured_at": 1764400000.0,      # unix seconds of the local measurement; stale after MAX_AGE_S
+   "dtype": "float32",               # the compute dtype the FLOP/s are for
+   "store_dir": "/abs/store" | null, # whose filesystem the disk figures are for (null: $PRIMA_HOME)
+   "link_peer": "host:port" | null,  # the successor the link figures are for (null: no link)
+   "profile": {...},                 # DeviceProfile.to_json(), the solver.profiles schema
+   "details": {"matmul_cpu": {...}, "matmul_gpu": {...} | null, "gpu": {...}, "disk": {...},
+               "link": {...} | null, "local_s": 4.1, "link_s": 0.1}}
+A cache is reused when fresh and made for the same dtype and store; a new successor re-measures
+only the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import os
+import random
+import re
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import structlog
+import torch
+
+from nodes.link import LinkDown, RingLink
+from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
+from nodes.profile_disk import measure_disk
+from nodes.profile_host import available_ram, gpu_info, os_kind
+from prima_rpc import codec
+from prima_rpc.v1 import prima_pb2 as pb
+from solver.profiles import DeviceProfile
+from tools.default_model import prima_home
+
+log = structlog.get_logger()
+
+FORMAT = "prima-profile/1"
+MAX_AGE_S = 24 * 3600
+PINGS = 20
+PAD_BYTES = 1 << 20  # padding per throughput frame
+MIN_TRANSFER_S = 0.05  # the throughput probe doubles its frames until a burst takes this long
+MAX_TRANSFER_BYTES = 64 << 20
+LINK_FIELDS = ("link_latency_s", "link_bandwidth")
+NO_LINK_BANDWIDTH = 1e12  # B/s written when there is no successor (DeviceProfile needs > 0): a hop costs ~0
+
+
+# ------------------------------------------------------------------ the link
+
+
+@dataclass(frozen=True)
+class LinkRates:
+    peer: str
+    rtt_s: float  # median PING round trip
+    latency_s: float  # one hop: rtt_s / 2
+    bandwidth: float  # B/s
+    method: str  # "ping-padding": bytes of padded PINGs / (burst time - rtt)
+    pings: int
+    burst_bytes: int
+
+
+async def measure_link(link: RingLink, *, pings: int = PINGS, pad_bytes: int = PAD_BYTES,
+                       timeout: float = 5.0) -> LinkRates:
+    """Latency and throughput to the successor over the real Ring stream.
+
+    Raises LinkDown when it cannot be reached, TimeoutError when it does not answer.
+    """
+    seqs = itertools.count(random.getrandbits(40) << 16)  # apart from any other pinger's numbers
+    for _ in range(2):  # opens the stream: connection set-up is no part of a hop
+        await link.ping(next(seqs), timeout)
+    rtts = []
+    for _ in range(pings):
+        start = time.perf_counter()
+        await link.ping(next(seqs), timeout)
+        rtts.append(time.perf_counter() - start)
+    rtt = statistics.median(rtts)
+    # The stream is ordered and the successor handles frames in turn: the Ack of the closing PING
+    # comes back only after every padded frame before it has crossed and been parsed.
+    padding = codec.encode(torch.zeros(max(pad_bytes // 4, 1), dtype=torch.float32))
+    frame_bytes = pb.Frame(kind=pb.PING, seq=1 << 60, hidden=padding).ByteSize()
+    frames = 2
+    while True:
+        start = time.perf_counter()
+        for _ in range(frames):
+            await link.send(pb.Frame(kind=pb.PING, seq=next(seqs), hidden=padding))
+        await link.ping(next(seqs), timeout)
+        elapsed = time.perf_counter() - start
+        if elapsed >= max(MIN_TRANSFER_S, 10 * rtt) or 2 * frames * frame_bytes > MAX_TRANSFER_BYTES:
+            break
+        frames *= 2
+    bandwidth = frames * frame_bytes / max(elapsed - rtt, elapsed / 2)
+    return LinkRates(link.peer, rtt, rtt / 2, bandwidth, "ping-padding", pings, frames * frame_bytes)
+
+
+# ------------------------------------------------------------------ this machine
+
+
+def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
+    """The DeviceProfile fields of this machine but the link ones, and the probes' raw results."""
+    start = time.perf_counter()
+    kind = os_kind()
+    gpu = gpu_info()  # before the probes allocate anything on it
+    cpu = measure_matmul_flops(dtype, "cpu")
+    ram_bandwidth = measure_memory_bandwidth("cpu")
+    gpu_rates, vram_bandwidth, gpu_error = None, 0.0, None
+    if gpu.device is not None:
+        try:
+            gpu_rates = measure_matmul_flops(dtype, gpu.device)
+            vram_bandwidth = measure_memory_bandwidth(gpu.device)
+        except RuntimeError as exc:  # e.g. the dtype unsupported by this GPU: profile it as CPU-only
+            gpu_error = str(exc)[:500]
+            log.warning("GPU probe failed; profiling the CPU only", gpu=gpu.name, error=gpu_error)
+        if gpu.kind == "cuda":
+            torch.cuda.empty_cache()
+    disk_dir = Path(store_dir) if store_dir else prima_home()
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    disk = measure_disk(disk_dir)
+    ram = available_ram(kind)
+    has_gpu = gpu_rates is not None
+    fields = dict(
+        os=kind, cpu_flops=cpu.gemv, gpu_flops=gpu_rates.gemv if has_gpu else 0.0,
+        gpu_kind=gpu.kind if has_gpu else "none", ram_bandwidth=ram_bandwidth,
+        vram_bandwidth=vram_bandwidth if has_gpu else 0.0,
+        disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
+        # Metal shares the RAM pool: what it may take is also bounded by free RAM.
+        vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
+    details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
+                   gpu=asdict(gpu), gpu_error=gpu_error, disk=asdict(disk), disk_dir=str(disk_dir),
+                   torch_threads=torch.get_num_threads(), local_s=time.perf_counter() - start)
+    return fields, details
+
+
+# ------------------------------------------------------------------ the cache
+
+
+def default_cache_path(name: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "node"
+    return prima_home() / f"profile-{safe}.json"
+
+
+def read_cache(path: Path) -> dict | None:
+    """The cache document at `path` when it is well-formed (its age is the caller's to judge)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if doc.get("format") != FORMAT or not isinstance(doc.get("measured_at"), (int, float)) \
+                or not isinstance(doc.get("details"), dict) or "link_peer" not in doc:
+            raise ValueError(f"not a {FORMAT} document")
+        DeviceProfile.from_json(doc["profile"])
+        return doc
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("ignoring a bad profile cache", path=str(path), error=str(exc)[:200])
+        return None
+
+
+def write_cache(path: Path, doc: dict) -> None:
+    """Write atomically: a temp file beside `path`, then a rename over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _usable(doc: dict | None, dtype: str, store_key: str | None, now: float) -> bool:
+    return (doc is not None and 0 <= now - doc["measured_at"] < MAX_AGE_S
+            and doc.get("dtype") == dtype and doc.get("store_dir") == store_key)
+
+
+# ------------------------------------------------------------------ the profile
+
+
+async def profile_device(name: str, store_dir: Path | None, link: RingLink | None, *, dtype: str = "float32",
+                         cache_path: Path | None = None, refresh: bool = False,
+                         is_head: bool = False) -> DeviceProfile:
+    """This node's DeviceProfile: from the cache when fresh, else measured (and cached).
+
+    Raises LinkDown when the successor cannot be profiled; nothing is cached then.
+    """
+    path = Path(cache_path) if cache_path else default_cache_path(name)
+    store_key = str(Path(store_dir).resolve()) if store_dir else None
+    peer = link.peer if link is not None else None
+    doc = None if refresh else read_cache(path)
+    measure = not _usable(doc, dtype, store_key, time.time())
+    if measure:
+        measured_at = time.time()
+        fields, details = await asyncio.to_thread(measure_local, dtype, store_dir)
+        doc = {"format": FORMAT, "measured_at": measured_at, "dtype": dtype, "store_dir": store_key,
+               "link_peer": None, "profile": None, "details": details}
+    else:
+        fields = {k: v for k, v in doc["profile"].items() if k not in LINK_FIELDS + ("name", "is_head")}
+    if measure or doc["link_peer"] != peer:  # a new successor: only the link is measured again
+        start = time.perf_counter()
+        rates = await _link_rates(link) if link is not None else None
+        doc["profile"] = _profile(name, fields, rates, is_head).to_json()
+        doc["link_peer"] = peer
+        doc["details"] = {**doc["details"], "link": asdict(rates) if rates else None,
+                          "link_s": time.perf_counter() - start}
+        write_cache(path, doc)
+    profile = DeviceProfile.from_json(doc["profile"])
+    return replace(profile, name=name, is_head=is_head)
+
+
+async def _link_rates(link: RingLink) -> LinkRates:
+    try:
+        rates = await measure_link(link)
+    except TimeoutError:
+        raise LinkDown(f"profiling the link: successor {link.peer} did not answer a PING") from None
+    except LinkDown as exc:
+        raise LinkDown(f"profiling the link: {exc}") from None
+    log.info("link profiled", peer=link.peer, rtt_ms=round(rates.rtt_s * 1e3, 3),
+             mb_s=round(rates.bandwidth / 1e6, 1))
+    return rates
+
+
+def _profile(name: str, fields: dict, link: LinkRates | None, is_head: bool) -> DeviceProfile:
+    latency, bandwidth = (link.latency_s, link.bandwidth) if link else (0.0, NO_LINK_BANDWIDTH)
+    assert math.isfinite(bandwidth) and bandwidth > 0, f"link bandwidth {bandwidth}"
+    return DeviceProfile(name=name, **fields, link_latency_s=latency, link_bandwidth=bandwidth, is_head=is_head)
