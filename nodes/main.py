@@ -14,6 +14,7 @@ import typer
 from nodes.auth import TokenAuth
 from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
+from nodes.recovery import watch
 from nodes.services import ControlService, InferenceService, RingService
 from prima_rpc.channel import SERVER_OPTIONS
 from prima_rpc.v1 import prima_pb2_grpc as rpc
@@ -61,6 +62,7 @@ async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(node.compute_loop(), name="compute")
             tasks.create_task(node.send_loop(), name="send")
+            tasks.create_task(watch(node), name="watch")
             await stop.wait()
             raise asyncio.CancelledError  # leave the task group, cancelling the loops
     except asyncio.CancelledError:

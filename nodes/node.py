@@ -60,6 +60,10 @@ class RequestFailed(Exception):
     """A ring node reported an error for this request."""
 
 
+class RingChanged(Exception):
+    """The ring was re-planned while this request waited: replay it on the new ring."""
+
+
 @dataclass
 class Work:
     request_id: str
@@ -69,11 +73,13 @@ class Work:
     capacity: int = 0
     hidden: torch.Tensor | None = None
     error: str = ""
+    epoch: int = 0
 
 
 @dataclass
 class Stats:
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # wall time of frames in the compute thread, waits for streamed layers included
+    stall_s: float = 0.0  # waits for streamed layers, of shards already replaced (the current one counts its own)
     link_s: float = 0.0
     frames: int = 0
     last_token_ms: float = 0.0
@@ -97,6 +103,10 @@ class HeadRequest:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(RequestFailed(message))
 
+    def ring_changed(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(RingChanged())
+
 
 class Node:
     def __init__(self, cfg: NodeConfig):
@@ -109,6 +119,12 @@ class Node:
         self.shard: Shard | None = None
         self.text: TextCodec | None = None
         self.last_error = ""
+        self.peer = cfg.peer
+        self.epoch = 0  # frames of another epoch (an older ring) are dropped
+        self.members: list[str] = []  # head: the other members' addresses in ring order, watched
+        self.ring_address = self.address  # head: how its predecessor dials it
+        self.ring_ready = asyncio.Event()
+        self.ring_ready.set()
         self.inbox: asyncio.Queue[Work] = asyncio.Queue(QUEUE)
         self.outbox: asyncio.Queue[pb.Frame] = asyncio.Queue(QUEUE)
         self.link = RingLink(cfg.peer, cfg.token)
@@ -125,35 +141,52 @@ class Node:
             return "idle"
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
-    async def assign(self, windows: Windows, model_id: str, progress) -> None:
-        """Load the layers of `windows` (off the loop), reporting progress(done, total, unit)."""
-        if self.requests or (self.shard and self.shard.caches):
+    async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
+                     ring: list[str] = ()) -> None:
+        """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
+
+        replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
+        ring: (head) every member's address in ring order, its own first, watched for failures."""
+        busy = self.requests or (self.shard and self.shard.caches)
+        if busy and not replan:
             raise Rejected("FAILED_PRECONDITION", "requests are in flight; reassign when the ring is idle")
         check_assignment(self.store, windows, model_id)
-        self.windows, self.shard, self.text = None, None, None
+        old, self.windows, self.shard, self.text = self.shard, None, None, None
+        loop = asyncio.get_running_loop()
+        if old is not None:  # stop its prefetcher and free its memory before loading the new one
+            self.stats.stall_s += old.stall_s
+            await loop.run_in_executor(self.pool, old.close)
+            del old
         if not windows.relay:
-            loop = asyncio.get_running_loop()
-            self.shard = await loop.run_in_executor(self.pool, Shard, self.store, windows, self.dtype, progress)
+            budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
+            log = self.log.bind(windows=[list(r) for r in windows.ranges])
+            self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
+                self.store, windows, self.dtype, progress, budget=budget, log=log))
             if windows.head:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
-        self.windows = windows
+        self.windows, self.epoch = windows, epoch
+        if ring:
+            self.ring_address, self.members = ring[0], list(ring[1:])
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
 
     def info(self) -> pb.NodeInfo:
         rss = psutil.Process().memory_info().rss
+        stall = self.stats.stall_s + (self.shard.stall_s if self.shard else 0.0)
         return pb.NodeInfo(
-            name=self.cfg.name or self.address, address=self.address, peer=self.cfg.peer, role=self.role,
+            name=self.cfg.name or self.address, address=self.address, peer=self.peer, role=self.role,
             windows=[pb.LayerRange(start=a, stop=b) for a, b in (self.windows.ranges if self.windows else ())],
             loaded=self.windows is not None,
             n_layers=self.store.config.n_layers if self.store else 0,
             model_id=self.store.model_id if self.store else "",
             model_name=self.store.manifest.name if self.store else "",
-            mem_budget=self.cfg.mem_budget, node_id=self.node_id, error=self.last_error,
+            mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
+            node_id=self.node_id, error=self.last_error, epoch=self.epoch,
             stats=pb.NodeStats(
                 resident_bytes=self.shard.resident_bytes() if self.shard else 0,
                 disk_read_bytes=self.store.bytes_read if self.store else 0,
-                compute_s=self.stats.compute_s, link_s=self.stats.link_s, frames=self.stats.frames,
+                compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s,
+                frames=self.stats.frames,
                 last_token_ms=self.stats.last_token_ms, rss_bytes=rss,
                 active_requests=len(self.shard.caches) if self.shard else 0,
             ),
@@ -162,42 +195,52 @@ class Node:
     # ------------------------------------------------------------------ frames in
 
     async def accept_frame(self, frame: pb.Frame) -> None:
-        """Validate a frame from the predecessor and queue it; Rejected says why not."""
+        """Validate a frame from the predecessor and queue it; Rejected says why not.
+
+        Structure is checked first; then frames of another epoch (an older ring, still in flight
+        when the ring was re-planned) are dropped; then what only the current ring can judge."""
         if frame.kind not in (pb.FORWARD, pb.RELEASE, pb.ERROR):
             raise Rejected("INVALID_ARGUMENT", f"unknown frame kind {frame.kind}")
         if not (0 < len(frame.request_id) <= MAX_ID):
             raise Rejected("INVALID_ARGUMENT", f"request_id must have 1..{MAX_ID} characters")
         if self.windows is None:
             raise Rejected("FAILED_PRECONDITION", "this node has no assignment yet (prima-ctl start)")
+        hidden = self._checked_hidden(frame) if frame.kind == pb.FORWARD and not self.windows.relay else None
+        if frame.epoch != self.epoch:
+            self.log.debug("stale frame dropped", request_id=frame.request_id, epoch=frame.epoch)
+            return
         if self.windows.relay:
             await self.outbox.put(frame)  # relays hold no model: forward unchanged
-            return
-        if frame.kind == pb.ERROR:
-            await self.inbox.put(Work(frame.request_id, pb.ERROR, error=frame.error[:1000]))
-            return
-        if frame.kind == pb.RELEASE:
-            await self.inbox.put(Work(frame.request_id, pb.RELEASE))
-            return
-        await self.inbox.put(self._checked_forward(frame))
+        elif frame.kind == pb.ERROR:
+            await self.inbox.put(Work(frame.request_id, pb.ERROR, error=frame.error[:1000], epoch=frame.epoch))
+        elif frame.kind == pb.RELEASE:
+            await self.inbox.put(Work(frame.request_id, pb.RELEASE, epoch=frame.epoch))
+        else:
+            self._check_in_ring(frame, hidden)
+            await self.inbox.put(Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer,
+                                      frame.capacity, hidden, epoch=frame.epoch))
 
-    def _checked_forward(self, frame: pb.Frame) -> Work:
+    def _checked_hidden(self, frame: pb.Frame) -> torch.Tensor:
         cfg = self.store.config
-        why = self.windows.check_received(frame.next_layer)
-        if why:
-            raise Rejected("INVALID_ARGUMENT", why)
         try:
             hidden = codec.decode(frame.hidden, max_bytes=MAX_MESSAGE_BYTES)
         except codec.CodecError as exc:
             raise Rejected("INVALID_ARGUMENT", f"hidden: {exc}") from None
         if hidden.dim() != 2 or hidden.shape[1] != cfg.hidden or hidden.shape[0] == 0:
             raise Rejected("INVALID_ARGUMENT", f"hidden must be [tokens >= 1, {cfg.hidden}], got {list(hidden.shape)}")
+        return hidden
+
+    def _check_in_ring(self, frame: pb.Frame, hidden: torch.Tensor) -> None:
+        cfg = self.store.config
+        why = self.windows.check_received(frame.next_layer)
+        if why:
+            raise Rejected("INVALID_ARGUMENT", why)
         if frame.start_pos + hidden.shape[0] > cfg.max_seq_len:
             raise Rejected("OUT_OF_RANGE", f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
                                            f"context {cfg.max_seq_len}")
         known = frame.request_id in self.shard.caches or frame.request_id in self.requests
         if frame.start_pos > 0 and not known:
             raise Rejected("NOT_FOUND", f"unknown request id {frame.request_id!r}")
-        return Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer, frame.capacity, hidden)
 
     # ------------------------------------------------------------------ the loops
 
@@ -210,18 +253,20 @@ class Node:
                 self.log.exception("frame failed", request_id=work.request_id)
 
     async def _handle(self, w: Work) -> None:
+        if w.epoch != self.epoch:  # queued before the ring was re-planned
+            return
         head = self.windows.head
         if w.kind == pb.RELEASE:
             self.shard.release(w.request_id)
             if not head:
-                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.RELEASE))
+                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.RELEASE, epoch=w.epoch))
             return
         if w.kind == pb.ERROR:
             if head:
                 if w.request_id in self.requests:
                     self.requests[w.request_id].fail(w.error)
             else:
-                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.ERROR, error=w.error))
+                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.ERROR, error=w.error, epoch=w.epoch))
             return
         step = self.windows.step(w.next_layer)
         if step is Step.COMPUTE:
@@ -229,6 +274,8 @@ class Node:
                 w = await self._compute(w)
             except ValueError as exc:
                 return await self._fail_request(w.request_id, str(exc))
+            if w.epoch != self.epoch:  # re-planned while computing: the result belongs to the old ring
+                return
             step = self.windows.step(w.next_layer)
         if step is Step.DELIVER:
             req = self.requests.get(w.request_id)
@@ -236,7 +283,8 @@ class Node:
                 req.deliver(w.hidden)
             return
         await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos,
-                                       next_layer=w.next_layer, capacity=w.capacity, hidden=codec.encode(w.hidden)))
+                                       next_layer=w.next_layer, capacity=w.capacity, hidden=codec.encode(w.hidden),
+                                       epoch=w.epoch))
 
     async def _compute(self, w: Work) -> Work:
         cache = self.shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
@@ -255,7 +303,7 @@ class Node:
             if request_id in self.requests:
                 self.requests[request_id].fail(message)
         else:
-            await self.outbox.put(pb.Frame(request_id=request_id, kind=pb.ERROR, error=message))
+            await self.outbox.put(pb.Frame(request_id=request_id, kind=pb.ERROR, error=message, epoch=self.epoch))
 
     async def send_loop(self) -> None:
         while True:
@@ -284,22 +332,16 @@ class Node:
         cfg = self.store.config
         gen = Generation(prompt_ids, params, self.text, self.store.manifest.eos_token_ids, cfg.max_seq_len)
         req = self.requests[request_id] = HeadRequest()
-        loop = asyncio.get_running_loop()
         try:
             while not gen.done:
                 ids, pos = gen.pending()
                 start = time.perf_counter()
-                for offset in range(0, len(ids), PREFILL_CHUNK):
-                    chunk = ids[offset:offset + PREFILL_CHUNK]
-                    x = await loop.run_in_executor(self.pool, self.shard.embed, chunk)
-                    req.waiter = loop.create_future()
-                    await self.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, gen.capacity, x))
-                    try:
-                        hidden = await asyncio.wait_for(req.waiter, self.cfg.step_timeout)
-                    except TimeoutError:
-                        raise RequestFailed(f"no answer from the ring within {self.cfg.step_timeout:.0f} s "
-                                            "(a node may be down)") from None
-                logits = await loop.run_in_executor(self.pool, self.shard.logits, hidden)
+                try:
+                    hidden = await self._round_trip(req, request_id, ids, pos, gen.capacity)
+                except RingChanged:
+                    await self._replay(req, request_id, gen)
+                    continue
+                logits = await asyncio.get_running_loop().run_in_executor(self.pool, self.shard.logits, hidden)
                 self.stats.last_token_ms = (time.perf_counter() - start) * 1e3
                 yield gen.accept(logits)
             yield gen
@@ -307,11 +349,52 @@ class Node:
             del self.requests[request_id]
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
-            self.shard.release(request_id)
+            if self.shard is not None:
+                self.shard.release(request_id)
             try:
-                self.outbox.put_nowait(pb.Frame(request_id=request_id, kind=pb.RELEASE))
+                self.outbox.put_nowait(pb.Frame(request_id=request_id, kind=pb.RELEASE, epoch=self.epoch))
             except asyncio.QueueFull:
                 self.log.warning("release not sent: outbox full", request_id=request_id)
+
+    async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
+                          capacity: int) -> torch.Tensor:
+        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks."""
+        loop = asyncio.get_running_loop()
+        for offset in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[offset:offset + PREFILL_CHUNK]
+            x = await loop.run_in_executor(self.pool, self.shard.embed, chunk)
+            req.waiter = loop.create_future()
+            await self.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=self.epoch))
+            try:
+                hidden = await asyncio.wait_for(req.waiter, self.cfg.step_timeout)
+            except TimeoutError:
+                raise RequestFailed(f"no answer from the ring within {self.cfg.step_timeout:.0f} s "
+                                    "(a node may be down)") from None
+        return hidden
+
+    async def _replay(self, req: HeadRequest, request_id: str, gen: Generation) -> None:
+        """After a re-plan: rebuild this request's KV caches on the new ring from its tokens so far."""
+        while True:
+            try:
+                await asyncio.wait_for(self.ring_ready.wait(), self.cfg.step_timeout)
+            except TimeoutError:
+                raise RequestFailed("the ring did not recover in time") from None
+            if req.error:
+                raise RequestFailed(req.error)
+            history = gen.prompt_ids + gen.tokens[:-1] if gen.tokens else []
+            self.log.info("replaying request on the new ring", request_id=request_id, tokens=len(history))
+            try:
+                if history:
+                    await self._round_trip(req, request_id, history, 0, gen.capacity)
+                return
+            except RingChanged:
+                continue
+
+    def set_peer(self, peer: str) -> None:
+        if peer != self.peer:
+            old, self.peer = self.link, peer
+            self.link = RingLink(peer, self.cfg.token)
+            asyncio.get_running_loop().create_task(old.close(), name="close-link")
 
     def cancel(self, request_id: str) -> bool:
         req = self.requests.get(request_id)

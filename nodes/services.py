@@ -1,14 +1,17 @@
 """Thin gRPC servicers over the node actor: validate, translate errors to statuses, stream."""
 
 import asyncio
+import json
 import time
 import uuid
 
 import grpc
 
-from nodes.config import StoreError
+from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
+from nodes.link import LinkDown
 from nodes.node import Node, Rejected, RequestFailed, Work
+from nodes.profiler import profile_device
 from nodes.routing import Windows
 from nodes.sampling import SamplingParams
 from nodes.text import PromptError
@@ -60,7 +63,10 @@ class ControlService(rpc.ControlServicer):
             update = pb.LoadProgress(done_bytes=done, total_bytes=total, unit=unit)
             loop.call_soon_threadsafe(updates.put_nowait, update)
 
-        task = loop.create_task(node.assign(windows, request.model_id, progress), name="assign")
+        if len(request.ring) > 256 or any(len(a) > 255 for a in request.ring):
+            await abort(context, "INVALID_ARGUMENT", "ring: at most 256 addresses of up to 255 characters")
+        task = loop.create_task(node.assign(windows, request.model_id, progress, request.epoch, request.replan,
+                                            list(request.ring)), name="assign")
         while not (task.done() and updates.empty()):
             getter = loop.create_task(updates.get())
             await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -78,7 +84,27 @@ class ControlService(rpc.ControlServicer):
         yield pb.LoadProgress(ready=True)
 
     async def Profile(self, request, context):
-        await abort(context, "UNIMPLEMENTED", "profiling is not available in this version")
+        node = self.node
+        if node.requests or (node.shard and node.shard.caches):
+            await abort(context, "FAILED_PRECONDITION", "requests are in flight; profile an idle ring")
+        try:
+            prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
+                                        node.link if node.peer else None, dtype=node.cfg.dtype,
+                                        refresh=request.refresh, is_head=node.role == "head")
+        except LinkDown as exc:
+            await abort(context, "UNAVAILABLE", str(exc))
+        except OSError as exc:
+            await abort(context, "FAILED_PRECONDITION", f"profiling failed: {exc}")
+        manifest = (node.cfg.model / MANIFEST).read_text() if node.cfg.model else ""
+        return pb.ProfileReply(json=json.dumps(prof.to_json()), manifest=manifest)
+
+    async def SetPeer(self, request, context):
+        peer = request.peer
+        host, _, port = peer.rpartition(":")
+        if not host or not port.isdigit() or not (0 < int(port) < 65536) or len(peer) > 255:
+            await abort(context, "INVALID_ARGUMENT", f"peer must be HOST:PORT, got {peer[:80]!r}")
+        self.node.set_peer(peer)
+        return pb.SetPeerReply()
 
     async def Shutdown(self, request, context):
         self.stop.set()
@@ -96,8 +122,9 @@ class InferenceService(rpc.InferenceServicer):
                 max_tokens=request.max_tokens, stop=tuple(request.stop),
                 sampling=SamplingParams(request.temperature, request.top_k, request.top_p or 1.0,
                                         request.seed if request.HasField("seed") else None))
-            if len(request.prompt) > MAX_PROMPT_CHARS or len(request.request_id) > 128:
-                raise ValueError("prompt or request_id too long")
+            chars = len(request.prompt) + sum(len(m.content) + len(m.role) for m in request.messages)
+            if chars > MAX_PROMPT_CHARS or len(request.request_id) > 128:
+                raise ValueError(f"prompt over {MAX_PROMPT_CHARS} characters or request_id over 128")
             if node.text is None:
                 raise Rejected("FAILED_PRECONDITION", f"this node is a {node.role}, not the ring's head")
             messages = [{"role": m.role, "content": m.content} for m in request.messages]

@@ -1,47 +1,95 @@
 """The model part a node holds for one assignment: its windows' layers, KV caches, and (head) the head.
 
-Everything here is synchronous torch work, called from the node's single compute thread.
+Under a memory budget only some layers stay resident; the rest stream from the layer store through a
+`Prefetcher` (nodes/prefetch.py). Everything here is synchronous torch work, called from the node's
+single compute thread (the prefetcher reads on its own thread).
 """
 
+import time
 from collections.abc import Callable
 
+import structlog
 import torch
 
 from nodes.config import StoreError
-from nodes.model import Head, KVCache, Layer, Rope, run_layers
+from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
+from nodes.model import Head, KVCache, Layer, Rope, layer_forward
+from nodes.prefetch import KV_RESERVE_TOKENS, Plan, Prefetcher, default_budget, plan_memory, prefetch_depth
 from nodes.routing import Windows
 from nodes.store import LayerStore
 
 
 class Shard:
     def __init__(self, store: LayerStore, windows: Windows, dtype: torch.dtype,
-                 progress: Callable[[int, int, str], None] = lambda done, total, unit: None):
+                 progress: Callable[[int, int, str], None] = lambda done, total, unit: None,
+                 *, budget: int | None = 0, depth: int | None = None, log=None):
+        """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
+        depth: streamed layers read ahead (0: load on demand; None: DEPTH or $PRIMA_PREFETCH_DEPTH)."""
+        budget = default_budget() if budget is None else budget
+        depth = prefetch_depth() if depth is None else depth
         self.store, self.windows, self.dtype = store, windows, dtype
-        self.cfg = store.config
-        units = [f"layer.{i}" for i in windows.layers()] + (["embed", "head"] if windows.head else [])
+        self.cfg = cfg = store.config
+        self.log = log or structlog.get_logger()
+        order = sorted(windows.layers())
+        fixed = (head_bytes(cfg, dtype) if windows.head else 0) + kv_bytes(
+            cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+        self.plan: Plan = plan_memory(order, layer_bytes(cfg, dtype), fixed, budget, depth)
+        units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
         total = sum(store.entry(u).bytes for u in units)
         done = 0
-        self.layers: dict[int, Layer] = {}
-        loaded: dict[str, dict] = {}
-        for unit in units:
-            tensors = store.load(unit)
-            if unit.startswith("layer."):
-                self.layers[int(unit.split(".")[1])] = Layer.from_unit(tensors, dtype)
-            else:
-                loaded[unit] = tensors
+
+        def loaded(unit: str) -> None:
+            nonlocal done
             done += store.entry(unit).bytes
             progress(done, total, unit)
-        self.head = (Head.from_units(loaded["embed"], loaded["head"], dtype, self.cfg.tie_embeddings)
-                     if windows.head else None)
-        self.rope = Rope(self.cfg, self.cfg.max_seq_len, dtype)
+
+        self.head: Head | None = None
+        if windows.head:
+            embed, head = store.new_tensors("embed", dtype), store.new_tensors("head", dtype)
+            loaded("embed"), loaded("head")
+            self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings)
+        self.layers: dict[int, Layer] = {}  # resident
+        self.prefetcher: Prefetcher | None = None
+        if self.plan.streamed:
+            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype)
+        for i in order:
+            unit = f"layer.{i}"
+            if i in self.plan.resident:
+                self.layers[i] = layer = empty_layer(cfg, dtype)
+                store.read_into(unit, layer_targets(layer, cfg))
+            else:  # streamed: read once now so that a bad file fails the assignment, not a request
+                store.read_into(unit, self.prefetcher.targets[0])
+            loaded(unit)
+        if self.prefetcher:
+            self.prefetcher.start()
+        self.rope = Rope(cfg, cfg.max_seq_len, dtype)
         self.caches: dict[str, KVCache] = {}
+        self.compute_s = 0.0  # in compute(), stalls excluded
+        if self.plan.streamed:
+            p = self.plan
+            (self.log.warning if p.below_minimum else self.log.info)(
+                "offload plan", budget=p.budget, requested_budget=p.requested, resident=sorted(p.resident),
+                streamed=list(p.streamed), slots=p.slots, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
+                read=store.read_method)
+
+    @property
+    def stall_s(self) -> float:
+        return self.prefetcher.stall_s if self.prefetcher else 0.0
 
     def resident_bytes(self) -> int:
+        """Weights held in memory (resident layers, streaming slots, head) plus the KV caches."""
         weights = sum(layer.nbytes() for layer in self.layers.values())
+        if self.prefetcher:
+            weights += sum(b.nbytes() for b in self.prefetcher.buffers)
         if self.head is not None:
             weights += sum(t.numel() * t.element_size() for t in {id(t): t for t in
                            (self.head.embed, self.head.norm, self.head.output)}.values())
         return weights + sum(c.nbytes() for c in self.caches.values())
+
+    def close(self) -> None:
+        """Stop the prefetcher's thread (the shard is being replaced)."""
+        if self.prefetcher:
+            self.prefetcher.close()
 
     def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int) -> KVCache:
         """The request's cache, made on its first frame; ValueError for frames that do not fit it."""
@@ -58,16 +106,39 @@ class Shard:
         return cache
 
     def release(self, request_id: str) -> bool:
-        return self.caches.pop(request_id, None) is not None
+        found = self.caches.pop(request_id, None) is not None
+        if found and self.prefetcher:
+            p = self.prefetcher
+            self.log.info("offload stats", request_id=request_id, resident_bytes=self.resident_bytes(),
+                          disk_read_bytes=self.store.bytes_read, compute_s=round(self.compute_s, 3),
+                          stall_s=round(p.stall_s, 3), loads=p.loads, misses=p.misses)
+        return found
 
     @torch.inference_mode()
     def compute(self, x: torch.Tensor, cache: KVCache, start_pos: int, next_layer: int) -> tuple[torch.Tensor, int]:
         """Run every consecutive window from next_layer; returns the new hidden state and next layer."""
+        begin, stalled = time.perf_counter(), self.stall_s
         x = x.to(self.dtype)
         for start, stop in self.windows.run_from(next_layer):
-            x = run_layers(x, self.layers, start, stop, cache, start_pos, self.cfg, self.rope)
+            for i in range(start, stop):
+                layer = self._acquire(i)
+                try:
+                    x = layer_forward(x, layer, cache.kv[i], start_pos, self.cfg, self.rope)
+                finally:
+                    if i not in self.layers:
+                        self.prefetcher.release(i)
             next_layer = stop
+        self.compute_s += time.perf_counter() - begin - (self.stall_s - stalled)
         return x, next_layer
+
+    def _acquire(self, i: int) -> Layer:
+        layer = self.layers.get(i)
+        if layer is not None:
+            return layer
+        try:
+            return self.prefetcher.acquire(i)
+        except StoreError as exc:  # the node fails the request (ValueError) rather than the whole loop
+            raise ValueError(f"layer {i} could not be read: {exc}") from None
 
     @torch.inference_mode()
     def embed(self, ids: list[int]) -> torch.Tensor:

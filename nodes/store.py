@@ -1,6 +1,11 @@
 """Read one weight unit (embedding, a decoder layer, or the head) of a layer store, verified."""
 
+import ctypes
 import hashlib
+import json
+import struct
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -8,8 +13,21 @@ from safetensors import SafetensorError
 from safetensors.torch import load
 
 from nodes.config import FileEntry, StoreError, read_manifest
+from nodes.diskio import ChunkReader
 
 CHUNK = 1 << 20
+MAX_HEADER = 16 << 20
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TensorSpan:
+    """Where one tensor of a unit file lies: bytes [start, stop) of the file."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    stop: int
 
 
 class LayerStore:
@@ -20,6 +38,9 @@ class LayerStore:
         self.manifest, self.model_id = read_manifest(self.root)
         self.verify = verify
         self._verified: set[str] = set()  # units whose checksum passed once
+        self._layouts: dict[str, dict[str, TensorSpan]] = {}
+        self._reader: ChunkReader | None = None
+        self._lock = threading.Lock()
         self.bytes_read = 0
 
     @property
@@ -58,6 +79,97 @@ class LayerStore:
             return load(data)
         except SafetensorError as exc:
             raise StoreError(f"{self.root / self.entry(unit).path}: not a valid safetensors file ({exc})") from None
+
+    def layout(self, unit: str) -> dict[str, TensorSpan]:
+        """The tensors of a unit file and their byte ranges, from its safetensors header (validated)."""
+        if unit in self._layouts:
+            return self._layouts[unit]
+        if self.manifest.manifest_only:
+            raise StoreError(f"{self.root} is a manifest-only store: it has no weights to load")
+        entry = self.entry(unit)
+        path = self.root / entry.path
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8).ljust(8, b"\0"))
+                if not 2 <= n <= min(MAX_HEADER, entry.bytes - 8):
+                    raise StoreError(f"{path}: not a valid safetensors file (header length {n})")
+                header = json.loads(f.read(n))
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{path}: not a valid safetensors file ({exc})") from None
+        spans = {}
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (a, b) = DTYPES[meta["dtype"]], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise StoreError(f"{path}: tensor {name!r} has an unsupported dtype or a malformed entry") from None
+            start, stop = 8 + n + a, 8 + n + b
+            size = torch.Size(shape).numel() * dtype.itemsize
+            if not (8 + n <= start <= stop <= entry.bytes and stop - start == size and start % dtype.itemsize == 0):
+                raise StoreError(f"{path}: tensor {name!r} bytes [{a}, {b}) do not fit its shape {list(shape)} "
+                                 "or the file")
+            spans[name] = TensorSpan(dtype, shape, start, stop)
+        self._layouts[unit] = spans
+        return spans
+
+    def read_into(self, unit: str, targets: dict[str, torch.Tensor]) -> int:
+        """Fill `targets` (one contiguous tensor per tensor of the unit, same shape, any float dtype) from the
+        unit's file, bypassing the page cache; checks size and (once) sha256. Returns the bytes read."""
+        entry = self.entry(unit)
+        path = self.root / entry.path
+        spans = self.layout(unit)
+        if set(spans) != set(targets):
+            raise StoreError(f"{path}: holds tensors {sorted(spans)}, expected {sorted(targets)}")
+        pieces = []
+        for name, span in sorted(spans.items(), key=lambda kv: kv[1].start):
+            t = targets[name]
+            if tuple(t.shape) != span.shape or not t.is_contiguous():
+                raise StoreError(f"{path}: tensor {name!r} has shape {list(span.shape)}, expected {list(t.shape)}")
+            pieces.append((span, t.view(-1)))
+        check = self.verify and unit not in self._verified and entry.sha256
+        hasher = hashlib.sha256() if check else None
+
+        def sink(offset: int, chunk: torch.Tensor, n: int) -> None:
+            if hasher is not None:
+                hasher.update(chunk.numpy())
+            for span, t in pieces:
+                lo, hi = max(span.start, offset), min(span.stop, offset + n)
+                if lo >= hi:
+                    continue
+                es = span.dtype.itemsize
+                if t.dtype == span.dtype:  # plain bytes: memmove releases the GIL and runs on one core
+                    ctypes.memmove(t.data_ptr() + lo - span.start, chunk.data_ptr() + lo - offset, hi - lo)
+                else:
+                    src = chunk[lo - offset:hi - offset].view(span.dtype)
+                    t[(lo - span.start) // es:(hi - span.start) // es].copy_(src)
+
+        with self._lock:
+            if self._reader is None:
+                self._reader = ChunkReader()
+            n = self._reader.read(path, entry.bytes, sink)
+            self.bytes_read += n
+        if hasher is not None:
+            if hasher.hexdigest() != entry.sha256:
+                raise StoreError(f"{path}: sha256 does not match the manifest (corrupted file)")
+            self._verified.add(unit)
+        return n
+
+    def new_tensors(self, unit: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The unit's tensors read into fresh tensors of `dtype` (what `load` then `.to(dtype)` gives)."""
+        out = {name: torch.empty(span.shape, dtype=dtype) for name, span in self.layout(unit).items()}
+        self.read_into(unit, out)
+        return out
+
+    @property
+    def read_method(self) -> str:
+        return self._reader.method if self._reader else "O_DIRECT"
+
+    @property
+    def staging_bytes(self) -> int:
+        return self._reader.staging_bytes if self._reader else 0
 
     def tokenizer_path(self) -> Path | None:
         name = self.manifest.tokenizer

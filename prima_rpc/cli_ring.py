@@ -12,6 +12,7 @@ from rich.table import Table
 from prima_rpc import ring
 from prima_rpc.cli_errors import fail, guarded
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+from solver.plan import even_windows
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -106,7 +107,7 @@ def register(app: typer.Typer, state: dict) -> None:
         addresses = local_ring.addresses
         state["node"] = addresses[0]
         sizes = [int(w) for w in windows.split(",")] if windows else None
-        nodes = _start(state, sizes or _even(ring.walk(addresses[0])[0][1].n_layers, local))
+        nodes = _start(state, sizes or even_windows(ring.walk(addresses[0], state["token"])[0][1].n_layers, local))
         print(f"ring ready: {len(nodes)} nodes on {', '.join(addresses)}; logs in {local_ring.log_dir}")
         if prompt:
             print(f"you> {prompt}\nmodel> ", end="")
@@ -164,12 +165,6 @@ def _start(state: dict, sizes: list[int]):
             return ring.start(state["node"], sizes, state["token"], progress=report)
         except ring.RingError as exc:
             fail(str(exc))
-
-
-def _even(n_layers: int, nodes: int) -> list[int]:
-    """Windows for one round (k = 1) as even as the layer count allows; the head gets the remainder."""
-    base, extra = divmod(n_layers, nodes)
-    return [base + extra] + [base] * (nodes - 1)
 
 
 def _row(address: str, info) -> dict:

@@ -52,7 +52,8 @@ def _request(prompt: str, messages, max_tokens, temperature, top_k, top_p, seed,
 
 
 class PrimaClient:
-    def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0):
+    def __init__(self, address: str, token: str | None = None, timeout: float | None = None):
+        # timeout: a deadline for a whole call (None: the head's per-step deadline still ends a stuck ring)
         self.address, self.token, self.timeout = address, token, timeout
         self._channel = aio_channel(address)
         self._inference = rpc.InferenceStub(self._channel)
@@ -96,7 +97,7 @@ class PrimaClient:
 class SyncClient:
     """The same client for code without an event loop: a background loop thread drives it."""
 
-    def __init__(self, address: str, token: str | None = None, timeout: float | None = 600.0):
+    def __init__(self, address: str, token: str | None = None, timeout: float | None = None):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="prima-client")
         self._thread.start()

@@ -1,5 +1,6 @@
 """Operations on a whole ring from outside: walk it, assign windows, read status (sync gRPC)."""
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,10 +58,13 @@ def start(head: str, windows: list[int], token: str | None = None,
     except ValueError as exc:
         raise RingError(str(exc)) from None
 
+    epoch = time.time_ns() // 1_000_000  # one value for the whole ring, newer than any before
+
     def assign(i: int) -> None:
         address, _ = ring[i]
         req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges[i]], head=(i == 0),
-                               model_id=head_info.model_id, ring_layers=head_info.n_layers)
+                               model_id=head_info.model_id, ring_layers=head_info.n_layers, epoch=epoch,
+                               ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [])
         try:
             for update in control(address).Assign(req, metadata=metadata(token)):
                 progress(address, update)

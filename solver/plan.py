@@ -73,6 +73,12 @@ def layer_ranges(windows: list[int], n_layers: int) -> list[list[tuple[int, int]
     return out
 
 
+def even_windows(n_layers: int, nodes: int) -> list[int]:
+    """One round (k = 1) as even as the layer count allows; the head (first) takes the remainder."""
+    base, extra = divmod(n_layers, nodes)
+    return [base + extra] + [base] * (nodes - 1)
+
+
 def build_plan(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[bool] | None,
                solve_ms: float, strategy: str, prefetch: bool = True) -> Plan:
     """Turn an assignment into a Plan with the cost model's prediction."""

@@ -23,6 +23,11 @@ def ring3(rings):
     return local
 
 
+@pytest.fixture(scope="module")
+def epoch(ring3) -> int:
+    return ring.walk(ring3.addresses[0])[1][1].epoch
+
+
 async def send_frames(address: str, *frames: pb.Frame, unlimited: bool = False) -> grpc.aio.AioRpcError | None:
     # unlimited: a client that ignores our send limit, to reach the server's receive limit
     options = [("grpc.max_send_message_length", -1)]
@@ -64,16 +69,27 @@ BAD = {
 
 
 @pytest.mark.parametrize("name", BAD)
-def test_bad_frame_gets_a_status_and_the_ring_keeps_serving(ring3, name):
+def test_bad_frame_gets_a_status_and_the_ring_keeps_serving(ring3, epoch, name):
     frame, code, message = BAD[name]
+    frame.epoch = epoch  # frames of another epoch are dropped unseen, once their structure checks out
     err = asyncio.run(send_frames(ring3.addresses[1], frame))
     assert err is not None and err.code().name == code and message in err.details()
 
 
-def test_capacity_too_small_fails_only_that_request(ring3):
-    # Valid framing, but positions beyond the KV capacity the first frame reserved.
-    err = asyncio.run(send_frames(ring3.addresses[1], forward(request_id="cap", capacity=1)))
-    assert err is None  # accepted by the stream; the request itself is failed and reported forward
+def test_frames_of_an_older_ring_are_dropped_silently(ring3, epoch):
+    stale = forward(request_id="old", start_pos=5)  # would be NOT_FOUND in the current epoch
+    stale.epoch = epoch - 1
+    assert asyncio.run(send_frames(ring3.addresses[1], stale)) is None
+
+
+def test_capacity_too_small_fails_only_that_request(ring3, epoch):
+    # Valid framing, but more tokens than the KV capacity the first frame reserved: the stream stays up,
+    # the request is failed on the node and reported forward to the head.
+    frame = forward(request_id="cap", capacity=1)
+    frame.epoch = epoch
+    assert asyncio.run(send_frames(ring3.addresses[1], frame)) is None
+    node1 = ring.walk(ring3.addresses[1])[0][1]
+    assert node1.stats.active_requests == 0
 
 
 def test_oversized_message_is_refused_by_the_transport(ring3):

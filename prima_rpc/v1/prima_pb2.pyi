@@ -39,7 +39,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class Frame(_message.Message):
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -56,7 +57,8 @@ class Frame(_message.Message):
     hidden: Tensor
     error: str
     seq: int
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -91,7 +93,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +107,7 @@ class NodeInfo(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -118,19 +121,26 @@ class NodeInfo(_message.Message):
     stats: NodeStats
     node_id: str
     error: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     RING_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLAN_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
     windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
     head: bool
     model_id: str
     ring_layers: int
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ...) -> None: ...
+    epoch: int
+    replan: bool
+    ring: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready")
@@ -157,6 +167,16 @@ class ProfileReply(_message.Message):
     json: str
     manifest: str
     def __init__(self, json: _Optional[str] = ..., manifest: _Optional[str] = ...) -> None: ...
+
+class SetPeerRequest(_message.Message):
+    __slots__ = ("peer",)
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    def __init__(self, peer: _Optional[str] = ...) -> None: ...
+
+class SetPeerReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()

@@ -122,6 +122,11 @@ class ControlStub:
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.ProfileRequest.SerializeToString,
                 response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.ProfileReply.FromString,
                 _registered_method=True)
+        self.SetPeer = channel.unary_unary(
+                '/prima.v1.Control/SetPeer',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.SetPeerRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.SetPeerReply.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/prima.v1.Control/Shutdown',
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.ShutdownRequest.SerializeToString,
@@ -150,6 +155,12 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPeer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -173,6 +184,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Profile,
                     request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.ProfileRequest.FromString,
                     response_serializer=prima__rpc_dot_v1_dot_prima__pb2.ProfileReply.SerializeToString,
+            ),
+            'SetPeer': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPeer,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.SetPeerRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.SetPeerReply.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -261,6 +277,33 @@ class Control:
             '/prima.v1.Control/Profile',
             prima__rpc_dot_v1_dot_prima__pb2.ProfileRequest.SerializeToString,
             prima__rpc_dot_v1_dot_prima__pb2.ProfileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPeer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prima.v1.Control/SetPeer',
+            prima__rpc_dot_v1_dot_prima__pb2.SetPeerRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.SetPeerReply.FromString,
             options,
             channel_credentials,
             insecure,
