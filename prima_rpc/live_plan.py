@@ -1,0 +1,38 @@
+"""Plan for the live ring: profile every node (one at a time), then solve with the head's manifest."""
+
+import json
+
+import grpc
+
+from prima_rpc import ring
+from prima_rpc.channel import metadata
+from prima_rpc.v1 import prima_pb2 as pb
+from solver.cli_plan import plan_for
+from solver.profiles import devices_from_json
+
+
+def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[dict, dict]:
+    """({"devices": [...]} in ring order named by address, the head's manifest)."""
+    nodes = ring.walk(head, token)
+    devices, manifest = [], ""
+    # Sequentially: profiles taken in parallel on shared cores would measure each other.
+    for i, (address, _) in enumerate(nodes):
+        try:
+            reply = ring.control(address).Profile(pb.ProfileRequest(refresh=refresh), metadata=metadata(token),
+                                                  timeout=120)
+        except grpc.RpcError as exc:
+            raise ring.RingError(f"{address}: profile failed: {exc.code().name}: {exc.details()}") from None
+        device = json.loads(reply.json)
+        device.update(name=address, is_head=(i == 0))
+        devices.append(device)
+        manifest = manifest or (reply.manifest if i == 0 else "")
+    if not manifest:
+        raise ring.RingError(f"the head {head} has no model to plan for (start it with --model)")
+    return {"devices": devices}, json.loads(manifest)
+
+
+def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False) -> dict:
+    profiles, manifest = profile_ring(head, token, refresh)
+    result = plan_for(devices_from_json(profiles), manifest, strategy)
+    result["profiles"] = profiles
+    return result
