@@ -11,6 +11,7 @@ import grpc
 import structlog
 import typer
 
+from nodes import metrics
 from nodes.auth import TokenAuth
 from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
@@ -36,7 +37,8 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
+async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0) -> None:
+    """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off)."""
     stop = asyncio.Event()
     interceptors = [TokenAuth(cfg.token)] if cfg.token else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
@@ -50,6 +52,11 @@ async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
     rpc.add_ControlServicer_to_server(ControlService(node, stop), server)
     rpc.add_InferenceServicer_to_server(InferenceService(node), server)
     await server.start()
+    try:
+        exporter = await metrics.start(node, cfg.host, metrics_port, cfg.token) if metrics_port else None
+    except OSError as exc:
+        await server.stop(grace=None)
+        raise OSError(f"metrics: cannot listen on {cfg.host}:{metrics_port}: {exc}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -64,11 +71,17 @@ async def serve(cfg: NodeConfig, ready=lambda address: None) -> None:
             tasks.create_task(node.send_loop(), name="send")
             tasks.create_task(watch(node), name="watch")
             await stop.wait()
+            # End in-flight requests with a clear status before the server stops taking calls.
+            for req in node.requests.values():
+                req.fail(f"{node.cfg.name or node.address} is shutting down")
+            await server.stop(grace=2)
             raise asyncio.CancelledError  # leave the task group, cancelling the loops
     except asyncio.CancelledError:
         pass
     finally:
         await server.stop(grace=2)
+        if exporter is not None:
+            await exporter.cleanup()
         await node.link.close()
         node.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -82,6 +95,7 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          mem_budget: str = typer.Option("0", help="memory for weights, e.g. 2GiB (0: unlimited)"),
          token: str = typer.Option(None, envvar="PRIMA_TOKEN", help="cluster secret"),
          dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
+         metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -98,7 +112,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     except ImportError:  # Windows: the default loop
         runner = asyncio.run
     try:
-        runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True)))
+        runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
+                     metrics_port=metrics_port))
     except (StoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None

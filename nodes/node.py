@@ -30,6 +30,8 @@ from prima_rpc.v1 import prima_pb2 as pb
 
 log = structlog.get_logger()
 MAX_REQUESTS = 64
+MAX_CACHES = 2 * MAX_REQUESTS  # KV caches per node (a worker cannot tell live requests from abandoned ones)
+CACHE_IDLE_S = 120.0  # a cache untouched this long lost its RELEASE frame
 QUEUE = 4 * MAX_REQUESTS
 PREFILL_CHUNK = 256  # prompt tokens per ring frame
 MAX_ID = 128
@@ -123,6 +125,8 @@ class Node:
         self.epoch = 0  # frames of another epoch (an older ring) are dropped
         self.members: list[str] = []  # head: the other members' addresses in ring order, watched
         self.ring_address = self.address  # head: how its predecessor dials it
+        self.original: list[str] = []  # head: the members as prima-ctl started them
+        self.lost: set[str] = set()  # head: members lost and not yet back
         self.ring_ready = asyncio.Event()
         self.ring_ready.set()
         self.inbox: asyncio.Queue[Work] = asyncio.Queue(QUEUE)
@@ -130,6 +134,7 @@ class Node:
         self.link = RingLink(cfg.peer, cfg.token)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.requests: dict[str, HeadRequest] = {}
+        self.cache_used: dict[str, float] = {}  # request id -> when its KV cache was last used
         self.stats = Stats()
         self.log = log.bind(node=cfg.name or self.address)
 
@@ -167,6 +172,8 @@ class Node:
         self.windows, self.epoch = windows, epoch
         if ring:
             self.ring_address, self.members = ring[0], list(ring[1:])
+            if not replan:  # a fresh ring from prima-ctl: the order lost nodes rejoin in
+                self.original, self.lost = list(ring[1:]), set()
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
 
@@ -257,7 +264,7 @@ class Node:
             return
         head = self.windows.head
         if w.kind == pb.RELEASE:
-            self.shard.release(w.request_id)
+            self._release(w.request_id)
             if not head:
                 await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.RELEASE, epoch=w.epoch))
             return
@@ -268,6 +275,8 @@ class Node:
             else:
                 await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.ERROR, error=w.error, epoch=w.epoch))
             return
+        if head and w.request_id not in self.requests:
+            return  # a request that ended (or never existed): never give it a KV cache here
         step = self.windows.step(w.next_layer)
         if step is Step.COMPUTE:
             try:
@@ -287,7 +296,10 @@ class Node:
                                        epoch=w.epoch))
 
     async def _compute(self, w: Work) -> Work:
+        if w.request_id not in self.shard.caches:
+            self._make_room()
         cache = self.shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
+        self.cache_used[w.request_id] = time.monotonic()
         start = time.perf_counter()
         hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
             self.pool, self.shard.compute, w.hidden, cache, w.start_pos, w.next_layer)
@@ -295,10 +307,24 @@ class Node:
         self.stats.frames += 1
         return replace(w, hidden=hidden, next_layer=next_layer)
 
+    def _release(self, request_id: str) -> None:
+        self.shard.release(request_id)
+        self.cache_used.pop(request_id, None)
+
+    def _make_room(self) -> None:
+        """Bound the KV caches a node keeps: drop ones idle for long (their RELEASE was lost), or refuse."""
+        if len(self.shard.caches) < MAX_CACHES:
+            return
+        now = time.monotonic()
+        for rid in [r for r in self.shard.caches if now - self.cache_used.get(r, 0.0) > CACHE_IDLE_S]:
+            self._release(rid)
+        if len(self.shard.caches) >= MAX_CACHES:
+            raise ValueError(f"this node already holds KV caches for {MAX_CACHES} requests")
+
     async def _fail_request(self, request_id: str, message: str) -> None:
         message = f"{self.cfg.name or self.address}: {message}"
         self.log.warning("request failed", request_id=request_id, error=message)
-        self.shard.release(request_id)
+        self._release(request_id)
         if self.windows.head:
             if request_id in self.requests:
                 self.requests[request_id].fail(message)
@@ -350,7 +376,7 @@ class Node:
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
             if self.shard is not None:
-                self.shard.release(request_id)
+                self._release(request_id)
             try:
                 self.outbox.put_nowait(pb.Frame(request_id=request_id, kind=pb.RELEASE, epoch=self.epoch))
             except asyncio.QueueFull:

@@ -23,7 +23,7 @@ from nodes.fused import empty_layer, layer_targets
 from nodes.model import Layer
 from nodes.store import LayerStore
 
-DEPTH = 2  # streamed layers read ahead of the one computing (slots = DEPTH + 1)
+DEPTH = 1  # streamed layers read ahead of the one computing (slots = DEPTH + 1): double buffering
 KV_RESERVE_TOKENS = 512  # KV cache positions the budget keeps room for (one request of this length)
 DEFAULT_FRACTION = 0.8  # default budget: this share of the RAM available at assignment
 DEPTH_ENV = "PRIMA_PREFETCH_DEPTH"  # benchmarks: 0 = no prefetch (load on demand)

@@ -42,17 +42,47 @@ async def watch(node, interval: float = 1.0) -> None:
     members = Members(node.cfg.token)
     while True:
         await asyncio.sleep(interval)
-        if node.role != "head" or not node.requests or not node.members:
+        if node.role != "head":
             continue
-        ring = list(node.members)
-        answers = await asyncio.gather(*(members.info(a) for a in ring), return_exceptions=True)
-        lost = [a for a, r in zip(ring, answers) if isinstance(r, BaseException)]
-        if lost:
-            alive = [(a, r) for a, r in zip(ring, answers) if not isinstance(r, BaseException)]
-            await recover(node, members, alive, lost)
+        if node.requests and node.members:
+            await check_members(node, members)
+        elif node.lost and not node.requests:
+            await check_rejoin(node, members)
+
+
+async def check_members(node, members: Members) -> None:
+    ring = list(node.members)
+    answers = await asyncio.gather(*(members.info(a) for a in ring), return_exceptions=True)
+    lost = [a for a, r in zip(ring, answers) if isinstance(r, BaseException)]
+    if lost:
+        alive = [(a, r) for a, r in zip(ring, answers) if not isinstance(r, BaseException)]
+        await recover(node, members, alive, lost)
+
+
+async def check_rejoin(node, members: Members) -> None:
+    """A lost node that answers again (restarted, not yet assigned) is wired back in its old place."""
+    lost = sorted(node.lost)
+    answers = await asyncio.gather(*(members.info(a) for a in lost), return_exceptions=True)
+    back = {a for a, r in zip(lost, answers) if not isinstance(r, BaseException) and r.role == "idle"}
+    if not back:
+        return
+    order = [a for a in node.original if a not in node.lost or a in back]
+    infos = await asyncio.gather(*(members.info(a) for a in order), return_exceptions=True)
+    if any(isinstance(r, BaseException) for r in infos):
+        return  # someone else went missing meanwhile: try again next round
+    node.log.info("lost nodes are back: re-planning with them", back=sorted(back))
+    node.ring_ready.clear()
+    try:
+        await replan(node, members, list(zip(order, infos)))
+        node.lost -= back
+    except Exception as exc:  # the ring stays as it was; the next round tries again
+        node.log.warning("rejoin failed", error=str(exc))
+    finally:
+        node.ring_ready.set()
 
 
 async def recover(node, members: Members, survivors: list[tuple[str, pb.NodeInfo]], lost: list[str]) -> None:
+    node.lost |= set(lost)
     node.log.warning("ring members lost: re-planning on the survivors", lost=lost,
                      survivors=[a for a, _ in survivors])
     node.ring_ready.clear()

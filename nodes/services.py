@@ -2,11 +2,14 @@
 
 import asyncio
 import json
+import re
 import time
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 
+from nodes import metrics
 from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
 from nodes.link import LinkDown
@@ -19,6 +22,7 @@ from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 MAX_PROMPT_CHARS = 1 << 20
+PEER = re.compile(r"(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")  # host:port or [v6]:port
 
 
 async def abort(context, code: str, message: str):
@@ -30,17 +34,23 @@ class RingService(rpc.RingServicer):
         self.node = node
 
     async def Stream(self, request_iterator, context):
-        async for frame in request_iterator:
-            if frame.kind == pb.PING:
-                yield pb.Ack(seq=frame.seq)
-                continue
-            try:
-                await self.node.accept_frame(frame)
-            except Rejected as exc:
-                # The predecessor re-opens the stream; the head learns of the request's failure.
-                if self.node.windows is not None and frame.request_id and frame.kind == pb.FORWARD:
-                    await self.node.inbox.put(Work(frame.request_id[:128], pb.ERROR, error=str(exc)))
-                await abort(context, exc.code, str(exc))
+        try:
+            async for frame in request_iterator:
+                if frame.kind == pb.PING:
+                    yield pb.Ack(seq=frame.seq)
+                else:
+                    await self._accept(frame, context)
+        except DecodeError:
+            await abort(context, "INVALID_ARGUMENT", "not a valid prima.v1.Frame")
+
+    async def _accept(self, frame: pb.Frame, context) -> None:
+        try:
+            await self.node.accept_frame(frame)
+        except Rejected as exc:
+            # The predecessor re-opens the stream; the head learns of the request's failure.
+            if self.node.windows is not None and frame.request_id and frame.kind == pb.FORWARD:
+                await self.node.inbox.put(Work(frame.request_id[:128], pb.ERROR, error=str(exc), epoch=frame.epoch))
+            await abort(context, exc.code, str(exc))
 
 
 class ControlService(rpc.ControlServicer):
@@ -63,6 +73,8 @@ class ControlService(rpc.ControlServicer):
             update = pb.LoadProgress(done_bytes=done, total_bytes=total, unit=unit)
             loop.call_soon_threadsafe(updates.put_nowait, update)
 
+        if not request.model_id:
+            await abort(context, "INVALID_ARGUMENT", "model_id is required (the ring's model fingerprint)")
         if len(request.ring) > 256 or any(len(a) > 255 for a in request.ring):
             await abort(context, "INVALID_ARGUMENT", "ring: at most 256 addresses of up to 255 characters")
         task = loop.create_task(node.assign(windows, request.model_id, progress, request.epoch, request.replan,
@@ -100,8 +112,8 @@ class ControlService(rpc.ControlServicer):
 
     async def SetPeer(self, request, context):
         peer = request.peer
-        host, _, port = peer.rpartition(":")
-        if not host or not port.isdigit() or not (0 < int(port) < 65536) or len(peer) > 255:
+        port = peer.rpartition(":")[2]
+        if not PEER.fullmatch(peer) or not (0 < int(port) < 65536):
             await abort(context, "INVALID_ARGUMENT", f"peer must be HOST:PORT, got {peer[:80]!r}")
         self.node.set_peer(peer)
         return pb.SetPeerReply()
@@ -134,17 +146,23 @@ class InferenceService(rpc.InferenceServicer):
             stamps = []
             async for out in node.generate(prompt_ids, params, request_id):
                 if isinstance(out, Generation):
-                    yield pb.GenerateEvent(finished=_finished(out, request_id, start, stamps))
+                    finished = _finished(out, request_id, start, stamps)
+                    metrics.observe_finished(finished)
+                    yield pb.GenerateEvent(finished=finished)
                 else:
                     stamps.append(time.perf_counter())
+                    metrics.observe_token()
                     yield pb.GenerateEvent(token=pb.TokenEvent(token_id=out.token_id, text=out.text, index=out.index,
                                                                elapsed_ms=(stamps[-1] - start) * 1e3))
         except Rejected as exc:
+            metrics.observe_error(exc.code)
             await abort(context, exc.code, str(exc))
         except (PromptError, ValueError) as exc:
+            metrics.observe_error("INVALID_ARGUMENT")
             await abort(context, "INVALID_ARGUMENT", str(exc))
         except RequestFailed as exc:
             code = "CANCELLED" if str(exc) == "cancelled" else "UNAVAILABLE"
+            metrics.observe_error(code)
             await abort(context, code, str(exc))
 
     async def Cancel(self, request, context):

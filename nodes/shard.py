@@ -151,11 +151,11 @@ class Shard:
 
 
 def check_assignment(store: LayerStore | None, windows: Windows, model_id: str) -> None:
+    if store is not None and model_id and model_id != store.model_id:
+        raise StoreError(f"model mismatch: the ring runs {model_id[:12]}, this node has {store.model_id[:12]}")
     if windows.relay:
         return
     if store is None:
         raise StoreError("this node was started without --model, so it can only be a relay")
-    if model_id and model_id != store.model_id:
-        raise StoreError(f"model mismatch: the ring runs {model_id[:12]}, this node has {store.model_id[:12]}")
     if windows.n_layers != store.config.n_layers:
         raise StoreError(f"the ring's model has {windows.n_layers} layers, this node's has {store.config.n_layers}")

@@ -1,6 +1,7 @@
 """`prima-ctl plan`: solve the layer-to-device assignment, offline from a profiles file or for the live ring."""
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -20,18 +21,23 @@ def register(app: typer.Typer, state: dict) -> None:
              strategy: str = typer.Option("halda", help=f"one of {', '.join(STRATEGIES)}"),
              json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
              out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
-             refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles")):
+             refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
+             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+        if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
+            fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:
             if model is None:
                 fail("--profiles needs --model DIR (a store or a manifest-only store)")
             read_manifest(model)  # a clear error for a directory that is not a store
             manifest = json.loads((model / "manifest.json").read_text())
             result = plan_offline(profiles, manifest, strategy)
+            title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
             from prima_rpc.live_plan import plan_live
 
             result = plan_live(state["node"], state["token"], strategy, refresh)
+            title = f"the ring from {state['node']}"
         if out is not None:
             out.write_text(json.dumps(result, indent=1))
         if json_out:
@@ -40,6 +46,11 @@ def register(app: typer.Typer, state: dict) -> None:
             show(result)
         if "infeasible" in result:
             raise typer.Exit(1)
+        if timeline is not None:
+            from solver.timeline import render  # matplotlib: imported only when drawing
+
+            render(result, timeline, title)
+            print(f"timeline: {timeline}", file=sys.stderr if json_out else sys.stdout)
 
 
 def show(result: dict) -> None:

@@ -3,9 +3,11 @@
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -35,22 +37,20 @@ def register(app: typer.Typer, state: dict) -> None:
 
     @app.command()
     @guarded
-    def status(json_out: bool = typer.Option(False, "--json", help="print JSON")):
+    def status(json_out: bool = typer.Option(False, "--json", help="print JSON (with --watch: one line per refresh)"),
+               watch: float = typer.Option(None, "--watch", metavar="SECONDS",
+                                           help="refresh every SECONDS until Ctrl-C")):
         """Every node in ring order: address, role, windows, memory, timings."""
-        rows = [_row(address, info) for address, info in _walk(state)]
-        if json_out:
-            print(json.dumps({"nodes": rows}, indent=1))
+        if watch is None:
+            rows = [_row(address, info) for address, info in _walk(state)]
+            if json_out:
+                print(json.dumps({"nodes": rows}, indent=1))
+            else:
+                Console().print(_status_table(state["node"], rows))
             return
-        table = Table(title=f"ring from {state['node']}")
-        for col in ("address", "name", "role", "windows", "loaded", "resident MiB", "RSS MiB", "frames",
-                    "compute s", "link s", "last token ms"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["address"], r["name"], r["role"], " ".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
-                          "yes" if r["loaded"] else "no", f"{r['resident_bytes'] / 2**20:.0f}",
-                          f"{r['rss_bytes'] / 2**20:.0f}", str(r["frames"]), f"{r['compute_s']:.2f}",
-                          f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}")
-        Console().print(table)
+        if watch < 0.1:
+            fail(f"--watch needs at least 0.1 seconds, got {watch}")
+        _watch(state, watch, json_out)
 
     @app.command()
     @guarded
@@ -165,6 +165,61 @@ def _start(state: dict, sizes: list[int]):
             return ring.start(state["node"], sizes, state["token"], progress=report)
         except ring.RingError as exc:
             fail(str(exc))
+
+
+STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "frames", "active\nreqs",
+                  "compute\ns", "stall\ns", "link\ns", "token\nms")
+
+
+def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
+    """One row per node in ring order (red: it reports an error). Fits 100 columns; numbers are never cut."""
+    cells = [[f"{r['name']}\n[dim]{r['address']}[/dim]" if r["name"] else r["address"], r["role"],
+              "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
+              f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
+              f"{r['disk_read_bytes'] / 2**20:.0f}", str(r["frames"]), str(r["active_requests"]),
+              f"{r['compute_s']:.2f}", f"{r['stall_s']:.2f}", f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}"]
+             for r in rows]
+    table = Table(title=f"ring from {head}", caption=caption or None, box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True)
+    for j, col in enumerate(STATUS_COLUMNS):
+        if j < 3:  # text: the address folds only when the terminal is narrow
+            width = max([len(r["address"]) for r in rows] + [len(r["name"]) for r in rows]) if j == 0 else 7
+            table.add_column(col, overflow="fold", min_width=min(width, 21))
+        else:
+            table.add_column(col, justify="right", min_width=max([len(c[j]) for c in cells] + [4]))
+    for r, row in zip(rows, cells):
+        table.add_row(*row, style="red" if r["error"] else None)
+    return table
+
+
+def _watch(state: dict, seconds: float, json_out: bool) -> None:
+    """Re-walk the ring every `seconds` until Ctrl-C; a ring that cannot be walked is shown, not fatal
+    (it may be re-planning)."""
+    from rich.live import Live
+    from rich.text import Text
+
+    def snapshot():
+        try:
+            return [_row(address, info) for address, info in ring.walk(state["node"], state["token"])], ""
+        except ring.RingError as exc:
+            return None, str(exc)
+
+    try:
+        if json_out:
+            while True:
+                rows, error = snapshot()
+                print(json.dumps({"time": time.time(), "nodes": rows} if rows is not None
+                                 else {"time": time.time(), "error": error}), flush=True)
+                time.sleep(seconds)
+        with Live(Text("walking the ring..."), auto_refresh=False) as live:
+            while True:
+                rows, error = snapshot()
+                when = time.strftime("%H:%M:%S")
+                live.update(_status_table(state["node"], rows, f"{when}, every {seconds:g} s; Ctrl-C stops")
+                            if rows is not None else Text(f"{when}: {error}", style="red"), refresh=True)
+                time.sleep(seconds)
+    except KeyboardInterrupt:
+        pass
 
 
 def _row(address: str, info) -> dict:

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from solver.baselines import even_split, exo_split, halda_noselect
-from solver.cost_model import Instance
+from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, Plan
@@ -15,9 +15,11 @@ from solver.profiles import DeviceProfile, load_profiles
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
 
-def plan_to_json(plan: Plan, n_layers: int) -> dict:
+def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) -> dict:
+    """breakdown (the cost model's terms of this plan) adds per-token timings, which `--timeline` draws:
+    output_ms (the head's output layer) and per device compute_ms, disk_ms, link_ms and loads_hidden."""
     ranges = plan.layer_ranges(n_layers)
-    return {
+    out = {
         "strategy": plan.strategy,
         "k": plan.k,
         "predicted_tpot_ms": plan.predicted_tpot_s * 1e3,
@@ -28,6 +30,13 @@ def plan_to_json(plan: Plan, n_layers: int) -> dict:
              "layers": [list(r) for r in rs]}  # half-open [start, stop) per round
             for d, rs in zip(plan.devices, ranges)],
     }
+    if breakdown is not None:
+        out["output_ms"] = breakdown.kappa_s * 1e3
+        for d, p, x, h, hidden in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
+                                      breakdown.overlapped):
+            # Per token, all k rounds together; loads_hidden: prefetched while the rest of the ring works.
+            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, link_ms=h * 1e3, loads_hidden=hidden)
+    return out
 
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
@@ -45,4 +54,4 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
-    return plan_to_json(plan, model.n_layers)
+    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring))

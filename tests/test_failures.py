@@ -85,3 +85,66 @@ def test_unrecoverable_loss_ends_the_request_quickly_naming_the_node(tiny_store,
         assert local.addresses[1] in err.value.message and "cannot take over" in err.value.message
     finally:
         local.stop()
+
+
+def test_restarted_node_rejoins_in_its_old_place(smol_store, expected, tmp_path):
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False)
+    try:
+        ring.start(local.addresses[0], [10, 10, 10])
+        asyncio.run(generate_and_break(local.addresses[0], local.processes[1].pid, signal.SIGKILL, after=4))
+        assert len(ring.walk(local.addresses[0])) == 2
+        local.processes[1].wait()
+        local.start_node(1)  # same port, same successor
+        deadline = time.monotonic() + 20
+        while not (len(nodes := ring.walk(local.addresses[0])) == 3 and all(i.loaded for _, i in nodes)):
+            assert time.monotonic() < deadline, "the restarted node did not rejoin"
+            time.sleep(0.5)
+        assert [a for a, _ in nodes] == local.addresses
+
+        async def again():
+            async with PrimaClient(local.addresses[0]) as client:
+                return [e.token_id async for e in client.generate(PROMPT, max_tokens=TOKENS) if isinstance(e, Token)]
+
+        assert asyncio.run(again()) == expected
+    finally:
+        local.stop()
+
+
+def test_sigterm_on_the_head_ends_the_stream_with_a_status(smol_store, tmp_path):
+    local = launch(smol_store, 2, log_dir=tmp_path, detach=False)
+    try:
+        ring.start(local.addresses[0], [15, 15])
+
+        async def run():
+            async with PrimaClient(local.addresses[0]) as client:
+                async for event in client.generate(PROMPT, max_tokens=TOKENS):  # no EOS within 64 tokens
+                    if isinstance(event, Token) and event.index == 3:
+                        local.processes[0].terminate()
+
+        with pytest.raises(PrimaError) as err:
+            asyncio.run(run())
+        assert err.value.code.name in ("UNAVAILABLE", "CANCELLED")
+        assert local.processes[0].wait(timeout=10) == 0
+    finally:
+        local.stop()
+
+
+def test_corrupted_layer_file_is_named_and_the_node_stays_up(tiny_store, tmp_path):
+    broken = tmp_path / "broken-store"
+    broken.mkdir()
+    for f in tiny_store.iterdir():
+        os.link(f, broken / f.name)
+    victim = broken / "layer_001.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0xFF
+    victim.unlink()  # replace the hard link with a corrupted copy
+    victim.write_bytes(bytes(data))
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_store, broken])
+    try:
+        with pytest.raises(ring.RingError, match="layer_001.safetensors: sha256 does not match"):
+            ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
+        assert local.processes[1].poll() is None
+        info = ring.walk(local.addresses[1])[0][1]
+        assert "layer_001.safetensors" in info.error and not info.loaded
+    finally:
+        local.stop()

@@ -103,55 +103,63 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
 def bench(args) -> None:
     store = ensure_store(args.store, args.layers)
     cfg = LayerStore(store).config
-    n_layers, n = cfg.n_layers, args.nodes
+    n_layers, n, dtype = cfg.n_layers, args.nodes, torch.float32
     windows = [n_layers // n] * n
     windows[0] += n_layers - sum(windows)
-    lb, dtype = layer_bytes(cfg, torch.float32), torch.float32
+    lb = layer_bytes(cfg, dtype)
     fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
              for i, w in enumerate(windows)]
-    results, bws = [], []
+    configs: list[tuple[str, str, list[int], int | None, list[int]]] = []  # (group, name, budgets, depth, windows)
+    for frac in args.fractions:
+        budgets = [f + int(frac * w * lb) for f, w in zip(fixed, windows)]
+        single = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
+            b - f for b, f in zip(budgets, fixed))
+        configs += [(f"{frac:.0%}", f"ring of {n}, prefetch", budgets, None, windows),
+                    (f"{frac:.0%}", f"ring of {n}, no prefetch", budgets, 0, windows),
+                    (f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
+                    (f"{frac:.0%}", "1 node, no prefetch", [single], 0, [n_layers])]
+    runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
 
-        def measured(name: str, budgets: list[int], depth: int | None, shape: list[int]) -> dict:
-            bw0 = disk_bandwidth(store, start=len(results) * 8)
+        def measured(key: tuple[str, str], budgets: list[int], depth: int | None, shape: list[int]) -> None:
+            offset = 8 * sum(len(v) for v in runs.values())
+            bw0 = disk_bandwidth(store, start=offset)
             r = run(store, shape, budgets, depth, args.tokens, logs)
-            bw1 = disk_bandwidth(store, start=len(results) * 8 + 4)
-            r.update(name=name, disk_bw=(bw0 + bw1) / 2)
-            bws.extend([bw0, bw1])
-            results.append(r)
-            print(json.dumps(r), flush=True)
-            return r
+            r["disk_bw"] = (bw0 + disk_bandwidth(store, start=offset + 4)) / 2
+            runs.setdefault(key, []).append(r)
+            print(json.dumps({"config": key, **r}), flush=True)
 
-        resident = measured("all resident (compute)", [0] * n, None, windows)
-        table = []
-        for frac in args.fractions:
-            budgets = [f + int(frac * w * lb) for f, w in zip(fixed, windows)]
-            pf = measured(f"ring, prefetch, budget {frac:.0%} of share", budgets, None, windows)
-            nopf = measured(f"ring, no prefetch, budget {frac:.0%} of share", budgets, 0, windows)
-            single_budget = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
-                b - f for b, f in zip(budgets, fixed))
-            one_pf = measured(f"1 node, prefetch, same total budget ({frac:.0%})", [single_budget], None, [n_layers])
-            one_nopf = measured(f"1 node, no prefetch, same total budget ({frac:.0%})", [single_budget], 0,
-                                [n_layers])
-            table.append((frac, pf, nopf, one_pf, one_nopf))
-    bw = statistics.median(bws)
-    print(f"\nstore {store}: {n_layers} layers x {lb / MB:.0f} MB fp32 = {n_layers * lb / 2**30:.2f} GiB; "
-          f"ring of {n} nodes, windows {windows}; {args.tokens} tokens; disk bandwidth (median of {len(bws)}) "
-          f"{bw / 1e9:.2f} GB/s; all-resident TPOT {resident['tpot_ms']:.0f} ms\n")
-    print("| configuration | budget/node | MB read/token | disk time/token | bound | TPOT | TPOT/bound | stall/token |")
-    print("|---|---|---|---|---|---|---|---|")
-    for frac, *rows in table:
-        for r in rows:
-            disk_ms = r["disk_bytes_per_token"] / r["disk_bw"] * 1e3
-            bound = max(resident["tpot_ms"], disk_ms)
-            budget = "/".join(f"{b / MB:.0f}" for b in r["budgets"])
-            print(f"| {r['name']} | {budget} MiB | {r['disk_bytes_per_token'] / 1e6:.0f} | {disk_ms:.0f} ms | "
-                  f"{bound:.0f} ms | {r['tpot_ms']:.0f} ms | {r['tpot_ms'] / bound:.2f} | "
-                  f"{r['stall_ms_per_token']:.0f} ms |")
-        pf, nopf, one_pf, one_nopf = rows
-        print(f"| **{frac:.0%}: no prefetch / prefetch** | | | | | **{nopf['tpot_ms'] / pf['tpot_ms']:.2f}x** (ring), "
-              f"{one_nopf['tpot_ms'] / one_pf['tpot_ms']:.2f}x (1 node) | | |")
+        measured(("compute", f"ring of {n}, all resident"), [0] * n, None, windows)
+        measured(("compute", "1 node, all resident"), [0], None, [n_layers])
+        for rep in range(args.repeats):  # interleaved, alternating order: drifts of the shared box hit all alike
+            for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
+                measured((group, name), budgets, depth, shape)
+
+    def med(key, field):
+        return statistics.median(r[field] for r in runs[key])
+
+    bws = [r["disk_bw"] for rs in runs.values() for r in rs]
+    print(f"\nstore {store}: {n_layers} layers x {lb / MB:.0f} MiB fp32 = {n_layers * lb / 2**30:.2f} GiB; "
+          f"ring windows {windows} (k=1); {args.tokens} tokens per run, median of {args.repeats} runs; disk bandwidth "
+          f"{min(bws) / 1e9:.2f}-{max(bws) / 1e9:.2f} GB/s (median {statistics.median(bws) / 1e9:.2f})\n")
+    print("| budget/node (share) | configuration | budget | MB read/token | disk time | compute | bound "
+          "| TPOT | TPOT/bound | stall/token |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key in runs:
+        group, name = key
+        compute = med(("compute", name.split(",")[0] + ", all resident"), "tpot_ms")
+        disk_ms = med(key, "disk_bytes_per_token") / med(key, "disk_bw") * 1e3
+        bound, tpot = max(compute, disk_ms), med(key, "tpot_ms")
+        budget = "/".join(f"{b / MB:.0f}" for b in runs[key][0]["budgets"])
+        print(f"| {group} | {name} | {budget} MiB | {med(key, 'disk_bytes_per_token') / 1e6:.0f} | {disk_ms:.0f} ms | "
+              f"{compute:.0f} ms | {bound:.0f} ms | **{tpot:.0f} ms** | {tpot / bound:.2f} | "
+              f"{med(key, 'stall_ms_per_token'):.0f} ms |")
+    for frac in args.fractions:
+        g = f"{frac:.0%}"
+        for shape in (f"ring of {n}", "1 node"):
+            ratio = med((g, f"{shape}, no prefetch"), "tpot_ms") / med((g, f"{shape}, prefetch"), "tpot_ms")
+            print(f"budget {g} of share, {shape}: no prefetch / prefetch = {ratio:.2f}x")
 
 
 # ------------------------------------------------------------------ read mechanisms
@@ -268,6 +276,7 @@ def main() -> None:
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.8],
                    help="each node's layer budget as a fraction of its share of layer bytes")
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each offload configuration (interleaved)")
     p.add_argument("--read-bench", action="store_true", help="compare read mechanisms instead")
     args = p.parse_args()
     (read_bench if args.read_bench else bench)(args)

@@ -1,0 +1,167 @@
+"""One token's journey through a plan, as bars on a time axis: where the time goes, which device is the bottleneck.
+
+Input: the plan JSON of `solver.cli_plan.plan_to_json` with its timings (per device compute_ms,
+disk_ms, link_ms, loads_hidden; output_ms). The journey follows the cost model exactly:
+
+    each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order [load] compute link,
+    then the head [load] computes the round's last window; after the last round the output layer.
+
+Loads not hidden by prefetch sit on the critical path before each compute. Hidden loads run in
+their own lane and end when the device's compute of that round starts; those of the first round
+began during the previous token, so they are drawn wrapped round to its end (the steady state,
+modulo one TPOT). When a device's own compute plus loads outlast the ring round, the token waits
+for it (the cost model's max): that wait is spread over the rounds, before its computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("compute", "output", "load", "prefetch", "link", "wait")
+COLORS = {"compute": "#4C72B0", "output": "#1B2F5C", "load": "#DD8452", "prefetch": "#F2B98C",
+          "link": "#55A868", "wait": "#FFFFFF"}
+LEGEND = {"compute": "compute (its layers)", "output": "output layer (head)", "load": "disk load, on the path",
+          "prefetch": "disk load, prefetched", "link": "link to the successor", "wait": "ring waits for loads"}
+
+
+@dataclass(frozen=True)
+class Bar:
+    device: int  # index in plan["devices"] (ring order, head first)
+    kind: str  # one of KINDS
+    start_ms: float
+    ms: float
+    round: int
+    label: str = ""  # the layers of a compute bar, e.g. "[14,37)"
+
+
+def _timings(plan: dict) -> list[dict]:
+    if "infeasible" in plan:
+        raise ValueError(f"the plan is infeasible: {plan['infeasible']}")
+    devices = plan.get("devices") or []
+    keys = {"compute_ms", "disk_ms", "link_ms", "loads_hidden"}
+    if not devices or not all(keys <= set(d) for d in devices) or "output_ms" not in plan:
+        raise ValueError("the plan has no per-device timings (compute_ms, disk_ms, link_ms, output_ms); "
+                         "solve it again with this version of `prima-ctl plan`")
+    return devices
+
+
+def journey(plan: dict) -> tuple[list[Bar], float]:
+    """The bars of one token in the steady state, and its duration in ms (the cost model's TPOT)."""
+    devices = _timings(plan)
+    k = int(plan["k"])
+    members = [i for i, d in enumerate(devices) if d["role"] != "removed"]
+    order = [i for i in members if i != 0] + [0]  # a round: ranks 1..M-1, then the head
+    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "link_ms")} for d in devices]  # one round
+    out_ms = float(plan["output_ms"])
+
+    # TPOT = max(ring, output + P_m + D_m of devices whose loads are prefetched): the cost model's formula.
+    ring = out_ms + sum(d["compute_ms"] + d["link_ms"] + (0.0 if d["loads_hidden"] else d["disk_ms"])
+                        for d in devices)
+    own = {i: out_ms + d["compute_ms"] + d["disk_ms"] for i, d in enumerate(devices) if d["loads_hidden"]}
+    slowest = max(own, key=own.get, default=None)
+    wait = max(own[slowest] - ring, 0.0) / k if slowest is not None else 0.0
+
+    bars: list[Bar] = []
+    t = 0.0
+
+    def put(device: int, kind: str, ms: float, r: int, label: str = "") -> None:
+        nonlocal t
+        if ms > 0:
+            bars.append(Bar(device, kind, t, ms, r, label))
+            t += ms
+
+    for r in range(k):
+        if len(members) > 1:
+            put(0, "link", per[0]["link_ms"], r)
+        for i in order:
+            d, p = devices[i], per[i]
+            if not d["window"]:  # a relay forwards (the head's own send opens the round)
+                if i:
+                    put(i, "link", p["link_ms"], r)
+                continue
+            if d["loads_hidden"]:
+                if i == slowest:
+                    put(i, "wait", wait, r)
+                if p["disk_ms"] > 0:
+                    bars.append(Bar(i, "prefetch", t - p["disk_ms"], p["disk_ms"], r))
+            else:
+                put(i, "load", p["disk_ms"], r)
+            a, b = d["layers"][r] if r < len(d.get("layers", ())) else ("", "")
+            put(i, "compute", p["compute_ms"], r, f"[{a},{b})" if a != "" else "")
+            if i:
+                put(i, "link", p["link_ms"], r)
+    put(0, "output", out_ms, k - 1)
+    return bars, t
+
+
+def bottleneck(plan: dict) -> int:
+    """The device busiest per token (compute + loads + hops, + the output layer on the head)."""
+    devices = _timings(plan)
+    return max(range(len(devices)), key=lambda i: devices[i]["predicted_ms"])
+
+
+def render(plan: dict, path: Path, title: str = "") -> Path:
+    """Draw the journey of `plan` into path (.png or .svg, by suffix)."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg"):
+        raise ValueError(f"the timeline is drawn as .png or .svg, got {path.name!r}")
+    devices = _timings(plan)
+    bars, total = journey(plan)
+    worst = bottleneck(plan)
+    n = len(devices)
+
+    fig = Figure(figsize=(13, 1.9 + 0.75 * n), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    y = {i: n - 1 - i for i in range(n)}  # the head on top
+    lane = {"prefetch": (-0.38, 0.22), "wait": (-0.1, 0.44)}  # (offset, height) from the row; main lane default
+    for b in bars:
+        off, h = lane.get(b.kind, (-0.1, 0.44))
+        start = b.start_ms if b.kind != "prefetch" or b.start_ms >= 0 else b.start_ms + total  # wrap round
+        style = dict(edgecolor="#888888", linestyle=":", linewidth=1) if b.kind == "wait" else \
+            dict(edgecolor="white", linewidth=0.5)
+        end = start + b.ms
+        pieces = [(start, b.ms)] if end <= total + 1e-9 else [(start, total - start), (0.0, end - total)]
+        ax.broken_barh(pieces, (y[b.device] + off, h), facecolors=COLORS[b.kind],
+                       hatch="///" if b.kind == "prefetch" else None, **style)
+        if b.label and b.ms > 0.045 * total:
+            ax.text(start + b.ms / 2, y[b.device] + off + h / 2, b.label, ha="center", va="center",
+                    fontsize=8, color="white")
+    starts = sorted({b.start_ms for b in bars if b.kind == "link" and b.device == 0} | {0.0})
+    for r, s in enumerate(starts if plan["k"] > 1 else []):
+        ax.axvline(s, color="#BBBBBB", linewidth=0.8, zorder=0)
+        ax.text(s, n - 0.45, f" round {r + 1}", fontsize=8, color="#666666", va="bottom")
+    ax.axvline(plan["predicted_tpot_ms"], color="#C44E52", linestyle="--", linewidth=1.5)
+    ax.text(plan["predicted_tpot_ms"], -0.75, f"predicted TPOT {plan['predicted_tpot_ms']:.0f} ms ",
+            color="#C44E52", ha="right", va="bottom", fontsize=9, fontweight="bold")
+
+    ax.set_yticks([y[i] for i in range(n)])
+    ax.set_yticklabels([f"{d['name']} ({d['role']})" for d in devices])
+    ax.get_yticklabels()[worst].set(color="#C44E52", fontweight="bold")
+    for i, d in enumerate(devices):  # per-device totals on the right
+        if d["role"] == "removed":
+            note = "removed from the ring"
+        else:
+            disk = f"disk {d['disk_ms']:.0f}{' prefetched' if d['loads_hidden'] else ''} · " if d["disk_ms"] else ""
+            note = (f"{d['window']}×{plan['k']} layers: compute {d['compute_ms']:.0f} · {disk}"
+                    f"link {d['link_ms']:.0f} ms")
+            note += "   ← bottleneck" if i == worst else ""
+        ax.annotate(note, (1.005, y[i]), xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                    color="#C44E52" if i == worst else "#333333")
+    ax.set_xlim(0, max(total, plan["predicted_tpot_ms"]) * 1.005)
+    ax.set_ylim(-0.85, n - 0.2)
+    ax.set_xlabel("ms since the head sent the token's embedding")
+    ax.spines[["top", "right"]].set_visible(False)
+    kinds = [kd for kd in KINDS if any(b.kind == kd for b in bars)]
+    ax.legend(handles=[Patch(facecolor=COLORS[kd], hatch="///" if kd == "prefetch" else None,
+                             edgecolor="#888888" if kd == "wait" else "white",
+                             linestyle=":" if kd == "wait" else "-", label=LEGEND[kd]) for kd in kinds],
+              loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.1 / n), ncol=len(kinds), frameon=False, fontsize=8)
+    head = f"{plan['strategy']} plan, k = {plan['k']} round{'s' if plan['k'] > 1 else ''} per token"
+    ax.set_title(f"{title}: {head}" if title else head, loc="left", fontsize=11)
+    fig.savefig(path, format=fmt)
+    return path

@@ -1,0 +1,39 @@
+"""16 concurrent clients on a 3-node ring: every answer equals its own reference, and afterwards no
+node holds a KV cache more than when idle."""
+
+import asyncio
+
+import pytest
+
+from nodes.generation import GenerateParams
+from nodes.reference import ReferenceModel
+from prima_rpc import ring
+from prima_rpc.client import PrimaClient, Token
+
+pytestmark = pytest.mark.slow
+TOPICS = ["the sea", "a cat", "winter", "a robot", "bread", "the moon", "trains", "music", "rain", "a forest",
+          "chess", "coffee", "a river", "snow", "bees", "a clock"]
+PROMPTS = [f"Write one sentence about {t}." for t in TOPICS]
+TOKENS = 8
+
+
+def test_sixteen_concurrent_clients(rings, smol_store):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    idle = {a: i.stats for a, i in ring.walk(local.addresses[0])}
+    model = ReferenceModel(smol_store)
+    expected = [[t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS]
+
+    async def one(prompt):
+        async with PrimaClient(local.addresses[0]) as client:
+            return [e.token_id async for e in client.generate(prompt, max_tokens=TOKENS) if isinstance(e, Token)]
+
+    async def everyone():
+        return await asyncio.gather(*(one(p) for p in PROMPTS))
+
+    assert asyncio.run(everyone()) == expected
+    after = {a: i.stats for a, i in ring.walk(local.addresses[0])}
+    for address, stats in after.items():
+        assert stats.active_requests == 0, f"{address} still holds KV caches"
+        assert stats.resident_bytes == idle[address].resident_bytes, f"{address}: memory not back to idle"
+        assert stats.rss_bytes < idle[address].rss_bytes + (256 << 20), f"{address}: RSS grew by >256 MiB"

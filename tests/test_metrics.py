@@ -1,0 +1,137 @@
+"""Prometheus metrics: the node collector in-process, the bearer check, and a real ring scraped around a request."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodes import metrics
+from prima_rpc import ring
+from prima_rpc.client import PrimaClient, PrimaError
+from prima_rpc.local_ring import free_ports, launch
+from prima_rpc.v1 import prima_pb2 as pb
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of a text exposition."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+class FakeNode:
+    def __init__(self):
+        self.stats = pb.NodeStats(compute_s=2.0, stall_s=0.5, link_s=0.25, frames=7, disk_read_bytes=1024,
+                                  resident_bytes=4096, rss_bytes=8192, active_requests=1, last_token_ms=40.0)
+
+    def info(self) -> pb.NodeInfo:
+        return pb.NodeInfo(name="n0", role="head", model_name="tiny", windows=[pb.LayerRange(start=0, stop=4)],
+                           epoch=3, stats=self.stats)
+
+
+def test_collector_reads_node_info_at_scrape_time_and_counters_never_go_back():
+    node = FakeNode()
+    registry = metrics.registry_for(node)
+    first = samples(generate_latest(registry).decode())
+    assert first[("prima_frames_total", ())] == 7
+    assert first[("prima_compute_seconds_total", ())] == 2.0
+    assert first[("prima_disk_read_bytes_total", ())] == 1024
+    assert first[("prima_resident_bytes", ())] == 4096 and first[("prima_active_requests", ())] == 1
+    assert first[("prima_last_token_seconds", ())] == pytest.approx(0.04)
+    info = next(k for k in first if k[0] == "prima_node_info")
+    assert dict(info[1]) == {"name": "n0", "role": "head", "model": "tiny", "windows": "[0,4)"}
+    node.stats.frames, node.stats.compute_s = 9, 1.5  # net compute dipped mid-frame
+    second = samples(generate_latest(registry).decode())
+    assert second[("prima_frames_total", ())] == 9 and second[("prima_compute_seconds_total", ())] == 2.0
+
+
+def test_metrics_need_the_cluster_token_when_the_ring_has_one():
+    async def scrape(headers: dict) -> tuple[int, str]:
+        async with TestClient(TestServer(metrics.make_app(metrics.registry_for(FakeNode()), "s3cret"))) as client:
+            resp = await client.get("/metrics", headers=headers)
+            return resp.status, await resp.text()
+
+    assert asyncio.run(scrape({}))[0] == 401
+    assert asyncio.run(scrape({"Authorization": "Bearer wrong"}))[0] == 401
+    status, text = asyncio.run(scrape({"Authorization": "Bearer s3cret"}))
+    assert status == 200 and "prima_frames_total 7.0" in text
+
+
+@pytest.fixture(scope="module")
+def metered_ring(smol_store, tmp_path_factory):
+    ports = free_ports(2)
+    local = launch(smol_store, 2, log_dir=tmp_path_factory.mktemp("metrics"), detach=False,
+                   extra_args=[["--metrics-port", str(p)] for p in ports])
+    try:
+        ring.start(local.addresses[0], [20, 10])
+        yield local, [f"http://127.0.0.1:{p}/metrics" for p in ports]
+    finally:
+        local.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        return samples(resp.read().decode())
+
+
+async def generate(address: str, **kwargs) -> None:
+    async with PrimaClient(address) as client:
+        async for _ in client.generate("Name a color.", **kwargs):
+            pass
+
+
+@pytest.mark.slow
+def test_counters_move_after_a_request(metered_ring):
+    local, urls = metered_ring
+    before = [scrape(u) for u in urls]
+    asyncio.run(generate(local.addresses[0], max_tokens=8))
+    with pytest.raises(PrimaError):
+        asyncio.run(generate(local.addresses[0], max_tokens=0))
+    after = [scrape(u) for u in urls]
+
+    def grew(i: int, name: str, labels: tuple = ()) -> float:
+        return after[i].get((name, labels), 0.0) - before[i].get((name, labels), 0.0)
+
+    assert grew(0, "prima_generated_tokens_total") == 8
+    assert grew(0, "prima_ttft_seconds_count") == 1 and grew(0, "prima_tpot_seconds_count") == 1
+    assert grew(0, "prima_ttft_seconds_sum") > 0
+    assert grew(0, "prima_requests_total", (("finish_reason", "length"),)) == 1
+    assert grew(0, "prima_request_errors_total", (("code", "INVALID_ARGUMENT"),)) == 1
+    assert grew(0, "prima_prompt_tokens_total") > 0
+    for i in (0, 1):  # both nodes computed every token's frame
+        assert grew(i, "prima_frames_total") >= 8
+        assert grew(i, "prima_compute_seconds_total") > 0
+        assert after[i][("prima_resident_bytes", ())] > 0 and after[i][("prima_rss_bytes", ())] > 0
+        assert after[i][("prima_active_requests", ())] == 0
+    assert grew(0, "prima_link_seconds_total") > 0
+    assert after[0][("prima_last_token_seconds", ())] > 0
+    assert after[1].get(("prima_generated_tokens_total", ()), 0.0) == 0  # only the head serves requests
+    roles = {dict(k[1])["role"] for s in after for k in s if k[0] == "prima_node_info"}
+    assert roles == {"head", "worker"}
+
+
+@pytest.mark.slow
+def test_status_watch_refreshes_until_interrupted(metered_ring):
+    local, _ = metered_ring
+    cmd = [sys.executable, "-m", "prima_rpc.cli", "--node", local.addresses[0], "status", "--watch", "0.2", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        snapshots = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    for snap in snapshots:
+        assert [n["role"] for n in snap["nodes"]] == ["head", "worker"]
+    assert snapshots[1]["time"] > snapshots[0]["time"]
+    table = subprocess.run([sys.executable, "-m", "prima_rpc.cli", "--node", local.addresses[0], "status"],
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
+    assert table.returncode == 0 and local.addresses[0] in table.stdout and "[10,30)" in table.stdout

@@ -1,0 +1,106 @@
+"""The plan timeline: one token's journey adds up to the cost model's TPOT, and renders as PNG and SVG."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from solver.cli_plan import plan_offline
+from solver.presets import preset
+from solver.timeline import bottleneck, journey, render
+
+TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CASES = [(m, s) for m in ("llama3-70b", "llama3-8b") for s in ("halda", "halda-noselect", "exo", "even")]
+
+
+def solved(model: str = "llama3-70b", strategy: str = "halda", **kwargs) -> dict:
+    return json.loads(json.dumps(plan_offline(TESTBED, preset(model).to_manifest(), strategy, **kwargs)))
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float], period: float) -> bool:
+    """Do intervals [start, end) overlap modulo one period (the steady state repeats every TPOT)?"""
+    return any(a[0] + s < b[1] - 1e-6 and b[0] < a[1] + s - 1e-6 for s in (-period, 0.0, period))
+
+
+@pytest.mark.parametrize("model, strategy", CASES, ids=lambda x: x)
+def test_journey_adds_up_to_the_predicted_tpot(model, strategy):
+    plan = solved(model, strategy)
+    bars, total = journey(plan)
+    assert total == pytest.approx(plan["predicted_tpot_ms"], rel=1e-9)
+    for i, d in enumerate(plan["devices"]):  # every term of the cost model is drawn, once
+        mine = [b for b in bars if b.device == i]
+        assert sum(b.ms for b in mine if b.kind == "compute") == pytest.approx(d["compute_ms"])
+        assert sum(b.ms for b in mine if b.kind in ("load", "prefetch")) == pytest.approx(d["disk_ms"])
+        assert sum(b.ms for b in mine if b.kind == "link") == pytest.approx(d["link_ms"])
+        # A device does one thing at a time: its prefetched loads never overlap its own computes.
+        computes = [(b.start_ms, b.start_ms + b.ms) for b in mine if b.kind == "compute"]
+        for b in (b for b in mine if b.kind == "prefetch"):
+            assert not any(overlaps((b.start_ms, b.start_ms + b.ms), c, total) for c in computes), (d["name"], b)
+    # The critical path is one bar after another (prefetched loads run beside it).
+    path = [b for b in bars if b.kind != "prefetch"]
+    assert all(a.start_ms + a.ms == pytest.approx(b.start_ms) for a, b in zip(path, path[1:]))
+    assert path[-1].kind == "output" and path[-1].device == 0
+
+
+def test_70b_halda_waits_for_d3_loads_and_names_it_the_bottleneck():
+    plan = solved()
+    bars, total = journey(plan)
+    assert plan["devices"][bottleneck(plan)]["name"] == "D3"
+    waits = [b for b in bars if b.kind == "wait"]
+    assert len(waits) == plan["k"] and {plan["devices"][b.device]["name"] for b in waits} == {"D3"}
+    assert [b.label for b in bars if b.kind == "compute" and b.device == 2] == ["[14,37)", "[54,77)"]
+
+
+def test_8b_on_d3_alone_has_an_empty_head_window_and_removed_devices():
+    plan = solved("llama3-8b")
+    bars, _ = journey(plan)
+    roles = {d["name"]: d["role"] for d in plan["devices"]}
+    assert roles["D1"] == "head" and "removed" in roles.values()
+    drawn = {plan["devices"][b.device]["name"] for b in bars}
+    assert drawn == {name for name, role in roles.items() if role != "removed"}
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg"])
+def test_render_writes_the_format_of_the_suffix(tmp_path, suffix):
+    out = render(solved(), tmp_path / f"t.{suffix}", "llama3-70b on D1-D4")
+    data = out.read_bytes()
+    assert len(data) > 20_000
+    if suffix == "png":
+        assert data.startswith(PNG_MAGIC)
+    else:
+        root = ET.fromstring(data)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"\.png or \.svg"):
+        render(solved(), tmp_path / "t.jpg")
+    old = solved()
+    for d in old["devices"]:
+        del d["compute_ms"]
+    with pytest.raises(ValueError, match="no per-device timings"):
+        render(old, tmp_path / "t.png")
+    with pytest.raises(ValueError, match="infeasible"):
+        journey({"infeasible": "no device can hold the head", "strategy": "halda", "solve_ms": 0.0})
+
+
+def test_prima_ctl_plan_timeline(tmp_path):
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "prima_rpc.cli", *args], capture_output=True, text=True,
+                              env=dict(os.environ), timeout=120)
+
+    store = tmp_path / "l70"
+    res = ctl("synth", str(store), "--preset", "llama3-70b", "--manifest-only", "--bits-per-weight", "4.5")
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "plan.svg"
+    res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["devices"][2]["loads_hidden"] is True
+    assert ET.parse(out).getroot().tag.endswith("svg")
+    res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(tmp_path / "x.gif"))
+    assert res.returncode == 2 and "must end in .png or .svg" in res.stderr
