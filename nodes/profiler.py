@@ -6,8 +6,10 @@ rule, free VRAM, and the link to the successor over the real Ring stream. The lo
 few seconds and runs off the event loop; the link part ~20 PINGs and a few large frames.
 
 Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline):
-  cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak
-  ram_bandwidth            CPU memory read bandwidth; vram_bandwidth the GPU's
+  cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak;
+                           with a store, the CPU's is calibrated on one real decoder layer in decode
+  ram_bandwidth            CPU memory read bandwidth (with a store: the layer's bytes / its decode time);
+                           vram_bandwidth the GPU's
   disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
   ram_available, vram_free a snapshot when measured (a cached profile keeps it; refresh to re-read)
   link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
@@ -48,6 +50,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_disk import measure_disk
 from nodes.profile_host import available_ram, gpu_info, os_kind
+from nodes.profile_model import measure_decode_layer
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 from solver.profiles import DeviceProfile
@@ -137,8 +140,12 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     disk = measure_disk(disk_dir)
     ram = available_ram(kind)
     has_gpu = gpu_rates is not None
+    # With a store, the CPU rates are calibrated on one real decoder layer (see profile_model).
+    decode = measure_decode_layer(store_dir, dtype) if store_dir else None
+    cpu_flops = decode["flops_rate"] if decode else cpu.gemv
+    ram_bandwidth = decode["bytes_rate"] if decode else ram_bandwidth
     fields = dict(
-        os=kind, cpu_flops=cpu.gemv, gpu_flops=gpu_rates.gemv if has_gpu else 0.0,
+        os=kind, cpu_flops=cpu_flops, gpu_flops=gpu_rates.gemv if has_gpu else 0.0,
         gpu_kind=gpu.kind if has_gpu else "none", ram_bandwidth=ram_bandwidth,
         vram_bandwidth=vram_bandwidth if has_gpu else 0.0,
         disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
@@ -146,7 +153,8 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
                    gpu=asdict(gpu), gpu_error=gpu_error, disk=asdict(disk), disk_dir=str(disk_dir),
-                   torch_threads=torch.get_num_threads(), local_s=time.perf_counter() - start)
+                   decode_layer=decode, torch_threads=torch.get_num_threads(),
+                   local_s=time.perf_counter() - start)
     return fields, details
 
 
