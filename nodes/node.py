@@ -9,34 +9,26 @@ the ring.
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 import structlog
 import torch
 
-from nodes.generation import GenerateParams, Generation, TokenOut
+from nodes.head import HeadRequest, HeadRole
 from nodes.link import LinkDown, RingLink
 from nodes.routing import Step, Windows
 from nodes.shard import Shard, check_assignment
 from nodes.store import LayerStore
 from nodes.text import TextCodec
+from nodes.work import CACHE_IDLE_S, MAX_CACHES, MAX_ID, QUEUE, Rejected, Work
 from prima_rpc import codec
 from prima_rpc.channel import MAX_MESSAGE_BYTES
 from prima_rpc.v1 import prima_pb2 as pb
 
 log = structlog.get_logger()
-MAX_REQUESTS = 64
-MAX_CACHES = 2 * MAX_REQUESTS  # KV caches per node (a worker cannot tell live requests from abandoned ones)
-CACHE_IDLE_S = 120.0  # a cache untouched this long lost its RELEASE frame
-QUEUE = 4 * MAX_REQUESTS
-PREFILL_CHUNK = 256  # prompt tokens per ring frame
-MAX_ID = 128
-
-
 @dataclass(frozen=True)
 class NodeConfig:
     port: int = 0
@@ -50,34 +42,6 @@ class NodeConfig:
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
 
 
-class Rejected(Exception):
-    """A request or frame refused before use; `code` is the gRPC status name."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-class RequestFailed(Exception):
-    """A ring node reported an error for this request."""
-
-
-class RingChanged(Exception):
-    """The ring was re-planned while this request waited: replay it on the new ring."""
-
-
-@dataclass
-class Work:
-    request_id: str
-    kind: int
-    start_pos: int = 0
-    next_layer: int = 0
-    capacity: int = 0
-    hidden: torch.Tensor | None = None
-    error: str = ""
-    epoch: int = 0
-
-
 @dataclass
 class Stats:
     compute_s: float = 0.0  # wall time of frames in the compute thread, waits for streamed layers included
@@ -87,30 +51,7 @@ class Stats:
     last_token_ms: float = 0.0
 
 
-@dataclass
-class HeadRequest:
-    """The head's side of one request: the hidden state or error the ring hands back."""
-
-    waiter: asyncio.Future | None = None
-    error: str | None = None
-    cancelled: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def deliver(self, hidden: torch.Tensor) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(hidden)
-
-    def fail(self, message: str) -> None:
-        self.error = message
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(RequestFailed(message))
-
-    def ring_changed(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(RingChanged())
-
-
-class Node:
+class Node(HeadRole):
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.node_id = uuid.uuid4().hex
@@ -344,88 +285,8 @@ class Node:
                     self.requests[frame.request_id].fail(str(exc))
             self.stats.link_s += time.perf_counter() - start
 
-    # ------------------------------------------------------------------ the head
-
-    async def generate(self, prompt_ids: list[int], params: GenerateParams,
-                       request_id: str) -> AsyncIterator[TokenOut | Generation]:
-        """Token events of one request, then the finished Generation itself."""
-        if self.role != "head":
-            raise Rejected("FAILED_PRECONDITION", f"this node is a {self.role}, not the ring's head")
-        if len(self.requests) >= MAX_REQUESTS:
-            raise Rejected("RESOURCE_EXHAUSTED", f"the head serves at most {MAX_REQUESTS} requests at once")
-        if request_id in self.requests:
-            raise Rejected("ALREADY_EXISTS", f"request id {request_id!r} is in use")
-        cfg = self.store.config
-        gen = Generation(prompt_ids, params, self.text, self.store.manifest.eos_token_ids, cfg.max_seq_len)
-        req = self.requests[request_id] = HeadRequest()
-        try:
-            while not gen.done:
-                ids, pos = gen.pending()
-                start = time.perf_counter()
-                try:
-                    hidden = await self._round_trip(req, request_id, ids, pos, gen.capacity)
-                except RingChanged:
-                    await self._replay(req, request_id, gen)
-                    continue
-                logits = await asyncio.get_running_loop().run_in_executor(self.pool, self.shard.logits, hidden)
-                self.stats.last_token_ms = (time.perf_counter() - start) * 1e3
-                yield gen.accept(logits)
-            yield gen
-        finally:
-            del self.requests[request_id]
-            # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
-            # this also runs when the client's call is cancelled.
-            if self.shard is not None:
-                self._release(request_id)
-            try:
-                self.outbox.put_nowait(pb.Frame(request_id=request_id, kind=pb.RELEASE, epoch=self.epoch))
-            except asyncio.QueueFull:
-                self.log.warning("release not sent: outbox full", request_id=request_id)
-
-    async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
-                          capacity: int) -> torch.Tensor:
-        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks."""
-        loop = asyncio.get_running_loop()
-        for offset in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[offset:offset + PREFILL_CHUNK]
-            x = await loop.run_in_executor(self.pool, self.shard.embed, chunk)
-            req.waiter = loop.create_future()
-            await self.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=self.epoch))
-            try:
-                hidden = await asyncio.wait_for(req.waiter, self.cfg.step_timeout)
-            except TimeoutError:
-                raise RequestFailed(f"no answer from the ring within {self.cfg.step_timeout:.0f} s "
-                                    "(a node may be down)") from None
-        return hidden
-
-    async def _replay(self, req: HeadRequest, request_id: str, gen: Generation) -> None:
-        """After a re-plan: rebuild this request's KV caches on the new ring from its tokens so far."""
-        while True:
-            try:
-                await asyncio.wait_for(self.ring_ready.wait(), self.cfg.step_timeout)
-            except TimeoutError:
-                raise RequestFailed("the ring did not recover in time") from None
-            if req.error:
-                raise RequestFailed(req.error)
-            history = gen.prompt_ids + gen.tokens[:-1] if gen.tokens else []
-            self.log.info("replaying request on the new ring", request_id=request_id, tokens=len(history))
-            try:
-                if history:
-                    await self._round_trip(req, request_id, history, 0, gen.capacity)
-                return
-            except RingChanged:
-                continue
-
     def set_peer(self, peer: str) -> None:
         if peer != self.peer:
             old, self.peer = self.link, peer
             self.link = RingLink(peer, self.cfg.token)
             asyncio.get_running_loop().create_task(old.close(), name="close-link")
-
-    def cancel(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None:
-            return False
-        req.fail("cancelled")
-        return True
-

@@ -12,12 +12,14 @@ from google.protobuf.message import DecodeError
 from nodes import metrics
 from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
+from nodes.head import RequestFailed
 from nodes.link import LinkDown
-from nodes.node import Node, Rejected, RequestFailed, Work
+from nodes.node import Node
 from nodes.profiler import profile_device
 from nodes.routing import Windows
 from nodes.sampling import SamplingParams
 from nodes.text import PromptError
+from nodes.work import Rejected, Work
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 

@@ -1,0 +1,32 @@
+"""What flows through a node's queues, and the limits that keep the ring from deadlocking."""
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_REQUESTS = 64
+MAX_CACHES = 2 * MAX_REQUESTS  # KV caches per node (a worker cannot tell live requests from abandoned ones)
+CACHE_IDLE_S = 120.0  # a cache untouched this long lost its RELEASE frame
+QUEUE = 4 * MAX_REQUESTS
+PREFILL_CHUNK = 256  # prompt tokens per ring frame
+MAX_ID = 128
+
+
+class Rejected(Exception):
+    """A request or frame refused before use; `code` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Work:
+    request_id: str
+    kind: int
+    start_pos: int = 0
+    next_layer: int = 0
+    capacity: int = 0
+    hidden: torch.Tensor | None = None
+    error: str = ""
+    epoch: int = 0
