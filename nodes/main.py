@@ -17,7 +17,7 @@ from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
 from nodes.recovery import watch
 from nodes.services import ControlService, InferenceService, RingService
-from prima_rpc.channel import SERVER_OPTIONS
+from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -37,12 +37,15 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0) -> None:
-    """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off)."""
+async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0,
+                tls: grpc.ServerCredentials | None = None) -> None:
+    """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off).
+    tls: serve TLS with these credentials (else plaintext)."""
     stop = asyncio.Event()
     interceptors = [TokenAuth(cfg.token)] if cfg.token else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    bind = f"{cfg.host}:{cfg.port}"
+    port = server.add_secure_port(bind, tls) if tls else server.add_insecure_port(bind)
     if port == 0:
         raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
     advertised = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
@@ -86,6 +89,18 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
         node.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: bool) -> grpc.ServerCredentials | None:
+    """Server credentials, and how this node dials others (the same CA; its own certificate if mutual)."""
+    if not (cert or key or ca or mutual):
+        return None
+    if not (cert and key and ca):
+        raise ValueError("TLS needs --tls-cert, --tls-key and --tls-ca together")
+    cert_pem, key_pem, ca_pem = read_pem(cert, "certificate"), read_pem(key, "key"), read_pem(ca, "CA")
+    configure_tls(Tls(ca_pem, cert_pem if mutual else None, key_pem if mutual else None))
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem if mutual else None,
+                                       require_client_auth=mutual)
+
+
 @app.command()
 def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the ring"),
          port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
@@ -96,6 +111,10 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          token: str = typer.Option(None, envvar="PRIMA_TOKEN", help="cluster secret"),
          dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
+         tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
+         tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
+         tls_ca: Path = typer.Option(None, help="PEM roots to trust when dialling the successor and ring members"),
+         tls_mutual: bool = typer.Option(False, help="require client certificates signed by --tls-ca"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -106,6 +125,11 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
                      token=token, dtype=dtype)
     try:
+        tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    try:
         import uvloop
 
         runner = uvloop.run
@@ -113,7 +137,7 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
         runner = asyncio.run
     try:
         runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
-                     metrics_port=metrics_port))
+                     metrics_port=metrics_port, tls=tls))
     except (StoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None

@@ -1,4 +1,8 @@
-"""The one place for channel options, message limits, deadlines and auth metadata."""
+"""The one place for channel options, message limits, TLS, deadlines and auth metadata."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -19,9 +23,52 @@ def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((TOKEN_KEY, token),) if token else ()
 
 
+@dataclass(frozen=True)
+class Tls:
+    """PEM bytes: the roots to trust, and (mutual TLS) the certificate and key to present."""
+
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
+
+
+_tls: list[Tls | None] = []  # resolved once per process
+
+
+def read_pem(path: str | Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+
+
+def configure_tls(tls: Tls | None) -> None:
+    """Set how this process dials (a node: its successor and ring members)."""
+    _tls[:] = [tls]
+
+
+def client_tls() -> Tls | None:
+    """TLS for outgoing calls: set by configure_tls, else from PRIMA_TLS_CA (+ PRIMA_TLS_CERT/KEY)."""
+    if not _tls:
+        ca, cert, key = (os.environ.get(f"PRIMA_TLS_{k}") for k in ("CA", "CERT", "KEY"))
+        _tls.append(Tls(read_pem(ca, "CA"), cert and read_pem(cert, "certificate"), key and read_pem(key, "key"))
+                    if ca else None)
+    return _tls[0]
+
+
 def aio_channel(address: str) -> grpc.aio.Channel:
+    tls = client_tls()
+    if tls:
+        return grpc.aio.secure_channel(address, tls.credentials(), options=OPTIONS)
     return grpc.aio.insecure_channel(address, options=OPTIONS)
 
 
 def sync_channel(address: str) -> grpc.Channel:
+    tls = client_tls()
+    if tls:
+        return grpc.secure_channel(address, tls.credentials(), options=OPTIONS)
     return grpc.insecure_channel(address, options=OPTIONS)
