@@ -4,8 +4,8 @@ Why this mechanism (measured on the 2-core dev box, 45 MB layer files, see tools
 --read-bench): O_DIRECT with a few chunks in flight reads as fast as buffered reads or mmap and costs the
 reader 2-6 ms of CPU per layer instead of 12-30 ms, so a prefetch running beside the compute thread
 slows the compute least. It also leaves nothing in the page cache, so a node's footprint is its RSS.
-Where O_DIRECT is missing or refused (macOS, tmpfs) reads are buffered and the file's cached pages are
-dropped after each read (POSIX_FADV_DONTNEED) so that the next read is real too.
+Where O_DIRECT is missing or refused (macOS, tmpfs) reads are buffered (F_NOCACHE on macOS) and the
+file's cached pages are dropped after each read (POSIX_FADV_DONTNEED) so that the next read is real too.
 """
 
 import errno
@@ -20,6 +20,11 @@ from pathlib import Path
 import torch
 
 from nodes.config import StoreError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block size
 CHUNK = 4 << 20
@@ -67,6 +72,8 @@ class ChunkReader:
             if direct and exc.errno == errno.EINVAL:
                 raise _DirectRefused from None
             raise StoreError(f"cannot read {path}: {exc.strerror}") from None
+        if not direct and fcntl is not None and hasattr(fcntl, "F_NOCACHE"):
+            fcntl.fcntl(fd, fcntl.F_NOCACHE, 1)  # macOS: no O_DIRECT, but reads can skip the cache
         pending: deque[Future] = deque()
         offsets = range(0, size, self.chunk)
         try:
@@ -91,7 +98,9 @@ class ChunkReader:
         finally:
             for f in pending:  # a failed read: wait for the others before the fd and buffers go
                 f.exception()
-            if not direct:
+            # Buffered reads cached the file; O_DIRECT did not, but pages cached earlier (the store's writer,
+            # another reader) would stay: drop them either way, the node's copy is the only one it needs.
+            if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
 
@@ -111,7 +120,12 @@ class _DirectRefused(Exception):
 def _pread_full(fd: int, buf: memoryview, offset: int) -> int:
     got = 0
     while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [buf[got:]], offset + got)
+        else:  # platforms without preadv: one more copy
+            data = os.pread(fd, len(buf) - got, offset + got)
+            n = len(data)
+            buf[got:got + n] = data
         got += n
         if n == 0 or n % ALIGN:  # the end of the file (O_DIRECT cannot go on from an unaligned offset)
             break

@@ -45,8 +45,10 @@ class Shard:
 
         self.head: Head | None = None
         if windows.head:
-            embed, head = store.new_tensors("embed", dtype), store.new_tensors("head", dtype)
-            loaded("embed"), loaded("head")
+            embed = store.new_tensors("embed", dtype)
+            loaded("embed")
+            head = store.new_tensors("head", dtype)
+            loaded("head")
             self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings)
         self.layers: dict[int, Layer] = {}  # resident
         self.prefetcher: Prefetcher | None = None
@@ -57,7 +59,7 @@ class Shard:
             if i in self.plan.resident:
                 self.layers[i] = layer = empty_layer(cfg, dtype)
                 store.read_into(unit, layer_targets(layer, cfg))
-            else:  # streamed: read once now so that a bad file fails the assignment, not a request
+            elif store.needs_check(unit):  # streamed: check it now so a bad file fails the assignment, not a request
                 store.read_into(unit, self.prefetcher.targets[0])
             loaded(unit)
         if self.prefetcher:
@@ -65,6 +67,7 @@ class Shard:
         self.rope = Rope(cfg, cfg.max_seq_len, dtype)
         self.caches: dict[str, KVCache] = {}
         self.compute_s = 0.0  # in compute(), stalls excluded
+        self._stalled = 0.0
         if self.plan.streamed:
             p = self.plan
             (self.log.warning if p.below_minimum else self.log.info)(
@@ -74,7 +77,9 @@ class Shard:
 
     @property
     def stall_s(self) -> float:
-        return self.prefetcher.stall_s if self.prefetcher else 0.0
+        """Waits for streamed layers, as of the last finished compute() (so that compute time measured around
+        a frame, minus this, never goes back while a frame is in progress)."""
+        return self._stalled
 
     def resident_bytes(self) -> int:
         """Weights held in memory (resident layers, streaming slots, head) plus the KV caches."""
@@ -117,7 +122,7 @@ class Shard:
     @torch.inference_mode()
     def compute(self, x: torch.Tensor, cache: KVCache, start_pos: int, next_layer: int) -> tuple[torch.Tensor, int]:
         """Run every consecutive window from next_layer; returns the new hidden state and next layer."""
-        begin, stalled = time.perf_counter(), self.stall_s
+        begin, stalled = time.perf_counter(), self._stalled
         x = x.to(self.dtype)
         for start, stop in self.windows.run_from(next_layer):
             for i in range(start, stop):
@@ -128,7 +133,9 @@ class Shard:
                     if i not in self.layers:
                         self.prefetcher.release(i)
             next_layer = stop
-        self.compute_s += time.perf_counter() - begin - (self.stall_s - stalled)
+        if self.prefetcher:
+            self._stalled = self.prefetcher.stall_s
+        self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)
         return x, next_layer
 
     def _acquire(self, i: int) -> Layer:

@@ -129,8 +129,7 @@ class LayerStore:
             if tuple(t.shape) != span.shape or not t.is_contiguous():
                 raise StoreError(f"{path}: tensor {name!r} has shape {list(span.shape)}, expected {list(t.shape)}")
             pieces.append((span, t.view(-1)))
-        check = self.verify and unit not in self._verified and entry.sha256
-        hasher = hashlib.sha256() if check else None
+        hasher = hashlib.sha256() if self.needs_check(unit) else None
 
         def sink(offset: int, chunk: torch.Tensor, n: int) -> None:
             if hasher is not None:
@@ -156,6 +155,10 @@ class LayerStore:
                 raise StoreError(f"{path}: sha256 does not match the manifest (corrupted file)")
             self._verified.add(unit)
         return n
+
+    def needs_check(self, unit: str) -> bool:
+        """Whether the unit's next read also checks its sha256 (the first read does, when verifying)."""
+        return bool(self.verify and unit not in self._verified and self.entry(unit).sha256)
 
     def new_tensors(self, unit: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The unit's tensors read into fresh tensors of `dtype` (what `load` then `.to(dtype)` gives)."""

@@ -9,15 +9,18 @@ made on first use. Per budget (a fraction of each node's share of layer bytes, o
 reserve) it starts fresh node processes for: prefetch on (PRIMA_PREFETCH_DEPTH unset: the default
 depth), prefetch off (depth 0: each streamed layer is read when needed), and one node holding the whole
 model with the ring's total budget (llama.cpp-style single machine). "Compute" is the TPOT of the same
-ring with every layer resident. Disk bandwidth is measured with the nodes' own reader (O_DIRECT chunks
-into a layer buffer) before and after every configuration; all nodes share this one disk, so the disk
-time of a token is the bytes all nodes read for it over that bandwidth.
+shape with every layer resident. Disk bandwidth is measured with the nodes' own read path (O_DIRECT chunks
+into a layer buffer) in as many processes at once as the configuration has nodes (one process alone gets
+less from this disk than several together), before and after every run; all nodes share this one disk, so
+the disk time of a token is the bytes all nodes read for it over that bandwidth. Configurations run
+interleaved, `--repeats` times each, and the table shows medians.
 """
 
 import argparse
 import asyncio
 import json
 import mmap
+import multiprocessing
 import os
 import resource
 import statistics
@@ -51,16 +54,37 @@ def ensure_store(path: Path | None, layers: int) -> Path:
     return path
 
 
-def disk_bandwidth(store_dir: Path, files: int = 8, start: int = 0) -> float:
-    """B/s of the nodes' read path (O_DIRECT chunks, memmove into a fused layer) over `files` layer files."""
+def _read_for(store_dir: Path, start: int, seconds: float) -> tuple[int, float]:
+    """(bytes, seconds) of the nodes' read path (O_DIRECT chunks, memmove into a fused layer) reading layer
+    files from `start` on, in turn, for about `seconds`. Runs in a worker process."""
     store = LayerStore(store_dir, verify=False)
     cfg = store.config
     targets = layer_targets(empty_layer(cfg, torch.float32), cfg)
-    units = [f"layer.{(start + i) % cfg.n_layers}" for i in range(files)]
-    store.read_into(units[0], targets)  # first touch of the buffers
-    begin = time.perf_counter()
-    total = sum(store.read_into(u, targets) for u in units)
-    return total / (time.perf_counter() - begin)
+    store.read_into(f"layer.{(start - 1) % cfg.n_layers}", targets)  # first touch of the buffers
+    n, j, begin = 0, 0, time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        n += store.read_into(f"layer.{(start + j) % cfg.n_layers}", targets)
+        j += 1
+    return n, time.perf_counter() - begin
+
+
+class Disk:
+    """Read bandwidth of the store's disk, as `readers` processes reading at once get it (nodes are processes:
+    several of them reading together get more from this disk than one)."""
+
+    def __init__(self, store_dir: Path, readers: int):
+        self.store_dir, self.readers = store_dir, readers
+        self.pool = multiprocessing.get_context("spawn").Pool(readers)
+
+    def bandwidth(self, start: int = 0, seconds: float = 2.0, readers: int | None = None) -> float:
+        readers = readers or self.readers
+        n_layers = LayerStore(self.store_dir).config.n_layers
+        jobs = [(self.store_dir, start + r * n_layers // readers, seconds) for r in range(readers)]
+        out = self.pool.starmap(_read_for, jobs, chunksize=1)
+        return sum(n for n, _ in out) / max(t for _, t in out)
+
+    def close(self) -> None:
+        self.pool.terminate()
 
 
 async def generate(head: str, tokens: int) -> Finished:
@@ -109,7 +133,8 @@ def bench(args) -> None:
     lb = layer_bytes(cfg, dtype)
     fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
              for i, w in enumerate(windows)]
-    configs: list[tuple[str, str, list[int], int | None, list[int]]] = []  # (group, name, budgets, depth, windows)
+    configs = [("compute", f"ring of {n}, all resident", [0] * n, None, windows),
+               ("compute", "1 node, all resident", [0], None, [n_layers])]  # (group, name, budgets, depth, windows)
     for frac in args.fractions:
         budgets = [f + int(frac * w * lb) for f, w in zip(fixed, windows)]
         single = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
@@ -118,48 +143,77 @@ def bench(args) -> None:
                     (f"{frac:.0%}", f"ring of {n}, no prefetch", budgets, 0, windows),
                     (f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
                     (f"{frac:.0%}", "1 node, no prefetch", [single], 0, [n_layers])]
+    meta = {"store": str(store), "layers": n_layers, "layer_mib": lb / MB, "windows": windows,
+            "tokens": args.tokens, "repeats": args.repeats}
+    print(json.dumps({"meta": meta}), flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = Path(tmp)
+    disk = Disk(store, n)
+    try:
+        with tempfile.TemporaryDirectory() as logs:
+            for rep in range(args.repeats):  # interleaved, alternating order: drifts of the shared box hit all alike
+                for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
+                    offset = 7 * sum(len(v) for v in runs.values())
+                    before = disk.bandwidth(start=offset, readers=len(shape))  # one reader process per node
+                    r = run(store, shape, budgets, depth, args.tokens, Path(logs))
+                    r["disk_bw"] = [before, disk.bandwidth(start=offset + 3, readers=len(shape))]
+                    runs.setdefault((group, name), []).append(r)
+                    print(json.dumps({"config": [group, name], **r}), flush=True)
+    finally:
+        disk.close()
+    report(meta, runs)
 
-        def measured(key: tuple[str, str], budgets: list[int], depth: int | None, shape: list[int]) -> None:
-            offset = 8 * sum(len(v) for v in runs.values())
-            bw0 = disk_bandwidth(store, start=offset)
-            r = run(store, shape, budgets, depth, args.tokens, logs)
-            r["disk_bw"] = (bw0 + disk_bandwidth(store, start=offset + 4)) / 2
-            runs.setdefault(key, []).append(r)
-            print(json.dumps({"config": key, **r}), flush=True)
 
-        measured(("compute", f"ring of {n}, all resident"), [0] * n, None, windows)
-        measured(("compute", "1 node, all resident"), [0], None, [n_layers])
-        for rep in range(args.repeats):  # interleaved, alternating order: drifts of the shared box hit all alike
-            for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
-                measured((group, name), budgets, depth, shape)
+def report(meta: dict, runs: dict[tuple[str, str], list[dict]]) -> None:
+    """The table: medians per configuration; disk time at the best bandwidth the disk gave in the run."""
 
     def med(key, field):
         return statistics.median(r[field] for r in runs[key])
 
-    bws = [r["disk_bw"] for rs in runs.values() for r in rs]
-    print(f"\nstore {store}: {n_layers} layers x {lb / MB:.0f} MiB fp32 = {n_layers * lb / 2**30:.2f} GiB; "
-          f"ring windows {windows} (k=1); {args.tokens} tokens per run, median of {args.repeats} runs; disk bandwidth "
-          f"{min(bws) / 1e9:.2f}-{max(bws) / 1e9:.2f} GB/s (median {statistics.median(bws) / 1e9:.2f})\n")
-    print("| budget/node (share) | configuration | budget | MB read/token | disk time | compute | bound "
-          "| TPOT | TPOT/bound | stall/token |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    def samples(one_node: bool) -> list[float]:
+        return [bw for (_, name), rs in runs.items() if name.startswith("1 node") == one_node
+                for r in rs for bw in (r["disk_bw"] if isinstance(r["disk_bw"], list) else [r["disk_bw"]])]
+
+    n = len(meta["windows"])
+    peak = {False: max(samples(False)), True: max(samples(True))}
+    print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB fp32 = "
+          f"{meta['layers'] * meta['layer_mib'] / 1024:.2f} GiB; ring windows {meta['windows']} (k=1); "
+          f"{meta['tokens']} tokens per run, median of {meta['repeats']} interleaved runs.")
+    for one_node, who in ((False, f"{n} reader processes at once"), (True, "one reader process")):
+        v = samples(one_node)
+        print(f"disk bandwidth, {who}, before and after every run: {min(v) / 1e9:.2f}-{max(v) / 1e9:.2f} GB/s "
+              f"(median {statistics.median(v) / 1e9:.2f}); the bound uses the peak, {max(v) / 1e9:.2f} GB/s")
+    print("\n| budget/node | configuration | budget | MB read/token | disk time at peak bw | compute | bound "
+          "| TPOT | TPOT/bound | read rate | stall/token |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in runs:
         group, name = key
         compute = med(("compute", name.split(",")[0] + ", all resident"), "tpot_ms")
-        disk_ms = med(key, "disk_bytes_per_token") / med(key, "disk_bw") * 1e3
+        disk_ms = med(key, "disk_bytes_per_token") / peak[name.startswith("1 node")] * 1e3
         bound, tpot = max(compute, disk_ms), med(key, "tpot_ms")
-        budget = "/".join(f"{b / MB:.0f}" for b in runs[key][0]["budgets"])
-        print(f"| {group} | {name} | {budget} MiB | {med(key, 'disk_bytes_per_token') / 1e6:.0f} | {disk_ms:.0f} ms | "
+        budget = "/".join(f"{b / MB:.0f}" for b in runs[key][0]["budgets"]) + " MiB" if group != "compute" else "-"
+        print(f"| {group} | {name} | {budget} | {med(key, 'disk_bytes_per_token') / 1e6:.0f} | {disk_ms:.0f} ms | "
               f"{compute:.0f} ms | {bound:.0f} ms | **{tpot:.0f} ms** | {tpot / bound:.2f} | "
-              f"{med(key, 'stall_ms_per_token'):.0f} ms |")
-    for frac in args.fractions:
-        g = f"{frac:.0%}"
+              f"{med(key, 'disk_bytes_per_token') / tpot / 1e6:.2f} GB/s | {med(key, 'stall_ms_per_token'):.0f} ms |")
+    print()
+    for group in dict.fromkeys(g for g, _ in runs if g != "compute"):
         for shape in (f"ring of {n}", "1 node"):
-            ratio = med((g, f"{shape}, no prefetch"), "tpot_ms") / med((g, f"{shape}, prefetch"), "tpot_ms")
-            print(f"budget {g} of share, {shape}: no prefetch / prefetch = {ratio:.2f}x")
+            pf, nopf = runs[(group, f"{shape}, prefetch")], runs[(group, f"{shape}, no prefetch")]
+            each = " ".join(f"{b['tpot_ms'] / a['tpot_ms']:.2f}" for a, b in zip(pf, nopf))
+            ratio = med((group, f"{shape}, no prefetch"), "tpot_ms") / med((group, f"{shape}, prefetch"), "tpot_ms")
+            print(f"budget {group} of share, {shape}: TPOT no prefetch / prefetch = {ratio:.2f}x (runs: {each})")
+
+
+def load_log(path: Path) -> tuple[dict, dict[tuple[str, str], list[dict]]]:
+    """A previous run's JSON lines, to print its table again."""
+    meta, runs = {}, {}
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if "meta" in row:
+                meta = row["meta"]
+            else:
+                runs.setdefault(tuple(row.pop("config")), []).append(row)
+    return meta, runs
 
 
 # ------------------------------------------------------------------ read mechanisms
@@ -278,8 +332,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2, help="runs of each offload configuration (interleaved)")
     p.add_argument("--read-bench", action="store_true", help="compare read mechanisms instead")
+    p.add_argument("--table", type=Path, help="print the table of a previous run's output again")
     args = p.parse_args()
-    (read_bench if args.read_bench else bench)(args)
+    if args.table:
+        report(*load_log(args.table))
+    else:
+        (read_bench if args.read_bench else bench)(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,395 @@
+"""Disk offload: the memory plan and the prefetcher's decisions (tables), direct reads, and generation equal
+to the reference under budgets down to one layer, in process and on a real ring, with peak RSS in budget."""
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from nodes.config import StoreError
+from nodes.diskio import ChunkReader
+from nodes.fused import empty_layer, head_bytes, layer_bytes, layer_targets
+from nodes.generation import GenerateParams
+from nodes.model import Layer
+from nodes.prefetch import Held, Prefetcher, SlotState, next_load, plan_memory, spread, wanted
+from nodes.reference import ReferenceModel
+from nodes.routing import Step, Windows
+from nodes.shard import Shard
+from nodes.store import LayerStore
+
+E, L, R = SlotState.EMPTY, SlotState.LOADING, SlotState.READY
+MB = 1 << 20
+
+
+# ------------------------------------------------------------------ decisions
+
+
+@pytest.mark.parametrize("n, k, expected", [
+    (10, 0, []), (10, 10, list(range(10))), (10, 5, [1, 3, 5, 7, 9]), (10, 3, [1, 5, 8]), (7, 1, [3]),
+])
+def test_spread(n, k, expected):
+    assert spread(n, k) == expected
+
+
+@pytest.mark.parametrize("budget, depth, resident, slots, prefetch, effective", [
+    (0, 2, 10, 0, True, 0),                  # unlimited: all resident
+    (15 * MB, 2, 10, 0, True, 15 * MB),      # all fits
+    (1, 2, 0, 1, True, 6 * MB),              # below head + KV + one slot: runs at that minimum
+    (11 * MB, 2, 3, 3, True, 11 * MB),       # 6 layers of room: 3 slots + 3 resident
+    (11 * MB, 0, 5, 1, False, 11 * MB),      # no prefetch: one slot, one more layer resident
+    (7 * MB, 2, 0, 2, True, 7 * MB),         # room for 2 layers: both are slots
+])
+def test_plan_memory(budget, depth, resident, slots, prefetch, effective):
+    order = list(range(10, 20))
+    plan = plan_memory(order, MB, 5 * MB, budget, depth)  # layers of 1 MB, head + KV reserve 5 MB
+    assert (len(plan.resident), plan.slots, plan.prefetch, plan.budget) == (resident, slots, prefetch, effective)
+    assert set(plan.streamed) | plan.resident == set(order) and not set(plan.streamed) & plan.resident
+    assert list(plan.streamed) == sorted(plan.streamed)  # visit order
+    if plan.streamed:
+        assert plan.fixed_bytes + plan.weight_bytes <= plan.budget
+        assert plan.below_minimum == (budget < effective)
+
+
+def test_streamed_layers_are_spread_through_the_windows():
+    plan = plan_memory([0, 1, 2, 3, 10, 11, 12, 13], MB, 0, 6 * MB, 1)  # 2 slots + 4 resident, 4 streamed
+    assert plan.streamed == (1, 3, 11, 13)
+
+
+@pytest.mark.parametrize("cursor, prefetch, in_use, expected", [
+    (0, True, None, (3, 5, 7)),
+    (3, True, 9, (9, 3, 5)),  # wraps into the next round / token
+    (2, False, 7, (7,)),      # on demand: only the layer being used
+    (2, False, None, ()),
+])
+def test_wanted(cursor, prefetch, in_use, expected):
+    assert wanted((3, 5, 7, 9), cursor, 3, prefetch, in_use) == expected
+
+
+@pytest.mark.parametrize("want, held, failed, in_use, expected", [
+    ((3, 5, 7), [Held(), Held(), Held()], set(), None, (3, 0)),
+    ((3, 5, 7), [Held(R, 3), Held(L, 5), Held()], set(), 3, (7, 2)),
+    # every slot holds a prefetched layer that is still expected: wait, never evict it
+    ((5, 7), [Held(R, 5), Held(R, 7)], set(), None, None),
+    ((5, 7, 9), [Held(R, 5), Held(R, 7)], set(), None, None),
+    # layer 3 was used (no longer wanted): its slot takes the next one
+    ((5, 7), [Held(R, 3), Held(R, 5)], set(), None, (7, 0)),
+    # the layer in use is never a victim, nor a slot still loading
+    ((5,), [Held(R, 3), Held(L, 9)], set(), 3, None),
+    ((5, 7), [Held(), Held(R, 1)], {5}, None, (7, 0)),  # a failed read is not retried until asked for
+])
+def test_next_load(want, held, failed, in_use, expected):
+    assert next_load(want, held, failed, in_use) == expected
+
+
+class FakeStore:
+    """read_into records (layer, slot) and sleeps: enough to drive a Prefetcher without a disk."""
+
+    def __init__(self, cfg, delay: float):
+        self.config, self.delay, self.reads = cfg, delay, []
+
+    def read_into(self, unit: str, targets: dict) -> int:
+        time.sleep(self.delay)
+        self.reads.append(int(unit.split(".")[1]))
+        next(iter(targets.values())).fill_(float(self.reads[-1]))  # attn_norm = layer number
+        return 0
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_prefetcher_reads_each_layer_once_per_use_in_order(tiny_store, depth):
+    cfg = LayerStore(tiny_store).config
+    plan = plan_memory(list(range(8)), 1, 0, depth + 1 + 2, depth)  # 2 resident, 6 streamed
+    store = FakeStore(cfg, 0.002)
+    p = Prefetcher(store, plan, cfg, torch.float32)
+    p.start()
+    try:
+        uses = []
+        for _ in range(3):  # three tokens
+            for layer in plan.streamed:
+                got = p.acquire(layer)
+                assert got.attn_norm[0].item() == layer  # the slot holds exactly this layer
+                uses.append(layer)
+                time.sleep(0.003)  # compute
+                p.release(layer)
+        time.sleep(0.05)
+        # every read was used, in order; at most the read-ahead is pending beyond the last use
+        assert store.reads[:len(uses)] == uses and len(store.reads) <= len(uses) + depth + (depth > 0)
+        assert p.misses == 0
+    finally:
+        p.close()
+
+
+def test_prefetcher_reaims_after_a_misprediction(tiny_store):
+    cfg = LayerStore(tiny_store).config
+    plan = plan_memory(list(range(8)), 1, 0, 3, 2)  # 3 slots, all 8 streamed
+    store = FakeStore(cfg, 0.001)
+    p = Prefetcher(store, plan, cfg, torch.float32)
+    p.start()
+    try:
+        for layer in (0, 1, 5, 6, 0, 1, 2):
+            assert p.acquire(layer).attn_norm[0].item() == layer
+            p.release(layer)
+        assert p.misses == 1  # 5 (2 was expected); 0 after 6 is within the read-ahead (7, 0, 1)
+    finally:
+        p.close()
+    assert not p.thread.is_alive()
+
+
+# ------------------------------------------------------------------ reads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reader", ["direct", "direct-small-chunks", "buffered"])
+def test_read_into_equals_load(tiny_qwen_store, dtype, reader):
+    store = LayerStore(tiny_qwen_store)
+    if reader != "direct":  # tiny chunks: tensors straddle many chunk boundaries
+        store._reader = ChunkReader(chunk=8192, in_flight=3, direct=reader != "buffered")
+    for unit in ("embed", "layer.0", "layer.5", "head"):
+        ref = {k: v.to(dtype) for k, v in store.load(unit).items()}
+        got = store.new_tensors(unit, dtype)
+        assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    fused = empty_layer(store.config, dtype)
+    store.read_into("layer.3", layer_targets(fused, store.config))
+    ref = Layer.from_unit(store.load("layer.3"), dtype)
+    assert all(torch.equal(getattr(ref, f), getattr(fused, f)) for f in ("wqkv", "bqkv", "w_gate_up", "w_down"))
+    assert fused.nbytes() == layer_bytes(store.config, dtype)
+    assert fused.wqkv.data_ptr() % 64 == 0  # alignment decides fp32 matmul rounding: keep it like torch.cat
+
+
+def test_read_into_fails_loudly_on_bad_files(tiny_store, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_store, bad)
+    store = LayerStore(bad)
+    path = bad / store.entry("layer.2").path
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    target = layer_targets(empty_layer(store.config, torch.float32), store.config)
+    with pytest.raises(StoreError, match="sha256"):
+        store.read_into("layer.2", target)
+    path.write_bytes(bytes(data[:-100]))
+    with pytest.raises(StoreError, match="truncated"):
+        store.read_into("layer.2", target)
+    with pytest.raises(StoreError, match="expected"):
+        store.read_into("layer.1", {"wq.weight": torch.empty(4)})
+
+
+# ------------------------------------------------------------------ shards against the reference
+
+
+def ring_step(shards: list[Shard], caches: list, ids: list[int], pos: int) -> torch.Tensor:
+    """One step through in-process shards in ring order (shards[0] is the head): logits of the last id."""
+    x, next_layer, n = shards[0].embed(ids), 0, shards[0].cfg.n_layers
+    while next_layer < n:
+        i = next(i for i, s in enumerate(shards) if s.windows.step(next_layer) is Step.COMPUTE)
+        x, next_layer = shards[i].compute(x, caches[i], pos, next_layer)
+    return shards[0].logits(x)
+
+
+def check_against_reference(store_dir: Path, ranges: list, budget: int, depth: int, steps: int,
+                            prompt: str = "The quick brown fox") -> list[Shard]:
+    ref = ReferenceModel(store_dir)
+    n = ref.cfg.n_layers
+    shards = [Shard(LayerStore(store_dir), Windows(tuple(r), n, i == 0), torch.float32, budget=budget, depth=depth)
+              for i, r in enumerate(ranges)]
+    try:
+        ids = ref.codec.prompt_ids(prompt)
+        capacity = len(ids) + steps
+        ref_cache = ref.new_cache(capacity)
+        caches = [s.cache_for("r", 0, capacity, len(ids)) for s in shards]
+        pos = 0
+        for _ in range(steps):
+            expected = ref.step(ids, pos, ref_cache)
+            got = ring_step(shards, caches, ids, pos)
+            assert torch.equal(got, expected)  # bit for bit: same weights, same alignment, same math
+            pos, ids = pos + len(ids), [int(expected.argmax())]
+    finally:
+        for s in shards:
+            s.close()
+    return shards
+
+
+@pytest.mark.parametrize("ranges, budget, depth", [
+    ([[(0, 8)]], 1, 2),                        # one node, a budget of one layer
+    ([[(0, 8)]], 1, 0),                        # ... loading on demand
+    ([[(0, 8)]], 1_300_000 + 3 * 148_000, 2),  # a few layers of room
+    ([[(4, 6)], [(0, 2)], [(2, 4), (6, 8)]], 1, 2),  # 3 nodes, k = 2, one-layer budgets
+    ([[(2, 4), (6, 8)], [(0, 2), (4, 6)]], 1, 1),
+], ids=["1node-1layer", "1node-1layer-nopf", "1node-3layers", "3nodes-k2", "2nodes-k2"])
+def test_streamed_shards_equal_the_reference(tiny_store, ranges, budget, depth):
+    shards = check_against_reference(tiny_store, ranges, budget, depth, steps=6)
+    for s in shards:
+        assert s.plan.streamed and s.prefetcher.loads >= 6 and s.prefetcher.misses == 0
+        assert s.stall_s >= 0 and s.compute_s > 0
+        assert s.resident_bytes() <= s.plan.budget
+
+
+def test_fitting_layers_stay_resident(tiny_store):
+    (shard,) = check_against_reference(tiny_store, [[(0, 8)]], 0, 2, steps=3)
+    assert shard.prefetcher is None and not shard.plan.streamed and len(shard.layers) == 8
+    assert shard.store.bytes_read == sum(shard.store.entry(u).bytes for u in
+                                         ["embed", "head"] + [f"layer.{i}" for i in range(8)])
+
+
+def test_interleaved_requests_stay_exact(tiny_store):
+    """Two requests' frames alternate through streamed shards (k = 2): mispredictions, still exact."""
+    ref = ReferenceModel(tiny_store)
+    shards = [Shard(LayerStore(tiny_store), Windows(r, 8, i == 0), torch.float32, budget=970_000, depth=1)
+              for i, r in enumerate((((2, 4), (6, 8)), ((0, 2), (4, 6))))]
+    try:
+        reqs = []
+        for rid, prompt in (("a", "Hello"), ("b", "A longer prompt here")):
+            ids = ref.codec.prompt_ids(prompt)
+            reqs.append(dict(ids=ids, pos=0, x=None, next=0, ref=ref.new_cache(len(ids) + 5),
+                             caches=[s.cache_for(rid, 0, len(ids) + 5, len(ids)) for s in shards], tokens=0))
+        while any(r["tokens"] < 5 for r in reqs):
+            for r in reqs:  # one frame of each request in turn
+                if r["tokens"] == 5:
+                    continue
+                if r["x"] is None:
+                    r["x"] = shards[0].embed(r["ids"])
+                i = next(i for i, s in enumerate(shards) if s.windows.step(r["next"]) is Step.COMPUTE)
+                r["x"], r["next"] = shards[i].compute(r["x"], r["caches"][i], r["pos"], r["next"])
+                if r["next"] == 8:
+                    expected = ref.step(r["ids"], r["pos"], r["ref"])
+                    assert torch.equal(shards[0].logits(r["x"]), expected)
+                    r.update(ids=[int(expected.argmax())], pos=r["pos"] + len(r["ids"]), x=None, next=0,
+                             tokens=r["tokens"] + 1)
+        assert sum(s.prefetcher.misses for s in shards) > 0
+    finally:
+        for s in shards:
+            s.close()
+
+
+def test_a_streamed_layer_that_goes_bad_fails_the_request(tiny_store, tmp_path):
+    store_dir = tmp_path / "store"
+    shutil.copytree(tiny_store, store_dir)
+    shard = Shard(LayerStore(store_dir), Windows(((0, 8),), 8, True), torch.float32, budget=1, depth=1)
+    try:
+        path = store_dir / shard.store.entry("layer.5").path
+        path.write_bytes(path.read_bytes()[:-64])
+        cache = shard.cache_for("r", 0, 4, 1)
+        with pytest.raises(ValueError, match="layer 5 could not be read"):
+            for _ in range(2):  # the reader may have prefetched layer 5 before the damage
+                ring_step([shard], [cache], [5], 0)
+    finally:
+        shard.close()
+
+
+# ------------------------------------------------------------------ SmolLM2 and real processes
+
+
+@pytest.mark.slow
+def test_smollm2_with_a_one_layer_budget_equals_the_reference(smol_store):
+    check_against_reference(smol_store, [[(20, 30)], [(0, 20)]], 1, 2, steps=4, prompt="What is 2+2?")
+
+
+RSS_SCRIPT = r"""
+import json, sys, threading, time
+import psutil, torch
+from nodes.routing import Windows
+from nodes.shard import Shard
+from nodes.store import LayerStore
+
+store_dir, budget, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+proc = psutil.Process()
+torch.ones(256, 256) @ torch.ones(256, 256)  # torch's lazy start-up belongs to the baseline
+baseline = proc.memory_info().rss
+peak, done = baseline, threading.Event()
+
+def sample():
+    global peak
+    while not done.is_set():
+        peak = max(peak, proc.memory_info().rss)
+        time.sleep(0.002)
+
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+store = LayerStore(store_dir)
+n = store.config.n_layers
+shard = Shard(store, Windows(((0, n),), n, True), torch.float32, budget=budget)
+ids, pos = [1, 2, 3, 4, 5, 6, 7, 8], 0
+cache = shard.cache_for("r", 0, len(ids) + steps, len(ids))
+for _ in range(steps):
+    h, _ = shard.compute(shard.embed(ids), cache, pos, 0)
+    pos, ids = pos + len(ids), [int(shard.logits(h).argmax())]
+done.set()
+sampler.join()
+print(json.dumps({"baseline": baseline, "peak": peak, "end": proc.memory_info().rss, "budget": shard.plan.budget,
+                  "streamed": len(shard.plan.streamed), "share": n * shard.plan.layer_bytes,
+                  "resident_bytes": shard.resident_bytes(), "staging": store.staging_bytes}))
+"""
+RSS_OVERHEAD = 32 * MB  # read staging (16 MiB), rope tables, activations, allocator slack
+NODE_OVERHEAD = 48 * MB  # the same, plus what a node's first request adds (gRPC buffers, torch's thread pools)
+TOKENIZER_OVERHEAD = 48 * MB  # the head also holds the tokenizer (about 33 MiB for SmolLM2's)
+
+
+@pytest.mark.slow
+def test_peak_rss_stays_within_budget(smol_store):
+    cfg = LayerStore(smol_store).config
+    budget = head_bytes(cfg, torch.float32) + 40 * MB + 6 * layer_bytes(cfg, torch.float32)
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(smol_store), str(budget), "6"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["budget"] == budget and r["streamed"] > 20  # most of the 30 layers stream
+    growth = r["peak"] - r["baseline"]
+    assert growth <= budget + RSS_OVERHEAD, f"peak RSS grew {growth / MB:.0f} MiB for a {budget / MB:.0f} MiB budget"
+    assert r["resident_bytes"] <= budget
+
+
+@pytest.mark.slow
+def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path):
+    from prima_rpc import ring
+    from prima_rpc.client import PrimaClient, Token
+    from prima_rpc.local_ring import launch
+
+    prompts, tokens = ["What is the capital of France?", "List three prime numbers."], 8
+    model = ReferenceModel(smol_store)
+    reference = {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=tokens))] for p in prompts}
+    del model
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--mem-budget", "1"]] * 3)
+    try:
+        procs = [psutil.Process(p.pid) for p in local.processes]
+        idle = [p.memory_info().rss for p in procs]  # started, nothing loaded: the runtime's own footprint
+        nodes = ring.start(local.addresses[0], [3, 5, 2])  # k = 3: each node's share is split across rounds
+        peaks, done = list(idle), threading.Event()
+
+        def sample():
+            while not done.is_set():
+                for i, p in enumerate(procs):
+                    peaks[i] = max(peaks[i], p.memory_info().rss)
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        async def collect(prompt):
+            async with PrimaClient(local.addresses[0]) as client:
+                return [e.token_id async for e in client.generate(prompt, max_tokens=tokens) if isinstance(e, Token)]
+
+        try:
+            for prompt in prompts:
+                assert asyncio.run(collect(prompt)) == reference[prompt], prompt
+        finally:
+            done.set()
+            sampler.join()
+        after = ring.walk(local.addresses[0])
+        for (_, start), (_, info), base, peak in zip(nodes, after, idle, peaks):
+            s = info.stats
+            assert s.resident_bytes <= info.mem_budget and info.mem_budget > 1  # raised to the minimum
+            overhead = NODE_OVERHEAD + (TOKENIZER_OVERHEAD if info.role == "head" else 0)
+            assert peak - base <= info.mem_budget + overhead, (
+                f"{info.name}: RSS grew {(peak - base) / MB:.0f} MiB, budget {info.mem_budget / MB:.0f} MiB")
+            assert s.disk_read_bytes - start.stats.disk_read_bytes >= 2 * tokens * 5 * 14 * MB // 2
+            assert s.stall_s > 0 and s.compute_s > 0
+    finally:
+        local.stop()
+    logs = "".join(p.read_text() for p in tmp_path.glob("node*.log"))
+    assert "offload plan" in logs and "offload stats" in logs
