@@ -63,16 +63,10 @@ def synth(out: Path = typer.Argument(..., help="the store directory to create"),
     """Write a synthetic store with random weights of a real model's shape."""
     from tools.synth import synth as make
 
-    if bits_per_weight is not None and not manifest_only and bits_per_weight != 8 * _itemsize(dtype):
-        fail("--bits-per-weight other than the dtype's size needs --manifest-only (no quantized weights yet)")
     with bar(f"writing {preset}") as progress:
         make(out, preset, seed=seed, dtype=dtype, bits_per_weight=bits_per_weight, manifest_only=manifest_only,
              overwrite=overwrite, layers=layers, progress=progress)
     print(out)
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
 
 
 @app.command()

@@ -60,6 +60,8 @@ def test_synth_presets_and_manifest_only(tmp_path):
     (("run", "--model", "/nonexistent", "hi"), "not a layer store"),
     (("import", "/nonexistent.gguf", "/tmp/x"), "does not exist"),
     (("synth", "/tmp/never", "--preset", "gpt-9"), "unknown preset"),
+    (("synth", "/tmp/never", "--preset", "tiny", "--dtype", "foo"), "unknown dtype"),
+    (("synth", "/tmp/never", "--preset", "tiny", "--bits-per-weight", "4.5"), "needs --manifest-only"),
     (("run", "--max-tokens", "0", "--model", "{tiny}", "hi"), "max_tokens must be positive"),
     (("run", "--model", "{tiny}", ""), "prompt is empty"),
 ])

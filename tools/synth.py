@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.config import FileEntry, ModelConfig, StoreError
+from nodes.config import DTYPES, FileEntry, ModelConfig, StoreError
 from tools.store_writer import StoreWriter, unit_file
 
 # Published shapes (their config.json), and tiny ones for tests.
@@ -81,10 +81,15 @@ def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits
           progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
     if preset not in PRESETS:
         raise StoreError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    if dtype not in DTYPES:
+        raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
+    torch_dtype = getattr(torch, dtype)
+    if bits_per_weight is not None and not manifest_only and bits_per_weight != torch.finfo(torch_dtype).bits:
+        raise StoreError("--bits-per-weight other than the dtype's size needs --manifest-only "
+                         "(no quantized weights yet)")
     cfg = PRESETS[preset]
     if layers is not None:
         cfg = replace(cfg, n_layers=layers)
-    torch_dtype = getattr(torch, dtype)
     bits = bits_per_weight if bits_per_weight is not None else torch.finfo(torch_dtype).bits
     units = unit_shapes(cfg)
     tok = byte_tokenizer()
