@@ -6,12 +6,16 @@ reader 2-6 ms of CPU per layer instead of 12-30 ms, so a prefetch running beside
 slows the compute least. It also leaves nothing in the page cache, so a node's footprint is its RSS.
 Where O_DIRECT is missing or refused (macOS, tmpfs) reads are buffered (F_NOCACHE on macOS) and the
 file's cached pages are dropped after each read (POSIX_FADV_DONTNEED) so that the next read is real too.
+
+$PRIMA_DISK_MBPS emulates a slower disk (benchmarks only): reads are real, but each chunk is handed over
+no earlier than that rate allows. Nodes on one machine share its disk, devices of a home have one each.
 """
 
 import errno
 import mmap
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +33,7 @@ except ImportError:  # Windows
 ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block size
 CHUNK = 4 << 20
 IN_FLIGHT = 4
+DISK_MBPS_ENV = "PRIMA_DISK_MBPS"
 
 # sink(file_offset, chunk [n] uint8 tensor over the staging buffer, n): consumes one chunk, in file order
 Sink = Callable[[int, torch.Tensor, int], None]
@@ -37,9 +42,12 @@ Sink = Callable[[int, torch.Tensor, int], None]
 class ChunkReader:
     """Reads files through `in_flight` page-aligned staging buffers of `chunk` bytes (the only memory it holds)."""
 
-    def __init__(self, chunk: int = CHUNK, in_flight: int = IN_FLIGHT, direct: bool = True):
+    def __init__(self, chunk: int = CHUNK, in_flight: int = IN_FLIGHT, direct: bool = True, rate: float | None = None):
+        """rate: bytes per second to emulate (None: $PRIMA_DISK_MBPS, 0: as fast as the disk goes)."""
         assert chunk % ALIGN == 0 and in_flight >= 1, (chunk, in_flight)
         self.chunk, self.in_flight = chunk, in_flight
+        self.rate = emulated_rate() if rate is None else rate
+        self._clock = 0.0  # emulated disk: when it finishes the bytes handed over so far
         self.direct = direct and hasattr(os, "O_DIRECT")
         self._maps = [mmap.mmap(-1, chunk) for _ in range(in_flight)]  # anonymous maps are page-aligned
         self._views = [memoryview(m) for m in self._maps]
@@ -53,7 +61,8 @@ class ChunkReader:
 
     @property
     def method(self) -> str:
-        return "O_DIRECT" if self.direct else "buffered+DONTNEED"
+        method = "O_DIRECT" if self.direct else "buffered+DONTNEED"
+        return f"{method}, emulated {self.rate / 1e6:g} MB/s" if self.rate else method
 
     def read(self, path: Path, size: int, sink: Sink) -> int:
         """Feed the `size` bytes of `path` to `sink` chunk by chunk; returns the bytes read."""
@@ -76,6 +85,7 @@ class ChunkReader:
             fcntl.fcntl(fd, fcntl.F_NOCACHE, 1)  # macOS: no O_DIRECT, but reads can skip the cache
         pending: deque[Future] = deque()
         offsets = range(0, size, self.chunk)
+        self._clock = max(self._clock, time.monotonic())  # an idle emulated disk starts now, with no credit
         try:
             actual = os.fstat(fd).st_size
             if actual != size:
@@ -91,6 +101,7 @@ class ChunkReader:
                     raise StoreError(f"cannot read {path}: {exc.strerror}") from None
                 if n != min(self.chunk, size - offset):
                     raise StoreError(f"{path}: short read at byte {offset + n} of {size} (truncated?)")
+                self._pace(n)
                 sink(offset, self._tensors[i % self.in_flight][:n], n)
                 if i + self.in_flight < len(offsets):
                     pending.append(self._submit(fd, i + self.in_flight, offsets[i + self.in_flight], size))
@@ -104,6 +115,13 @@ class ChunkReader:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
 
+    def _pace(self, n: int) -> None:
+        """Emulated disk: wait until it would have delivered these n bytes too."""
+        if self.rate:
+            self._clock += n / self.rate
+            if (delay := self._clock - time.monotonic()) > 0:
+                time.sleep(delay)
+
     def _submit(self, fd: int, i: int, offset: int, size: int) -> Future:
         # O_DIRECT lengths are rounded up to ALIGN; the read stops at the end of the file.
         length = min(self.chunk, -(-(size - offset) // ALIGN) * ALIGN)
@@ -111,6 +129,18 @@ class ChunkReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def emulated_rate() -> float:
+    """Bytes per second from $PRIMA_DISK_MBPS (MB = 10**6 bytes); 0 when unset."""
+    text = os.environ.get(DISK_MBPS_ENV, "")
+    try:
+        mbps = float(text) if text else 0.0
+    except ValueError:
+        raise StoreError(f"{DISK_MBPS_ENV}={text!r} is not a number") from None
+    if not mbps >= 0 or mbps == float("inf"):
+        raise StoreError(f"{DISK_MBPS_ENV} must be a positive number of MB/s, got {text!r}")
+    return mbps * 1e6
 
 
 class _DirectRefused(Exception):

@@ -4,16 +4,19 @@
 # on its GPU. Per token, with s_m = k w_m layers on m (its share):
 #
 #     P_m = k (alpha_m (w_m - n_m) + g_m n_m)          compute (decode is memory bound)
-#     D_m = overflow bytes / disk_m                     disk loads when the share exceeds memory
-#     TPOT = kappa + max(sum_m P_m + k sum_ring hop_m + sum_serial D_m,  max_overlapped (P_m + D_m))
+#     D_m = streamed bytes / disk_m                     disk loads when the share exceeds memory
+#     I_m = max(0, D_m - k SLOTS t_m)                   the loads prefetch cannot hide (t_m: one layer)
+#     TPOT = kappa + max(sum_m P_m + k sum_ring hop_m + sum_m I_m,  max_m (P_m + D_m))
 #
-# The max is PRP's prefetch: a device loads its next window while the rest of the ring computes,
-# so its loads cost only when they outlast one ring round. That only works when the window
-# itself fits in memory (else prefetch evicts what it just loaded: prima.cpp's prefetch-release
-# conflict); such "serial" devices add their loads to the ring's critical path. Without prefetch
-# every D_m is serial, which is prima.cpp's additive model. In the additive model k > 1 never
-# pays (a k-plan maps to a k=1 plan with the same shares and fewer hops); with the overlap it
-# does, which is why PRP exists.
+# This is what a node does (nodes/prefetch.py): a short device keeps what its memory holds but
+# SLOTS layers resident and streams the rest, overflow + SLOTS layers a token, through SLOTS
+# buffers. While the rest of the ring works it can fill only those buffers, so each of its k
+# gaps hides at most SLOTS reads; the others are read during its own turn and lengthen the
+# ring's round (I_m). With k = 1 that is the whole overflow (prima.cpp's additive model); with
+# more rounds more of it hides, until the device's own compute + loads (P_m + D_m) is the bound:
+# that is why PRP exists. The gap length itself is not modelled (it holds while the others' turns
+# outlast SLOTS reads; measured in tools/bench/bench_prediction.py). A Metal device (uma) under
+# pressure re-reads its whole share (prima.cpp's M2), hidden when one window fits.
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from functools import lru_cache
 from solver.model_profile import ModelProfile
 from solver.profiles import DeviceProfile
 
+SLOTS = 2  # a node's streaming buffers: nodes.prefetch.DEPTH + 1 (without prefetch: 1, nothing hidden)
 SLOW_DISK = 0.1e9  # B/s; below this prima.cpp forbids offloading (the device must fit, M4)
 DEFAULT_CTX = 4096  # planning context length for the KV cache when none is given
 
@@ -130,13 +134,23 @@ def window_fits(c: DeviceCosts, w: int, n: int) -> bool:
     return (w if c.uma else w - n) <= c.ram_layers
 
 
-def disk_time(c: DeviceCosts, k: int, w: int, n: int) -> float:
-    """Bytes re-read from disk per token / disk speed."""
+def disk_time(c: DeviceCosts, k: int, w: int, n: int, slots: int = SLOTS) -> float:
+    """Bytes read from disk per token / disk speed."""
     if fits(c, k, w, n):
         return 0.0
     if c.uma:
         return k * w * c.b / c.disk  # macOS+Metal under pressure evicts the whole share (M2)
-    return (k * (w - n) * c.b_prime - c.ram) / c.disk  # the overflow beyond RAM (M1, M3)
+    return (k * (w - n) * c.b_prime - c.ram) / c.disk + slots * c.b / c.disk  # overflow, and the buffers'
+
+
+def inline_disk_time(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) -> float:
+    """The part of disk_time read during the device's own turns, on the ring's critical path."""
+    if not prefetch:
+        return disk_time(c, k, w, n, slots=1)
+    d = disk_time(c, k, w, n)
+    if c.uma:
+        return 0.0 if window_fits(c, w, n) else d
+    return max(0.0, d - k * SLOTS * c.b / c.disk)
 
 
 def memory_bytes(c: DeviceCosts, k: int, w: int, n: int, extra: int) -> int:
@@ -152,10 +166,11 @@ class Breakdown:
     compute_s: tuple[float, ...]  # P_m
     disk_s: tuple[float, ...]  # D_m
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
-    overlapped: tuple[bool, ...]  # loads hidden by prefetch
+    overlapped: tuple[bool, ...]  # loads all hidden by prefetch
     labels: tuple[str, ...]
-    ring_s: float  # kappa + sum P + hops + serial loads
+    ring_s: float  # kappa + sum P + hops + inline loads
     kappa_s: float
+    inline_s: tuple[float, ...] = ()  # I_m: loads on the ring's critical path
 
 
 def check_assignment(inst: Instance, k: int, w: list[int], n: list[int]) -> None:
@@ -180,18 +195,19 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
     if in_ring is None:
         in_ring = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
     talks = sum(in_ring) >= 2  # a ring of one device sends nothing over the network
-    P, D, H, ov, lab = [], [], [], [], []
+    P, D, H, I, lab = [], [], [], [], []
     for c, wm, nm, r in zip(cs, w, n, in_ring):
         if wm and not r:
             raise ValueError(f"{c.name} holds layers but is not in the ring")
         if strict and (c.ram < 0 or not window_fits(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
             return None
         P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)))
-        D.append(disk_time(c, k, wm, nm))
+        D.append(disk_time(c, k, wm, nm) if prefetch else disk_time(c, k, wm, nm, slots=1))
+        I.append(inline_disk_time(c, k, wm, nm, prefetch))
         H.append(k * c.hop if r and talks else 0.0)
-        ov.append(prefetch and D[-1] > 0 and window_fits(c, wm, nm))
         lab.append(set_label(c, k, wm, nm) if r else "-")
     kap = kappa(inst)
-    ring = kap + sum(P) + sum(H) + sum(d for d, o in zip(D, ov) if not o)
-    tpot = max([ring] + [kap + p + d for p, d, o in zip(P, D, ov) if o])
-    return Breakdown(tpot, tuple(P), tuple(D), tuple(H), tuple(ov), tuple(lab), ring, kap)
+    ring = kap + sum(P) + sum(H) + sum(I)
+    tpot = max([ring] + [kap + p + d for p, d in zip(P, D) if d > 0])
+    ov = tuple(d > 0 and i == 0 for d, i in zip(D, I))
+    return Breakdown(tpot, tuple(P), tuple(D), tuple(H), ov, tuple(lab), ring, kap, tuple(I))

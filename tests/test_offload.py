@@ -181,6 +181,26 @@ def test_read_into_fails_loudly_on_bad_files(tiny_store, tmp_path):
         store.read_into("layer.1", {"wq.weight": torch.empty(4)})
 
 
+def test_an_emulated_disk_delivers_at_its_rate_and_the_same_bytes(tiny_store, monkeypatch):
+    store = LayerStore(tiny_store)
+    size = store.entry("layer.0").bytes
+    target = layer_targets(empty_layer(store.config, torch.float32), store.config)
+    monkeypatch.setenv("PRIMA_DISK_MBPS", str(4 * size / 1e6))  # four layer files a second
+    slow = LayerStore(tiny_store)
+    slow.read_into("layer.0", target)  # the emulated disk starts idle: this read takes 1/4 s
+    begin = time.monotonic()
+    for i in range(1, 5):
+        slow.read_into(f"layer.{i}", target)
+    assert time.monotonic() - begin >= 0.95  # four more files: a second at least, however fast the real disk
+    assert "emulated" in slow.read_method
+    ref = store.load("layer.4")
+    assert all(torch.equal(ref[name], t) for name, t in target.items())  # pacing changes timing, not bytes
+    for bad in ("fast", "-5", "nan", "inf"):
+        monkeypatch.setenv("PRIMA_DISK_MBPS", bad)
+        with pytest.raises(StoreError, match="PRIMA_DISK_MBPS"):
+            LayerStore(tiny_store).read_into("layer.0", target)
+
+
 # ------------------------------------------------------------------ shards against the reference
 
 

@@ -14,6 +14,12 @@ into a layer buffer) in as many processes at once as the configuration has nodes
 less from this disk than several together), before and after every run; all nodes share this one disk, so
 the disk time of a token is the bytes all nodes read for it over that bandwidth. Configurations run
 interleaved, `--repeats` times each, and the table shows medians.
+
+    python -m tools.bench.bench_offload --disk-mbps 250 --rounds 1 3 --fractions 0.8
+
+emulates a disk of that speed per node ($PRIMA_DISK_MBPS: real reads, paced), as devices of a home each
+have one: the disk time of a token is then the largest bytes one node reads for it over that bandwidth,
+and `--rounds` adds piped-ring shapes (k rounds of windows) that give each node k gaps to read ahead in.
 """
 
 import argparse
@@ -33,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nodes.diskio import DISK_MBPS_ENV
 from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
 from nodes.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
 from nodes.store import LayerStore
@@ -118,7 +125,9 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
     def per_token(field: str) -> float:
         return sum(getattr(a.stats, field) - getattr(b.stats, field) for a, b in zip(after, before)) / n
 
+    node_bytes = [(a.stats.disk_read_bytes - b.stats.disk_read_bytes) / n for a, b in zip(after, before)]
     return {"tpot_ms": done.tpot_ms, "tokens": n, "disk_bytes_per_token": per_token("disk_read_bytes"),
+            "node_disk_bytes_per_token": node_bytes,
             "stall_ms_per_token": per_token("stall_s") * 1e3, "compute_ms_per_token": per_token("compute_s") * 1e3,
             "budgets": [a.mem_budget for a in after], "resident_bytes": [a.stats.resident_bytes for a in after],
             "rss_bytes": [a.stats.rss_bytes for a in after]}
@@ -128,23 +137,31 @@ def bench(args) -> None:
     store = ensure_store(args.store, args.layers)
     cfg = LayerStore(store).config
     n_layers, n, dtype = cfg.n_layers, args.nodes, torch.float32
-    windows = [n_layers // n] * n
-    windows[0] += n_layers - sum(windows)
+    share = [n_layers // n] * n  # layers per node
+    share[0] += n_layers - sum(share)
     lb = layer_bytes(cfg, dtype)
     fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
-             for i, w in enumerate(windows)]
-    configs = [("compute", f"ring of {n}, all resident", [0] * n, None, windows),
-               ("compute", "1 node, all resident", [0], None, [n_layers])]  # (group, name, budgets, depth, windows)
+             for i, w in enumerate(share)]
+    rings = {k: f"ring of {n}" + (f", k={k}" if len(args.rounds) > 1 else "") for k in args.rounds}
+    for k in args.rounds:
+        if any(w % k for w in share):
+            raise SystemExit(f"--rounds {k}: the node shares {share} are not multiples of {k}")
+    # (group, name, budgets, depth, windows): windows per node and round, so k = layers / sum(windows)
+    configs = [("compute", f"{name}, all resident", [0] * n, None, [w // k for w in share])
+               for k, name in rings.items()] + [("compute", "1 node, all resident", [0], None, [n_layers])]
     for frac in args.fractions:
-        budgets = [f + int(frac * w * lb) for f, w in zip(fixed, windows)]
+        budgets = [f + int(frac * w * lb) for f, w in zip(fixed, share)]
         single = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
             b - f for b, f in zip(budgets, fixed))
-        configs += [(f"{frac:.0%}", f"ring of {n}, prefetch", budgets, None, windows),
-                    (f"{frac:.0%}", f"ring of {n}, no prefetch", budgets, 0, windows),
-                    (f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
+        for k, name in rings.items():
+            configs += [(f"{frac:.0%}", f"{name}, prefetch", budgets, None, [w // k for w in share]),
+                        (f"{frac:.0%}", f"{name}, no prefetch", budgets, 0, [w // k for w in share])]
+        configs += [(f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
                     (f"{frac:.0%}", "1 node, no prefetch", [single], 0, [n_layers])]
-    meta = {"store": str(store), "layers": n_layers, "layer_mib": lb / MB, "windows": windows,
-            "tokens": args.tokens, "repeats": args.repeats}
+    meta = {"store": str(store), "layers": n_layers, "layer_mib": lb / MB, "windows": share,
+            "tokens": args.tokens, "repeats": args.repeats, "disk_mbps": args.disk_mbps}
+    if args.disk_mbps:
+        os.environ[DISK_MBPS_ENV] = str(args.disk_mbps)  # the nodes' and the bandwidth probes' reads
     print(json.dumps({"meta": meta}), flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
     disk = Disk(store, n)
@@ -174,29 +191,42 @@ def report(meta: dict, runs: dict[tuple[str, str], list[dict]]) -> None:
                 for r in rs for bw in (r["disk_bw"] if isinstance(r["disk_bw"], list) else [r["disk_bw"]])]
 
     n = len(meta["windows"])
+    per_node = bool(meta.get("disk_mbps"))  # an emulated disk per node, or the one disk all nodes share
     peak = {False: max(samples(False)), True: max(samples(True))}
+    if per_node:  # the ring's probes read with one process per node at once: each node's disk gave 1/n
+        peak[False] /= n
     print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB fp32 = "
-          f"{meta['layers'] * meta['layer_mib'] / 1024:.2f} GiB; ring windows {meta['windows']} (k=1); "
+          f"{meta['layers'] * meta['layer_mib'] / 1024:.2f} GiB; layers per node {meta['windows']}; "
           f"{meta['tokens']} tokens per run, median of {meta['repeats']} interleaved runs.")
-    for one_node, who in ((False, f"{n} reader processes at once"), (True, "one reader process")):
-        v = samples(one_node)
-        print(f"disk bandwidth, {who}, before and after every run: {min(v) / 1e9:.2f}-{max(v) / 1e9:.2f} GB/s "
-              f"(median {statistics.median(v) / 1e9:.2f}); the bound uses the peak, {max(v) / 1e9:.2f} GB/s")
+    if per_node:
+        print(f"each node has its own emulated disk of {meta['disk_mbps']} MB/s; measured per node "
+              f"{peak[False] / 1e6:.0f} MB/s with all {n} reading at once, {peak[True] / 1e6:.0f} MB/s alone "
+              "(peaks); disk time = the bytes of the node that reads most / its disk's bandwidth")
+    else:
+        for one_node, who in ((False, f"{n} reader processes at once"), (True, "one reader process")):
+            v = samples(one_node)
+            print(f"disk bandwidth, {who}, before and after every run: {min(v) / 1e9:.2f}-{max(v) / 1e9:.2f} "
+                  f"GB/s (median {statistics.median(v) / 1e9:.2f}); the bound uses the peak, {max(v) / 1e9:.2f} GB/s")
     print("\n| budget/node | configuration | budget | MB read/token | disk time at peak bw | compute | bound "
           "| TPOT | TPOT/bound | read rate | stall/token |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in runs:
         group, name = key
-        compute = med(("compute", name.split(",")[0] + ", all resident"), "tpot_ms")
-        disk_ms = med(key, "disk_bytes_per_token") / peak[name.startswith("1 node")] * 1e3
+        compute = med(("compute", name.rsplit(", ", 1)[0] + ", all resident"), "tpot_ms")
+        if per_node and "node_disk_bytes_per_token" in runs[key][0]:
+            read = statistics.median(max(r["node_disk_bytes_per_token"]) for r in runs[key])
+        else:
+            read = med(key, "disk_bytes_per_token")
+        disk_ms = read / peak[name.startswith("1 node")] * 1e3
         bound, tpot = max(compute, disk_ms), med(key, "tpot_ms")
         budget = "/".join(f"{b / MB:.0f}" for b in runs[key][0]["budgets"]) + " MiB" if group != "compute" else "-"
         print(f"| {group} | {name} | {budget} | {med(key, 'disk_bytes_per_token') / 1e6:.0f} | {disk_ms:.0f} ms | "
               f"{compute:.0f} ms | {bound:.0f} ms | **{tpot:.0f} ms** | {tpot / bound:.2f} | "
               f"{med(key, 'disk_bytes_per_token') / tpot / 1e6:.2f} GB/s | {med(key, 'stall_ms_per_token'):.0f} ms |")
     print()
+    shapes = dict.fromkeys(name.rsplit(", ", 1)[0] for g, name in runs if g != "compute")
     for group in dict.fromkeys(g for g, _ in runs if g != "compute"):
-        for shape in (f"ring of {n}", "1 node"):
+        for shape in shapes:
             pf, nopf = runs[(group, f"{shape}, prefetch")], runs[(group, f"{shape}, no prefetch")]
             each = " ".join(f"{b['tpot_ms'] / a['tpot_ms']:.2f}" for a, b in zip(pf, nopf))
             ratio = med((group, f"{shape}, no prefetch"), "tpot_ms") / med((group, f"{shape}, prefetch"), "tpot_ms")
@@ -331,6 +361,10 @@ def main() -> None:
                    help="each node's layer budget as a fraction of its share of layer bytes")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2, help="runs of each offload configuration (interleaved)")
+    p.add_argument("--disk-mbps", type=float, default=0,
+                   help="emulate a disk of this many MB/s per node (default: the machine's one shared disk)")
+    p.add_argument("--rounds", type=int, nargs="+", default=[1],
+                   help="ring shapes to run: k rounds of windows per token (default: 1)")
     p.add_argument("--read-bench", action="store_true", help="compare read mechanisms instead")
     p.add_argument("--table", type=Path, help="print the table of a previous run's output again")
     args = p.parse_args()
