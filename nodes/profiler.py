@@ -11,7 +11,11 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
   ram_bandwidth            CPU memory read bandwidth (with a store: the layer's bytes / its decode time);
                            vram_bandwidth the GPU's
   disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
-  ram_available, vram_free a snapshot when measured (a cached profile keeps it; refresh to re-read)
+  ram_available, vram_free a snapshot when measured (a cached profile keeps it; refresh to re-read);
+                           the reply caps ram_available at what the node will use (--mem-budget, or
+                           nodes.prefetch.DEFAULT_FRACTION of it) and disk_seq_read at $PRIMA_DISK_MBPS
+  frame_s                  the software cost of one hop on this device: a frame encoded, parsed,
+                           decoded and handed through the node's queue and compute thread (in-process)
   link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
@@ -46,11 +50,15 @@ from pathlib import Path
 import structlog
 import torch
 
+from nodes.diskio import emulated_rate
 from nodes.link import LinkDown, RingLink
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_disk import measure_disk
 from nodes.profile_host import available_ram, gpu_info, os_kind
+from nodes.prefetch import DEFAULT_FRACTION
+from nodes.profile_frame import measure_frame_overhead
 from nodes.profile_model import measure_decode_layer
+from nodes.store import LayerStore
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 from solver.profiles import DeviceProfile
@@ -65,6 +73,7 @@ PAD_BYTES = 1 << 20  # padding per throughput frame
 MIN_TRANSFER_S = 0.05  # the throughput probe doubles its frames until a burst takes this long
 MAX_TRANSFER_BYTES = 64 << 20
 LINK_FIELDS = ("link_latency_s", "link_bandwidth")
+DEFAULT_HIDDEN = 4096  # activation width the frame probe uses without a store
 NO_LINK_BANDWIDTH = 1e12  # B/s written when there is no successor (DeviceProfile needs > 0): a hop costs ~0
 
 
@@ -142,6 +151,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     has_gpu = gpu_rates is not None
     # With a store, the CPU rates are calibrated on one real decoder layer (see profile_model).
     decode = measure_decode_layer(store_dir, dtype) if store_dir else None
+    hidden = LayerStore(store_dir).config.hidden if store_dir else DEFAULT_HIDDEN
     cpu_flops = decode["flops_rate"] if decode else cpu.gemv
     ram_bandwidth = decode["bytes_rate"] if decode else ram_bandwidth
     fields = dict(
@@ -149,6 +159,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         gpu_kind=gpu.kind if has_gpu else "none", ram_bandwidth=ram_bandwidth,
         vram_bandwidth=vram_bandwidth if has_gpu else 0.0,
         disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
+        frame_s=measure_frame_overhead(hidden, getattr(torch, dtype)),
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
@@ -208,8 +219,10 @@ def _usable(doc: dict | None, dtype: str, store_key: str | None, now: float) -> 
 
 async def profile_device(name: str, store_dir: Path | None, link: RingLink | None, *, dtype: str = "float32",
                          cache_path: Path | None = None, refresh: bool = False,
-                         is_head: bool = False) -> DeviceProfile:
-    """This node's DeviceProfile: from the cache when fresh, else measured (and cached).
+                         is_head: bool = False, mem_budget: int = 0) -> DeviceProfile:
+    """This node's DeviceProfile: from the cache when fresh, else measured (and cached), as the node
+    will run: RAM capped at its memory budget (0: the default share of what is available), the disk
+    at its emulated speed when $PRIMA_DISK_MBPS is set.
 
     Raises LinkDown when the successor cannot be profiled; nothing is cached then.
     """
@@ -234,7 +247,10 @@ async def profile_device(name: str, store_dir: Path | None, link: RingLink | Non
                           "link_s": time.perf_counter() - start}
         write_cache(path, doc)
     profile = DeviceProfile.from_json(doc["profile"])
-    return replace(profile, name=name, is_head=is_head)
+    ram = min(profile.ram_available, mem_budget or int(profile.ram_available * DEFAULT_FRACTION))
+    disk = min(profile.disk_seq_read, emulated_rate() or math.inf)
+    return replace(profile, name=name, is_head=is_head, ram_available=ram, disk_seq_read=disk,
+                   disk_rand_read=min(profile.disk_rand_read, disk))
 
 
 async def _link_rates(link: RingLink) -> LinkRates:

@@ -104,7 +104,8 @@ class ControlService(rpc.ControlServicer):
         try:
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
                                         node.link if node.peer else None, dtype=node.cfg.dtype,
-                                        refresh=request.refresh, is_head=node.role == "head")
+                                        refresh=request.refresh, is_head=node.role == "head",
+                                        mem_budget=node.cfg.mem_budget)
         except LinkDown as exc:
             await abort(context, "UNAVAILABLE", str(exc))
         except OSError as exc:

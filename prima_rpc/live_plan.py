@@ -4,6 +4,7 @@ import json
 
 import grpc
 
+from nodes.prefetch import KV_RESERVE_TOKENS
 from prima_rpc import ring
 from prima_rpc.channel import metadata
 from prima_rpc.v1 import prima_pb2 as pb
@@ -33,6 +34,7 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False) -> dict:
     profiles, manifest = profile_ring(head, token, refresh)
-    result = plan_for(devices_from_json(profiles), manifest, strategy)
+    # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
+    result = plan_for(devices_from_json(profiles), manifest, strategy, n_ctx=KV_RESERVE_TOKENS)
     result["profiles"] = profiles
     return result

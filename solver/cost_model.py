@@ -107,7 +107,7 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             name=d.name, is_head=d.is_head, routable=not d.is_head and d.name not in inst.must_stay,
             uma=d.unified_memory, macos=d.os == "macos", forced_fit=d.disk_seq_read < SLOW_DISK,
             alpha=layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
-            hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth, disk=d.disk_seq_read,
+            hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s, disk=d.disk_seq_read,
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap))
     return tuple(out)
 

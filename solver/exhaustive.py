@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost_model import Instance, device_costs, disk_time, fits, kappa, window_fits
+from solver.cost_model import Instance, device_costs, disk_time, fits, inline_disk_time, kappa, window_fits
 from solver.halda import divisors
 
 
@@ -31,7 +31,7 @@ def exhaustive(inst: Instance, select: bool = True) -> Optimum | None:
     for k in divisors(L):
         W = L // k
         sum_w = np.zeros(1, dtype=np.int64)
-        ring = np.zeros(1)  # sum of P + hops (the head's hop is added when anyone else stays)
+        ring = np.zeros(1)  # sum of P + hops + inline loads (the head's hop is added when anyone else stays)
         talks = np.zeros(1, dtype=bool)
         slow = np.full(1, -np.inf)  # max over offloading devices of P + D
         code = np.zeros(1, dtype=np.int64)
@@ -49,7 +49,8 @@ def exhaustive(inst: Instance, select: bool = True) -> Optimum | None:
                     stays = w > 0 or not c.routable or not select
                     D = disk_time(c, k, w, n)
                     hop = k * c.hop if stays and not c.is_head else 0.0
-                    opts.append((w, n, P + hop, P + D if D > 0 else -np.inf, stays and not c.is_head))
+                    ring_part = P + hop + inline_disk_time(c, k, w, n)
+                    opts.append((w, n, ring_part, P + D if D > 0 else -np.inf, stays and not c.is_head))
             if not opts:
                 sum_w = sum_w[:0]
                 break

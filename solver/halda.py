@@ -20,6 +20,9 @@
 #   with no layers, become relays (the head stays head with window 0: it embeds and samples).
 # - Windows must fit in memory (PRP's premise, else prefetch evicts itself), and a device's disk
 #   loads overlap the rest of the ring (cost_model's max), which is what makes k > 1 pay off.
+# - Loads as a node makes them (cost_model): a short device also re-reads its SLOTS buffers'
+#   layers (binary o_m: it streams at all), and what its k gaps cannot hide, v_m >= y_m - (k-1)
+#   SLOTS t_m, lengthens the ring round.
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from functools import lru_cache
 
 import mip
 
-from solver.cost_model import DeviceCosts, Instance, device_costs, evaluate, kappa
+from solver.cost_model import SLOTS, DeviceCosts, Instance, device_costs, evaluate, kappa
 from solver.plan import Infeasible, Plan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
@@ -110,7 +113,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     model += mip.xsum(w) == W, "eq8_window_sum"
     P = [k / unit * (cs[m].alpha * w[m] + (cs[m].beta * n[m] if isinstance(n[m], mip.Var) else 0.0))
          for m in Ms]  # compute seconds per token, in units
-    model += T >= mip.xsum(P) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
+    inline = []  # per device: disk seconds read in its own turns (on the ring's path), in units
     for m in Ms:
         c = cs[m]
         cpu_w = w[m] if c.uma else w[m] - n[m]  # layers per window held in RAM
@@ -134,9 +137,17 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += w2 <= W * z, f"m2_on({m})"
             model += w2 >= (c.ram_layers // k + 1) * z, f"m2_short({m})"  # short means over the fit
             model += y >= k * c.b / c.disk / unit * w2, f"eq29_m2({m})"  # the whole share re-read
+            model += T >= P[m] + y, f"eq6_prefetch({m})"  # its loads outlast the ring round
         else:  # M1/M3 ((28)/(30): a = alpha + b'/disk, b = beta - b'/disk, minus what RAM keeps) or M4
             model += y >= (k * c.b_prime * (w[m] - n[m]) - c.ram) / c.disk / unit, f"eq30_m3({m})"
-        model += T >= P[m] + y, f"eq6_prefetch({m})"  # its loads outlast the ring round
+            slot = SLOTS * c.b / c.disk / unit  # one gap's worth of hidden reads
+            o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: its buffers add reads
+            model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
+            v = model.add_var(f"v({m})", lb=0.0)
+            model += v >= y - (k - 1) * slot, f"inline({m})"
+            inline.append(v)
+            model += T >= P[m] + y + slot * o, f"eq6_prefetch({m})"  # its loads outlast the ring round
+    model += T >= mip.xsum(P) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms) + mip.xsum(inline), "eq6_ring"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
 

@@ -16,6 +16,7 @@ JSON schema (plain JSON, keys = field names, SI units):
        "vram_free": 2576980377,         # bytes free on the GPU (Metal: part of ram_available)
        "link_latency_s": 0.005,         # one hop to its successor in the ring, seconds
        "link_bandwidth": 5.0e7,         # B/s of that hop
+       "frame_s": 0.0002,               # optional (0): software cost of a hop here, frame in and out
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
+OPTIONAL = ("frame_s", "is_head")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class DeviceProfile:
     vram_free: int
     link_latency_s: float
     link_bandwidth: float
+    frame_s: float = 0.0
     is_head: bool = False
 
     def __post_init__(self) -> None:
@@ -90,7 +93,7 @@ class DeviceProfile:
             raise ValueError(f"a device must be a JSON object, got {type(obj).__name__}")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(obj) - names)
-        missing = sorted(n for n in names - set(obj) if n != "is_head")
+        missing = sorted(n for n in names - set(obj) if n not in OPTIONAL)
         if unknown:
             raise ValueError(f"device {obj.get('name')!r}: unknown keys {unknown}")
         if missing:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import Instance, device_costs, disk_time, evaluate, kappa, layer_time, window_fits
+from solver.cost_model import SLOTS, Instance, device_costs, disk_time, evaluate, inline_disk_time, kappa, layer_time
 from solver.pipeline import makespan, phase_transition
 from solver.plan import Plan
 
@@ -21,15 +21,15 @@ class Prediction:
     stage_s: dict[str, float]  # pipeline stage time per token (no hops), the tau of `makespan`
     bottleneck_device: str
     bottleneck_links: tuple[str, ...]  # devices whose outgoing hop exceeds its slack (blocking case)
-    serial_loads: tuple[str, ...]  # devices whose loads cannot be hidden (window does not fit)
+    serial_loads: tuple[str, ...]  # devices with loads prefetch cannot hide (on the ring's critical path)
 
 
 def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
              prefetch: bool = True) -> Prediction:
-    """prefetch=True: PRP, a device loads its next window while the rest of the ring works, so per
-    round it costs max(ring round, own compute + own loads) instead of their sum; this holds only
-    while one window fits in its memory (else the prefetch evicts itself and loads serialise).
-    prefetch=False: every load is serialised with compute (prima.cpp's additive model)."""
+    """prefetch=True: PRP, a device loads ahead into its buffers while the rest of the ring works, so
+    what those buffers hold costs max(ring round, own compute + own loads) instead of their sum; the
+    rest is read in its own turn (cost_model's I_m). prefetch=False: every load is serialised with
+    compute (prima.cpp's additive model)."""
     if prompt_tokens < 1 or concurrency < 1:
         raise ValueError(f"prompt_tokens and concurrency must be >= 1, got {prompt_tokens}, {concurrency}")
     if [d.name for d in plan.devices] != [d.name for d in inst.devices]:
@@ -41,17 +41,18 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
 
     # TTFT: the prompt's P tokens go round together: compute becomes FLOP-bound, hops carry P
     # activations, disk loads are paid once, and only the last token hits the output layer.
-    pre, disk, hops, ov = [], [], [], []
+    pre, disk, hops, inline = [], [], [], []
     for c, d, wm, nm, r in zip(cs, inst.devices, w, n, ring):
         flops = prompt_tokens * m_.layer_flops
         cpu = layer_time(flops, c.b, d.cpu_flops, d.ram_bandwidth)
         gpu = layer_time(flops, c.b, d.gpu_flops, d.vram_bandwidth) if nm else 0.0
         pre.append(k * (cpu * (wm - nm) + gpu * nm))
-        disk.append(disk_time(c, k, wm, nm))
-        hops.append(k * (d.link_latency_s + prompt_tokens * m_.activation_bytes / d.link_bandwidth) if r else 0.0)
-        ov.append(prefetch and disk[-1] > 0 and window_fits(c, wm, nm))
-    ring_t = kap + sum(pre) + sum(hops) + sum(x for x, o in zip(disk, ov) if not o)
-    ttft = max([ring_t] + [kap + p + x for p, x, o in zip(pre, disk, ov) if o])
+        disk.append(disk_time(c, k, wm, nm, slots=SLOTS if prefetch else 1))
+        hops.append(k * (d.link_latency_s + prompt_tokens * m_.activation_bytes / d.link_bandwidth
+                          + d.frame_s) if r else 0.0)
+        inline.append(inline_disk_time(c, k, wm, nm, prefetch))
+    ring_t = kap + sum(pre) + sum(hops) + sum(inline)
+    ttft = max([ring_t] + [kap + p + x for p, x in zip(pre, disk) if x > 0])
 
     # Throughput: the ring as a pipeline, one stage per member in token order (ranks 1..M-1,
     # then the head), stage time = its busy time per token (each token pays its loads), links =
@@ -67,4 +68,4 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
         stage_s={cs[i].name: t for i, t in zip(members, tau)},
         bottleneck_device=max(busy, key=busy.get),
         bottleneck_links=tuple(cs[members[s]].name for s in phase_transition(tau, d_links)),
-        serial_loads=tuple(c.name for c, x, o in zip(cs, br.disk_s, br.overlapped) if x > 0 and not o))
+        serial_loads=tuple(c.name for c, x in zip(cs, br.inline_s) if x > 0))

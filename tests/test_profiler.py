@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -13,6 +14,7 @@ from nodes import profile_disk, profiler
 from nodes.link import LinkDown, RingLink
 from nodes.main import serve
 from nodes.node import NodeConfig
+from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_disk import measure_disk
 from nodes.profile_host import available_ram, gpu_info, os_kind, parse_meminfo, parse_vm_stat, ram_rule
 from nodes.profiler import FORMAT, LinkRates, measure_link, profile_device, read_cache
@@ -53,6 +55,7 @@ def test_profile_of_this_machine_is_sane_and_quick(measured):
     if prof.gpu_kind == "none":
         assert prof.gpu_flops == 0 and prof.vram_free == 0 and prof.vram_bandwidth == 0
     assert prof.link_latency_s == 0 and prof.link_bandwidth == profiler.NO_LINK_BANDWIDTH  # no successor
+    assert 0 < prof.frame_s < 0.1, prof  # a hop's own software cost
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):
@@ -61,7 +64,9 @@ def test_profile_round_trips_through_the_solver_schema(measured):
     assert devices_from_json({"devices": [prof.to_json()]}) == (prof,)
     doc = json.loads(path.read_text())
     assert doc["format"] == FORMAT and doc["dtype"] == "float32" and doc["link_peer"] is None
-    assert DeviceProfile.from_json(doc["profile"]) == prof
+    cached = DeviceProfile.from_json(doc["profile"])  # the measurement; the reply is the node's share of it
+    assert cached == replace(prof, ram_available=cached.ram_available, is_head=cached.is_head)
+    assert prof.ram_available == int(cached.ram_available * DEFAULT_FRACTION)
     assert doc["details"]["matmul_cpu"]["gemm"] > 0 and doc["details"]["disk"]["source"] == "temp"
 
 
@@ -109,6 +114,16 @@ class FakeLink:
 
 def run_profile(path: Path, link=None, **kwargs) -> DeviceProfile:
     return asyncio.run(profile_device("n1", None, link, cache_path=path, **kwargs))
+
+
+def test_the_reply_is_what_the_node_will_use(fake_probes, tmp_path, monkeypatch):
+    raw = FAKE_FIELDS["ram_available"]
+    assert run_profile(tmp_path / "p.json").ram_available == int(raw * DEFAULT_FRACTION)
+    assert run_profile(tmp_path / "p.json", mem_budget=GiB).ram_available == GiB
+    assert run_profile(tmp_path / "p.json", mem_budget=64 * GiB).ram_available == raw  # no more than there is
+    monkeypatch.setenv("PRIMA_DISK_MBPS", "250")
+    slow = run_profile(tmp_path / "p.json")
+    assert (slow.disk_seq_read, slow.disk_rand_read) == (250e6, 250e6) and fake_probes["local"] == 1
 
 
 def test_cache_refresh_age_dtype_and_successor(fake_probes, tmp_path):

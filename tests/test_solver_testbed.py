@@ -8,7 +8,7 @@ import pytest
 
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cli_plan import plan_offline
-from solver.cost_model import Instance
+from solver.cost_model import Instance, evaluate
 from solver.halda import halda
 from solver.plan import Plan
 from solver.presets import preset
@@ -39,10 +39,12 @@ def plans_70b():
     return inst, {f.__name__: f(inst) for f in (halda, halda_noselect, exo_split, even_split)}
 
 
-def test_70b_halda_beats_exo_five_fold(plans_70b):
+def test_70b_halda_beats_exo_four_fold(plans_70b):
+    # 5.7x under prima.cpp's loads (the overflow only); a node also re-reads what its streaming buffers
+    # displace (cost_model.SLOTS layers a token), which costs Halda's offloading plan more than exo's.
     inst, plans = plans_70b
     tpot = {name: simulate(p, inst).tpot_s for name, p in plans.items()}
-    assert tpot["halda"] * 5 <= tpot["exo_split"]
+    assert tpot["halda"] * 4 <= tpot["exo_split"]
     assert tpot["halda"] <= tpot["halda_noselect"] <= tpot["exo_split"] < tpot["even_split"]
     # 37 GiB of RAM+VRAM cannot hold 70B Q4K: Halda goes round the ring more than once (PRP).
     assert plans["halda"].k > 1
@@ -54,14 +56,16 @@ def test_prediction_is_the_simulators(plans_70b):
         assert simulate(p, inst).tpot_s == pytest.approx(p.predicted_tpot_s)
 
 
-def test_prefetch_hides_loads_only_when_windows_fit(plans_70b):
+def test_more_rounds_hide_more_loads(plans_70b):
     inst, plans = plans_70b
-    h = plans["halda"]
-    with_pf, without = simulate(h, inst), simulate(h, inst, prefetch=False)
-    assert with_pf.tpot_s < without.tpot_s and with_pf.serial_loads == ()
-    exo = plans["exo_split"]  # k = 1: each share is its window, too big to prefetch
-    assert simulate(exo, inst).serial_loads and simulate(exo, inst).tpot_s == \
-        pytest.approx(simulate(exo, inst, prefetch=False).tpot_s)
+    exo, h = plans["exo_split"], plans["halda"]
+    for plan in (exo, h):
+        assert simulate(plan, inst).tpot_s < simulate(plan, inst, prefetch=False).tpot_s
+    # exo's k = 1: a device hides only its buffers' reads; the Mac's whole share is re-read in its turn
+    assert "D1" in simulate(exo, inst).serial_loads
+    # the same shares in 2 rounds: twice the gaps to read ahead in, less on the ring's critical path
+    one, two = (evaluate(inst, k, [w // k for w in (40, 40)] + [0, 0], [0] * 4) for k in (1, 2))
+    assert sum(two.inline_s) < sum(one.inline_s) and two.disk_s == one.disk_s
 
 
 def test_ttft_and_throughput():

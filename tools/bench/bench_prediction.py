@@ -1,18 +1,28 @@
 """Predicted vs measured TPOT on real loopback rings: the cost model checked against the ring itself.
 
-    python -m tools.bench.bench_prediction [--tokens 32] [--repeats 2]
+    python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--disk-mbps 200] [--fraction 0.6]
 
 Starts 3 prima-node processes with SmolLM2, profiles them live (Control.Profile, one at a time), then
 for each ring shape applies the windows, predicts TPOT with the solver's cost model for exactly those
-windows, and measures TPOT (head-side, median of repeats) in the same run.
+windows, and measures TPOT (head-side, median of repeats) in the same run. Then the same with offload:
+fresh nodes whose memory budgets hold `--fraction` of their 10-layer share, each reading from an
+emulated disk of `--disk-mbps` ($PRIMA_DISK_MBPS; devices of a home have a disk each), profiled
+again (the profile reports the budget and the emulated disk), shapes of 1, 2 and 5 rounds.
 """
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
+import torch
+
+from nodes.diskio import DISK_MBPS_ENV
+from nodes.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.prefetch import KV_RESERVE_TOKENS
+from nodes.store import LayerStore
 from prima_rpc import ring
 from prima_rpc.client import Finished, PrimaClient
 from prima_rpc.live_plan import profile_ring
@@ -25,6 +35,7 @@ from tools.default_model import ensure_default_store
 
 PROMPT = "Write a short story about a robot who learns to paint."
 SHAPES = [[10, 10, 10], [20, 5, 5], [7, 3, 5], [3, 1, 1], [15, 15, 0]]
+OFFLOAD_SHAPES = [[10, 10, 10], [5, 5, 5], [2, 2, 2]]  # every node's share is 10 layers
 
 
 async def tpot(head: str, tokens: int) -> float:
@@ -36,37 +47,65 @@ async def tpot(head: str, tokens: int) -> float:
 
 def predicted_ms(devices, manifest: dict, windows: list[int]) -> float:
     model = ModelProfile.from_manifest(manifest)
-    inst = Instance(devices, model)
+    inst = Instance(devices, model, n_ctx=KV_RESERVE_TOKENS)  # the KV room a node's budget keeps
     k = model.n_layers // sum(windows)
     in_ring = [True] * len(windows)  # relays stay in the ring: they still cost a hop
     return build_plan(inst, k, windows, [0] * len(windows), in_ring, 0.0, "fixed").predicted_tpot_s * 1e3
 
 
+def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, logs: Path,
+            extra: list[list[str]] | None = None) -> list[tuple[list[int], float, float]]:
+    """(windows, predicted ms, measured ms) per shape, on one set of fresh nodes profiled live."""
+    rows = []
+    local = launch(store, 3, log_dir=logs, extra_args=extra, detach=False, timeout=120)
+    try:
+        ring.start(local.addresses[0], shapes[0])
+        profiles, manifest = profile_ring(local.addresses[0], None, refresh=True)
+        devices = devices_from_json(profiles)
+        for windows in shapes:
+            ring.start(local.addresses[0], windows)
+            asyncio.run(tpot(local.addresses[0], 4))  # warm-up
+            measured = statistics.median(asyncio.run(tpot(local.addresses[0], tokens)) for _ in range(repeats))
+            rows.append((windows, predicted_ms(devices, manifest, windows), measured))
+    finally:
+        local.stop()
+    return rows
+
+
+def budgets(store: Path, fraction: float, share: int = 10) -> list[int]:
+    """Per node: head units (node 0) + KV reserve + `fraction` of its share of layer bytes."""
+    cfg, dtype = LayerStore(store).config, torch.float32
+    fixed = [kv_bytes(cfg, dtype, share, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
+             for i in range(3)]
+    return [f + int(fraction * share * layer_bytes(cfg, dtype)) for f in fixed]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--disk-mbps", type=float, default=200.0, help="each node's emulated disk in the offload part")
+    p.add_argument("--fraction", type=float, default=0.6, help="offload part: budget / share of layer bytes")
+    p.add_argument("--offload-tokens", type=int, default=16)
     args = p.parse_args()
     store = ensure_default_store()
-    rows = []
     with tempfile.TemporaryDirectory() as logs:
-        local = launch(store, 3, log_dir=Path(logs), detach=False)
+        rows = [("-", *r) for r in measure(store, SHAPES, args.tokens, args.repeats, Path(logs))]
+        os.environ[DISK_MBPS_ENV] = str(args.disk_mbps)
         try:
-            ring.start(local.addresses[0], [10, 10, 10])
-            profiles, manifest = profile_ring(local.addresses[0], None, refresh=True)
-            devices = devices_from_json(profiles)
-            for windows in SHAPES:
-                ring.start(local.addresses[0], windows)
-                asyncio.run(tpot(local.addresses[0], 4))  # warm-up
-                measured = statistics.median(asyncio.run(tpot(local.addresses[0], args.tokens))
-                                             for _ in range(args.repeats))
-                rows.append((windows, predicted_ms(devices, manifest, windows), measured))
+            extra = [["--mem-budget", str(b)] for b in budgets(store, args.fraction)]
+            budget = f"{args.fraction:.0%}, {args.disk_mbps:g} MB/s"
+            rows += [(budget, *r) for r in measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats,
+                                                   Path(logs), extra)]
         finally:
-            local.stop()
-    print(f"SmolLM2-135M fp32, 3 nodes on loopback, {args.tokens} tokens, median of {args.repeats}")
-    print(f"{'windows':14} {'k':>2} {'predicted ms':>12} {'measured ms':>11} {'error':>7}")
-    for windows, pred, meas in rows:
-        print(f"{str(windows):14} {30 // sum(windows):2d} {pred:12.1f} {meas:11.1f} {(pred - meas) / meas:+7.0%}")
+            os.environ.pop(DISK_MBPS_ENV, None)
+    print(f"SmolLM2-135M fp32, 3 nodes on loopback, {args.tokens} tokens ({args.offload_tokens} with offload), "
+          f"median of {args.repeats}")
+    print("| budget/share, disk | windows | k | predicted ms | measured ms | error |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for budget, windows, pred, meas in rows:
+        print(f"| {budget} | {', '.join(map(str, windows))} | {30 // sum(windows)} | {pred:.1f} | {meas:.1f} | "
+              f"{(pred - meas) / meas:+.0%} |")
 
 
 if __name__ == "__main__":
