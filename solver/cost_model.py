@@ -130,6 +130,12 @@ def fits(c: DeviceCosts, k: int, w: int, n: int) -> bool:
     return resident <= c.ram_layers
 
 
+def window_ok(c: DeviceCosts, w: int, n: int) -> bool:
+    """Whether the window may be this long: a node streams any window through its buffers, but a Metal
+    Mac's mmap'd share must keep one window in memory or its prefetch evicts itself."""
+    return window_fits(c, w, n) if c.uma else c.ram >= 0
+
+
 def window_fits(c: DeviceCosts, w: int, n: int) -> bool:
     return (w if c.uma else w - n) <= c.ram_layers
 
@@ -199,7 +205,7 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
     for c, wm, nm, r in zip(cs, w, n, in_ring):
         if wm and not r:
             raise ValueError(f"{c.name} holds layers but is not in the ring")
-        if strict and (c.ram < 0 or not window_fits(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
+        if strict and (c.ram < 0 or not window_ok(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
             return None
         P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)))
         D.append(disk_time(c, k, wm, nm) if prefetch else disk_time(c, k, wm, nm, slots=1))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost_model import Instance, device_costs, disk_time, fits, inline_disk_time, kappa, window_fits
+from solver.cost_model import Instance, device_costs, disk_time, fits, inline_disk_time, kappa, window_ok
 from solver.halda import divisors
 
 
@@ -43,7 +43,7 @@ def exhaustive(inst: Instance, select: bool = True) -> Optimum | None:
                 if not select and able and w == 0:
                     continue
                 for n in range(min(w, c.gpu_cap // k) + 1):
-                    if not window_fits(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
+                    if not window_ok(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
                         continue
                     P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0))
                     stays = w > 0 or not c.routable or not select

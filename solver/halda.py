@@ -18,8 +18,10 @@
 #   device prima.cpp would drop (w = 0, or w = 1 when dropping it is faster) gets x_m = 0 directly,
 #   so re-running on the rest cannot do better. The head and `must_stay` devices keep x_m = 1 and,
 #   with no layers, become relays (the head stays head with window 0: it embeds and samples).
-# - Windows must fit in memory (PRP's premise, else prefetch evicts itself), and a device's disk
-#   loads overlap the rest of the ring (cost_model's max), which is what makes k > 1 pay off.
+# - A device's disk loads overlap the rest of the ring (cost_model's max), which is what makes k > 1
+#   pay off. prima.cpp requires every window to fit in memory (else its mmap prefetch evicts what it
+#   just loaded); a node here streams through buffers it never evicts from, so only Metal Macs (whose
+#   model is still prima.cpp's) keep that row.
 # - Loads as a node makes them (cost_model): a short device also re-reads its SLOTS buffers'
 #   layers (binary o_m: it streams at all), and what its k gaps cannot hide, v_m >= y_m - (k-1)
 #   SLOTS t_m, lengthens the ring round.
@@ -89,7 +91,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     model.max_mip_gap, model.max_mip_gap_abs = 1e-9, 1e-12  # exact: tests compare with enumeration
 
     # Window caps: memory (a window fits in RAM + VRAM) and time (P_m <= T < bound_s).
-    cap = [min(W, c.ram_layers + c.gpu_cap // k) for c in cs]
+    cap = [min(W, c.ram_layers + c.gpu_cap // k) if c.uma or c.forced_fit or c.ram_layers < 0 else W for c in cs]
     if math.isfinite(bound_s):
         cap = [min(u, int(bound_s * (1 + EPS) / (k * min(c.alpha, c.gpu)))) for u, c in zip(cap, cs)]
     w = [model.add_var(f"w({m})", var_type=mip.INTEGER, lb=0, ub=max(cap[m], 0)) for m in Ms]
@@ -123,7 +125,8 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += w[m] <= max(cap[m], 0) * x[m], f"ring({m})"
         elif not select and c.ram_layers + c.gpu_cap // k >= 1:
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
-        model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: prefetch can work
+        if c.uma:
+            model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
         if c.forced_fit:  # (31)-(33) M4 forced: disk too slow to offload to
             model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
             continue
