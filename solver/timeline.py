@@ -1,15 +1,15 @@
 """One token's journey through a plan, as bars on a time axis: where the time goes, which device is the bottleneck.
 
 Input: the plan JSON of `solver.cli_plan.plan_to_json` with its timings (per device compute_ms,
-disk_ms, link_ms, loads_hidden; output_ms). The journey follows the cost model exactly:
+disk_ms, inline_ms, link_ms, loads_hidden; output_ms). The journey follows the cost model exactly:
 
     each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order [load] compute link,
     then the head [load] computes the round's last window; after the last round the output layer.
 
-Loads not hidden by prefetch sit on the critical path before each compute. Hidden loads run in
-their own lane and end when the device's compute of that round starts; those of the first round
-began during the previous token, so they are drawn wrapped round to its end (the steady state,
-modulo one TPOT). When a device's own compute plus loads outlast the ring round, the token waits
+Loads read in the device's own turns (inline_ms) sit on the critical path before each compute. The
+prefetched rest runs in its own lane and ends when the device's compute of that round starts; those of
+the first round began during the previous token, so they are drawn wrapped round to its end (the steady
+state, modulo one TPOT). When a device's own compute plus loads outlast the ring round, the token waits
 for it (the cost model's max): that wait is spread over the rounds, before its computes.
 """
 
@@ -52,13 +52,14 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
     k = int(plan["k"])
     members = [i for i, d in enumerate(devices) if d["role"] != "removed"]
     order = [i for i in members if i != 0] + [0]  # a round: ranks 1..M-1, then the head
-    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "link_ms")} for d in devices]  # one round
+    for d in devices:  # plans saved before inline_ms: a load was either all hidden or all on the path
+        d.setdefault("inline_ms", 0.0 if d["loads_hidden"] else d["disk_ms"])
+    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "inline_ms", "link_ms")} for d in devices]
     out_ms = float(plan["output_ms"])
 
-    # TPOT = max(ring, output + P_m + D_m of devices whose loads are prefetched): the cost model's formula.
-    ring = out_ms + sum(d["compute_ms"] + d["link_ms"] + (0.0 if d["loads_hidden"] else d["disk_ms"])
-                        for d in devices)
-    own = {i: out_ms + d["compute_ms"] + d["disk_ms"] for i, d in enumerate(devices) if d["loads_hidden"]}
+    # TPOT = max(ring, output + P_m + D_m of devices that load): the cost model's formula.
+    ring = out_ms + sum(d["compute_ms"] + d["link_ms"] + d["inline_ms"] for d in devices)
+    own = {i: out_ms + d["compute_ms"] + d["disk_ms"] for i, d in enumerate(devices) if d["disk_ms"] > 0}
     slowest = max(own, key=own.get, default=None)
     wait = max(own[slowest] - ring, 0.0) / k if slowest is not None else 0.0
 
@@ -80,13 +81,12 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
                 if i:
                     put(i, "link", p["link_ms"], r)
                 continue
-            if d["loads_hidden"]:
-                if i == slowest:
-                    put(i, "wait", wait, r)
-                if p["disk_ms"] > 0:
-                    bars.append(Bar(i, "prefetch", t - p["disk_ms"], p["disk_ms"], r))
-            else:
-                put(i, "load", p["disk_ms"], r)
+            if i == slowest:
+                put(i, "wait", wait, r)
+            if p["disk_ms"] > p["inline_ms"]:
+                hidden = p["disk_ms"] - p["inline_ms"]
+                bars.append(Bar(i, "prefetch", t - hidden, hidden, r))
+            put(i, "load", p["inline_ms"], r)
             a, b = d["layers"][r] if r < len(d.get("layers", ())) else ("", "")
             put(i, "compute", p["compute_ms"], r, f"[{a},{b})" if a != "" else "")
             if i:
@@ -146,7 +146,8 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
         if d["role"] == "removed":
             note = "removed from the ring"
         else:
-            disk = f"disk {d['disk_ms']:.0f}{' prefetched' if d['loads_hidden'] else ''} · " if d["disk_ms"] else ""
+            ahead = d["disk_ms"] - d.get("inline_ms", 0.0 if d["loads_hidden"] else d["disk_ms"])
+            disk = f"disk {d['disk_ms']:.0f} ({ahead:.0f} prefetched) · " if d["disk_ms"] else ""
             note = (f"{d['window']}×{plan['k']} layers: compute {d['compute_ms']:.0f} · {disk}"
                     f"link {d['link_ms']:.0f} ms")
             note += "   ← bottleneck" if i == worst else ""
