@@ -30,9 +30,10 @@ def register(app: typer.Typer, state: dict) -> None:
                 sizes = [int(w) for w in windows.split(",")]
             except ValueError:
                 fail(f"--windows must be comma-separated integers, got {windows!r}")
+            members = None
         else:
-            sizes = _plan_windows(state, plan)
-        nodes = _start(state, sizes)
+            sizes, members = _plan_windows(state, plan)
+        nodes = _start(state, sizes, members)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
 
     @app.command()
@@ -125,8 +126,9 @@ def register(app: typer.Typer, state: dict) -> None:
         print(f"stopped {len(nodes)} nodes")
 
 
-def _plan_windows(state: dict, plan_file: Path | None) -> list[int]:
-    """Windows in ring order from a saved or freshly solved plan; removed devices stay as relays."""
+def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool]]:
+    """Windows in ring order from a saved or freshly solved plan, and which devices stay in the ring
+    (removed ones are routed around; relays stay)."""
     if plan_file is not None:
         try:
             result = json.loads(plan_file.read_text())
@@ -139,8 +141,9 @@ def _plan_windows(state: dict, plan_file: Path | None) -> list[int]:
     if "infeasible" in result:
         fail(f"the plan is infeasible: {result['infeasible']}")
     try:
-        return [int(d["window"]) for d in result["devices"]]
-    except (KeyError, TypeError, ValueError):
+        return ([int(d["window"]) for d in result["devices"]],
+                [d.get("role") != "removed" for d in result["devices"]])
+    except (KeyError, TypeError, ValueError, AttributeError):
         fail("the plan has no valid devices list")
 
 
@@ -151,7 +154,7 @@ def _walk(state: dict):
         fail(str(exc))
 
 
-def _start(state: dict, sizes: list[int]):
+def _start(state: dict, sizes: list[int], members: list[bool] | None = None):
     from prima_rpc.progress import bar
 
     loaded: dict[str, tuple[int, int]] = {}
@@ -162,7 +165,7 @@ def _start(state: dict, sizes: list[int]):
                 progress(sum(d for d, _ in loaded.values()) >> 20, sum(t for _, t in loaded.values()) >> 20)
 
         try:
-            return ring.start(state["node"], sizes, state["token"], progress=report)
+            return ring.start(state["node"], sizes, state["token"], progress=report, members=members)
         except ring.RingError as exc:
             fail(str(exc))
 

@@ -44,12 +44,18 @@ def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tup
 
 
 def start(head: str, windows: list[int], token: str | None = None,
-          progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None) -> list[tuple[str, pb.NodeInfo]]:
-    """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel."""
+          progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None,
+          members: list[bool] | None = None) -> list[tuple[str, pb.NodeInfo]]:
+    """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel.
+
+    members: which nodes stay (default: all). The others are routed around: each member's successor
+    becomes the next member (Control.SetPeer), and they are left without layers (an unused relay)."""
     ring = walk(head, token)
     if len(windows) != len(ring):
         raise RingError(f"{len(windows)} windows for a ring of {len(ring)} nodes: "
                         + " -> ".join(a for a, _ in ring))
+    if members is not None and not all(members):
+        ring, windows = _route_around(ring, windows, members, token)
     head_info = ring[0][1]
     if not head_info.model_id:
         raise RingError(f"the head {head} has no model (start it with --model)")
@@ -75,6 +81,34 @@ def start(head: str, windows: list[int], token: str | None = None,
         for future in [pool.submit(assign, i) for i in range(len(ring))]:
             future.result()
     return walk(head, token)
+
+
+def _route_around(ring: list[tuple[str, pb.NodeInfo]], windows: list[int], members: list[bool],
+                  token: str | None) -> tuple[list[tuple[str, pb.NodeInfo]], list[int]]:
+    if len(members) != len(ring) or not members[0]:
+        raise RingError(f"members must name each of the {len(ring)} nodes and keep the head")
+    if any(w for w, m in zip(windows, members) if not m):
+        raise RingError("a node that leaves the ring cannot hold layers")
+    left = [a for (a, _), m in zip(ring, members) if not m]
+    kept = [a for (a, _), m in zip(ring, members) if m]
+    for address in left:  # free their memory first: they serve no frames from now on
+        req = pb.AssignRequest(model_id=ring[0][1].model_id, ring_layers=ring[0][1].n_layers,
+                               epoch=time.time_ns() // 1_000_000)
+        try:
+            for _ in control(address).Assign(req, metadata=metadata(token)):
+                pass
+        except grpc.RpcError as exc:
+            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+    for i, address in enumerate(kept):
+        try:
+            control(address).SetPeer(pb.SetPeerRequest(peer=kept[(i + 1) % len(kept)]), metadata=metadata(token),
+                                     timeout=5)
+        except grpc.RpcError as exc:
+            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+    now = walk(ring[0][0], token)
+    if [a for a, _ in now] != kept:
+        raise RingError("routing around " + ", ".join(left) + " left the ring as " + " -> ".join(a for a, _ in now))
+    return now, [w for w, m in zip(windows, members) if m]
 
 
 def shutdown(address: str, token: str | None = None) -> None:

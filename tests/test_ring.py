@@ -100,3 +100,21 @@ def test_generate_on_a_worker_is_refused(rings):
     with pytest.raises(PrimaError) as err:
         asyncio.run(collect(local.addresses[1], "hi"))
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "not the ring's head" in err.value.message
+
+
+def test_a_removed_device_is_routed_around(rings, reference):
+    """A plan's removed device leaves the ring: its predecessor sends to its successor, it holds nothing."""
+    local = rings(4)
+    addresses = local.addresses
+    try:
+        nodes = ring.start(addresses[0], [10, 0, 10, 10], members=[True, False, True, True])
+        assert [a for a, _ in nodes] == [addresses[0], addresses[2], addresses[3]]
+        tokens, _ = asyncio.run(collect(addresses[0], PROMPTS[0]))
+        assert tokens == reference[PROMPTS[0]]
+        left = ring.control(addresses[1]).Info(ring.pb.InfoRequest(), timeout=5)
+        assert left.role == "relay" and not left.windows and left.stats.resident_bytes == 0
+        with pytest.raises(ring.RingError, match="cannot hold layers"):
+            ring.start(addresses[0], [10, 10, 10], members=[True, False, True])
+    finally:  # the module's 4-node ring goes back to its first wiring
+        for i, address in enumerate(addresses):
+            ring.control(address).SetPeer(ring.pb.SetPeerRequest(peer=addresses[(i + 1) % 4]), timeout=5)
