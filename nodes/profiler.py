@@ -20,7 +20,7 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
 Cache file ($PRIMA_HOME/profile-<name>.json unless told), plain JSON written atomically:
-  {"format": "prima-profile/1",
+  {"format": "prima-profile/2",
    "measured_at": 1764400000.0,      # unix seconds of the local measurement; stale after MAX_AGE_S
    "dtype": "float32",               # the compute dtype the FLOP/s are for
    "store_dir": "/abs/store" | null, # whose filesystem the disk figures are for (null: $PRIMA_HOME)
@@ -66,7 +66,7 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/1"
+FORMAT = "prima-profile/2"  # /2: frame_s measured (a /1 cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 PAD_BYTES = 1 << 20  # padding per throughput frame
