@@ -24,7 +24,7 @@ from nodes.model import Layer
 from nodes.store import LayerStore
 
 DEPTH = 1  # streamed layers read ahead of the one computing (slots = DEPTH + 1): double buffering
-KV_RESERVE_TOKENS = 512  # KV cache positions the budget keeps room for (one request of this length)
+KV_RESERVE_TOKENS = 2048  # KV positions the budget keeps room for, all requests together (more are refused)
 DEFAULT_FRACTION = 0.8  # default budget: this share of the RAM available at assignment
 DEPTH_ENV = "PRIMA_PREFETCH_DEPTH"  # benchmarks: 0 = no prefetch (load on demand)
 

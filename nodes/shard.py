@@ -34,6 +34,9 @@ class Shard:
         fixed = (head_bytes(cfg, dtype) if windows.head else 0) + kv_bytes(
             cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
         self.plan: Plan = plan_memory(order, layer_bytes(cfg, dtype), fixed, budget, depth)
+        # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
+        head = head_bytes(cfg, dtype) if windows.head else 0
+        self.kv_room = self.plan.budget - self.plan.weight_bytes - head if self.plan.budget else None
         units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
         total = sum(store.entry(u).bytes for u in units)
         done = 0
@@ -104,11 +107,24 @@ class Shard:
                 raise ValueError(f"unknown request id {request_id!r} (no KV cache here; frames must start at 0)")
             if not (tokens <= capacity <= self.cfg.max_seq_len):
                 raise ValueError(f"capacity {capacity} must be in [{tokens}, {self.cfg.max_seq_len}]")
+            self._check_kv_room(capacity)
             cache = self.caches[request_id] = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
         if start_pos + tokens > cache.capacity:
             raise ValueError(f"positions [{start_pos}, {start_pos + tokens}) exceed the request's "
                              f"KV capacity {cache.capacity}")
         return cache
+
+    def _check_kv_room(self, capacity: int) -> None:
+        """A new cache must fit the memory budget beside the caches already held: refuse clearly, not overrun."""
+        if self.kv_room is None:
+            return
+        per_position = kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
+        free = self.kv_room - sum(c.nbytes() for c in self.caches.values())
+        if capacity * per_position > free:
+            room = max(free, 0) // per_position
+            raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
+                             f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
+                             "lower max_tokens, wait for other requests, or raise --mem-budget")
 
     def release(self, request_id: str) -> bool:
         found = self.caches.pop(request_id, None) is not None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 DTYPES = ("float32", "bfloat16", "float16")
-KV_ELEM_BYTES = 2  # the KV cache is kept in 16-bit floats
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACT_ELEM_BYTES = 4  # activations travel the ring as fp32
 
 
@@ -70,7 +70,9 @@ class ModelProfile:
 
     @property
     def kv_bytes_per_token_layer(self) -> int:
-        return 2 * self.n_kv_heads * self.head_dim * KV_ELEM_BYTES  # K and V
+        # K and V in the store's dtype: a float32 store runs in float32 (prima-node's default), 16-bit and
+        # quantized ones are planned with 16-bit caches
+        return 2 * self.n_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
     @property
     def output_flops(self) -> int:

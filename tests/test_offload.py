@@ -16,10 +16,10 @@ import torch
 
 from nodes.config import StoreError
 from nodes.diskio import ChunkReader
-from nodes.fused import empty_layer, head_bytes, layer_bytes, layer_targets
+from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
 from nodes.generation import GenerateParams
 from nodes.model import Layer
-from nodes.prefetch import Held, Prefetcher, SlotState, next_load, plan_memory, spread, wanted
+from nodes.prefetch import KV_RESERVE_TOKENS, Held, Prefetcher, SlotState, next_load, plan_memory, spread, wanted
 from nodes.reference import ReferenceModel
 from nodes.routing import Step, Windows
 from nodes.shard import Shard
@@ -258,6 +258,24 @@ def test_fitting_layers_stay_resident(tiny_store):
                                          ["embed", "head"] + [f"layer.{i}" for i in range(8)])
 
 
+def test_kv_caches_stay_within_the_budget(tiny_store):
+    """The budget keeps room for KV_RESERVE_TOKENS positions; caches beyond what it leaves are refused with
+    a message that says what to do, and room comes back when a request ends."""
+    shard = Shard(LayerStore(tiny_store), Windows(((0, 8),), 8, True), torch.float32, budget=1, depth=1)
+    reserve = min(KV_RESERVE_TOKENS, shard.cfg.max_seq_len)
+    assert shard.kv_room == kv_bytes(shard.cfg, torch.float32, 8, reserve)
+    shard.cache_for("a", 0, reserve // 2, 4)
+    shard.cache_for("b", 0, reserve // 2, 4)  # together exactly the reserve
+    with pytest.raises(ValueError, match=r"room for 0 more KV positions.*needs 8.*--mem-budget"):
+        shard.cache_for("c", 0, 8, 4)
+    shard.release("a")
+    shard.cache_for("c", 0, 8, 4)
+    assert shard.resident_bytes() <= shard.plan.budget
+    unlimited = Shard(LayerStore(tiny_store), Windows(((0, 8),), 8, True), torch.float32, budget=0)
+    unlimited.cache_for("long", 0, unlimited.cfg.max_seq_len, 4)  # no budget: no limit
+    shard.close()
+
+
 def test_interleaved_requests_stay_exact(tiny_store):
     """Two requests' frames alternate through streamed shards (k = 2): mispredictions, still exact."""
     ref = ReferenceModel(tiny_store)
@@ -367,7 +385,7 @@ def test_peak_rss_stays_within_budget(smol_store):
 @pytest.mark.slow
 def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path):
     from prima_rpc import ring
-    from prima_rpc.client import PrimaClient, Token
+    from prima_rpc.client import PrimaClient, PrimaError, Token
     from prima_rpc.local_ring import launch
 
     prompts, tokens = ["What is the capital of France?", "List three prime numbers."], 8
@@ -409,6 +427,14 @@ def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path)
                 f"{info.name}: RSS grew {(peak - base) / MB:.0f} MiB, budget {info.mem_budget / MB:.0f} MiB")
             assert s.disk_read_bytes - start.stats.disk_read_bytes >= 2 * tokens * 5 * 14 * MB // 2
             assert s.stall_s > 0 and s.compute_s > 0
+
+        async def too_long():  # more KV positions than the budgets keep room for: a clear error, not an overrun
+            async with PrimaClient(local.addresses[0]) as client:
+                return [e async for e in client.generate(prompts[0], max_tokens=4000)]
+
+        with pytest.raises(PrimaError, match="leaves room for .* KV positions.*--mem-budget"):
+            asyncio.run(too_long())
+        assert asyncio.run(collect(prompts[1])) == reference[prompts[1]]  # and the ring serves on
     finally:
         local.stop()
     logs = "".join(p.read_text() for p in tmp_path.glob("node*.log"))
