@@ -52,11 +52,11 @@ import torch
 
 from nodes.diskio import emulated_rate
 from nodes.link import LinkDown, RingLink
+from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_disk import measure_disk
-from nodes.profile_host import available_ram, gpu_info, os_kind
-from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_frame import measure_frame_overhead
+from nodes.profile_host import available_ram, gpu_info, os_kind
 from nodes.profile_model import measure_decode_layer
 from nodes.store import LayerStore
 from prima_rpc import codec

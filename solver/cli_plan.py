@@ -32,11 +32,12 @@ def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) 
     }
     if breakdown is not None:
         out["output_ms"] = breakdown.kappa_s * 1e3
-        for d, p, x, h, hidden, i in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
-                                         breakdown.overlapped, breakdown.inline_s):
+        for d, p, x, h, i in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
+                                 breakdown.inline_s):
             # Per token, all k rounds together; inline_ms: the loads read in the device's own turns (on
             # the ring's path), the rest prefetched while the ring works; loads_hidden: all of them.
-            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3, link_ms=h * 1e3, loads_hidden=hidden)
+            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3, link_ms=h * 1e3,
+                     loads_hidden=x > 0 and i == 0)
     return out
 
 

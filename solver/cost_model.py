@@ -140,20 +140,21 @@ def window_fits(c: DeviceCosts, w: int, n: int) -> bool:
     return (w if c.uma else w - n) <= c.ram_layers
 
 
-def disk_time(c: DeviceCosts, k: int, w: int, n: int, slots: int = SLOTS) -> float:
-    """Bytes read from disk per token / disk speed."""
+def disk_time(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) -> float:
+    """Bytes read from disk per token / disk speed (without prefetch a node streams through one buffer)."""
     if fits(c, k, w, n):
         return 0.0
     if c.uma:
         return k * w * c.b / c.disk  # macOS+Metal under pressure evicts the whole share (M2)
+    slots = SLOTS if prefetch else 1
     return (k * (w - n) * c.b_prime - c.ram) / c.disk + slots * c.b / c.disk  # overflow, and the buffers'
 
 
 def inline_disk_time(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) -> float:
     """The part of disk_time read during the device's own turns, on the ring's critical path."""
+    d = disk_time(c, k, w, n, prefetch)
     if not prefetch:
-        return disk_time(c, k, w, n, slots=1)
-    d = disk_time(c, k, w, n)
+        return d
     if c.uma:
         return 0.0 if window_fits(c, w, n) else d
     return max(0.0, d - k * SLOTS * c.b / c.disk)
@@ -172,11 +173,10 @@ class Breakdown:
     compute_s: tuple[float, ...]  # P_m
     disk_s: tuple[float, ...]  # D_m
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
-    overlapped: tuple[bool, ...]  # loads all hidden by prefetch
+    inline_s: tuple[float, ...]  # I_m: the loads read in the device's own turns, on the ring's critical path
     labels: tuple[str, ...]
     ring_s: float  # kappa + sum P + hops + inline loads
     kappa_s: float
-    inline_s: tuple[float, ...] = ()  # I_m: loads on the ring's critical path
 
 
 def check_assignment(inst: Instance, k: int, w: list[int], n: list[int]) -> None:
@@ -201,19 +201,18 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
     if in_ring is None:
         in_ring = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
     talks = sum(in_ring) >= 2  # a ring of one device sends nothing over the network
-    P, D, H, I, lab = [], [], [], [], []
+    P, D, H, inline, lab = [], [], [], [], []
     for c, wm, nm, r in zip(cs, w, n, in_ring):
         if wm and not r:
             raise ValueError(f"{c.name} holds layers but is not in the ring")
         if strict and (c.ram < 0 or not window_ok(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
             return None
         P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)))
-        D.append(disk_time(c, k, wm, nm) if prefetch else disk_time(c, k, wm, nm, slots=1))
-        I.append(inline_disk_time(c, k, wm, nm, prefetch))
+        D.append(disk_time(c, k, wm, nm, prefetch))
+        inline.append(inline_disk_time(c, k, wm, nm, prefetch))
         H.append(k * c.hop if r and talks else 0.0)
         lab.append(set_label(c, k, wm, nm) if r else "-")
     kap = kappa(inst)
-    ring = kap + sum(P) + sum(H) + sum(I)
+    ring = kap + sum(P) + sum(H) + sum(inline)
     tpot = max([ring] + [kap + p + d for p, d in zip(P, D) if d > 0])
-    ov = tuple(d > 0 and i == 0 for d, i in zip(D, I))
-    return Breakdown(tpot, tuple(P), tuple(D), tuple(H), ov, tuple(lab), ring, kap, tuple(I))
+    return Breakdown(tpot, tuple(P), tuple(D), tuple(H), tuple(inline), tuple(lab), ring, kap)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import SLOTS, Instance, device_costs, disk_time, evaluate, inline_disk_time, kappa, layer_time
+from solver.cost_model import Instance, device_costs, disk_time, evaluate, inline_disk_time, kappa, layer_time
 from solver.pipeline import makespan, phase_transition
 from solver.plan import Plan
 
@@ -47,7 +47,7 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
         cpu = layer_time(flops, c.b, d.cpu_flops, d.ram_bandwidth)
         gpu = layer_time(flops, c.b, d.gpu_flops, d.vram_bandwidth) if nm else 0.0
         pre.append(k * (cpu * (wm - nm) + gpu * nm))
-        disk.append(disk_time(c, k, wm, nm, slots=SLOTS if prefetch else 1))
+        disk.append(disk_time(c, k, wm, nm, prefetch))
         hops.append(k * (d.link_latency_s + prompt_tokens * m_.activation_bytes / d.link_bandwidth
                           + d.frame_s) if r else 0.0)
         inline.append(inline_disk_time(c, k, wm, nm, prefetch))

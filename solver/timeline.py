@@ -43,7 +43,8 @@ def _timings(plan: dict) -> list[dict]:
     if not devices or not all(keys <= set(d) for d in devices) or "output_ms" not in plan:
         raise ValueError("the plan has no per-device timings (compute_ms, disk_ms, link_ms, output_ms); "
                          "solve it again with this version of `prima-ctl plan`")
-    return devices
+    # Plans saved before inline_ms: a device's loads were either all hidden or all on the path.
+    return [{"inline_ms": 0.0 if d["loads_hidden"] else d["disk_ms"], **d} for d in devices]
 
 
 def journey(plan: dict) -> tuple[list[Bar], float]:
@@ -52,8 +53,6 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
     k = int(plan["k"])
     members = [i for i, d in enumerate(devices) if d["role"] != "removed"]
     order = [i for i in members if i != 0] + [0]  # a round: ranks 1..M-1, then the head
-    for d in devices:  # plans saved before inline_ms: a load was either all hidden or all on the path
-        d.setdefault("inline_ms", 0.0 if d["loads_hidden"] else d["disk_ms"])
     per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "inline_ms", "link_ms")} for d in devices]
     out_ms = float(plan["output_ms"])
 
@@ -146,7 +145,7 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
         if d["role"] == "removed":
             note = "removed from the ring"
         else:
-            ahead = d["disk_ms"] - d.get("inline_ms", 0.0 if d["loads_hidden"] else d["disk_ms"])
+            ahead = d["disk_ms"] - d["inline_ms"]
             disk = f"disk {d['disk_ms']:.0f} ({ahead:.0f} prefetched) · " if d["disk_ms"] else ""
             note = (f"{d['window']}×{plan['k']} layers: compute {d['compute_ms']:.0f} · {disk}"
                     f"link {d['link_ms']:.0f} ms")

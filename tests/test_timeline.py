@@ -105,3 +105,11 @@ def test_prima_ctl_plan_timeline(tmp_path):
     assert ET.parse(out).getroot().tag.endswith("svg")
     res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(tmp_path / "x.gif"))
     assert res.returncode == 2 and "must end in .png or .svg" in res.stderr
+
+
+def test_plans_saved_before_inline_ms_still_draw():
+    """A plan JSON from before inline_ms: loads were all hidden or all on the path, as loads_hidden says."""
+    plan = solved("llama3-8b")
+    old = {**plan, "devices": [{k: v for k, v in d.items() if k != "inline_ms"} for d in plan["devices"]]}
+    assert journey(old)[1] == pytest.approx(journey(plan)[1])
+    assert "inline_ms" not in old["devices"][0]  # read, not rewritten
