@@ -64,17 +64,19 @@ class ChunkReader:
         method = "O_DIRECT" if self.direct else "buffered+DONTNEED"
         return f"{method}, emulated {self.rate / 1e6:g} MB/s" if self.rate else method
 
-    def read(self, path: Path, size: int, sink: Sink) -> int:
-        """Feed the `size` bytes of `path` to `sink` chunk by chunk; returns the bytes read."""
+    def read(self, path: Path, size: int, sink: Sink, ranges: list[tuple[int, int]] | None = None) -> int:
+        """Feed the `size` bytes of `path` (or only byte `ranges` of it, [start, stop) in order) to `sink`
+        chunk by chunk; returns the bytes read (ranges widen to whole blocks)."""
+        spans = _blocks(ranges, size) if ranges is not None else [(0, size)]
         with self._lock:
             if self.direct:
                 try:
-                    return self._read(path, size, sink, direct=True)
+                    return self._read(path, size, sink, spans, direct=True)
                 except _DirectRefused:
                     self.direct = False  # this filesystem: buffered from now on
-            return self._read(path, size, sink, direct=False)
+            return self._read(path, size, sink, spans, direct=False)
 
-    def _read(self, path: Path, size: int, sink: Sink, direct: bool) -> int:
+    def _read(self, path: Path, size: int, sink: Sink, spans: list[tuple[int, int]], direct: bool) -> int:
         try:
             fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
         except OSError as exc:
@@ -84,28 +86,30 @@ class ChunkReader:
         if not direct and fcntl is not None and hasattr(fcntl, "F_NOCACHE"):
             fcntl.fcntl(fd, fcntl.F_NOCACHE, 1)  # macOS: no O_DIRECT, but reads can skip the cache
         pending: deque[Future] = deque()
-        offsets = range(0, size, self.chunk)
+        offsets = [(o, stop) for start, stop in spans for o in range(start, stop, self.chunk)]
         self._clock = max(self._clock, time.monotonic())  # an idle emulated disk starts now, with no credit
         try:
             actual = os.fstat(fd).st_size
             if actual != size:
                 raise StoreError(f"{path}: {actual} bytes, manifest says {size} (truncated or replaced)")
             for i in range(min(self.in_flight, len(offsets))):
-                pending.append(self._submit(fd, i, offsets[i], size))
-            for i, offset in enumerate(offsets):
+                pending.append(self._submit(fd, i, *offsets[i]))
+            total = 0
+            for i, (offset, stop) in enumerate(offsets):
                 try:
                     n = pending.popleft().result()
                 except OSError as exc:
                     if direct and i == 0 and exc.errno == errno.EINVAL:
                         raise _DirectRefused from None
                     raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-                if n != min(self.chunk, size - offset):
+                if n != min(self.chunk, stop - offset):
                     raise StoreError(f"{path}: short read at byte {offset + n} of {size} (truncated?)")
                 self._pace(n)
                 sink(offset, self._tensors[i % self.in_flight][:n], n)
+                total += n
                 if i + self.in_flight < len(offsets):
-                    pending.append(self._submit(fd, i + self.in_flight, offsets[i + self.in_flight], size))
-            return size
+                    pending.append(self._submit(fd, i + self.in_flight, *offsets[i + self.in_flight]))
+            return total
         finally:
             for f in pending:  # a failed read: wait for the others before the fd and buffers go
                 f.exception()
@@ -122,13 +126,27 @@ class ChunkReader:
             if (delay := self._clock - time.monotonic()) > 0:
                 time.sleep(delay)
 
-    def _submit(self, fd: int, i: int, offset: int, size: int) -> Future:
+    def _submit(self, fd: int, i: int, offset: int, stop: int) -> Future:
         # O_DIRECT lengths are rounded up to ALIGN; the read stops at the end of the file.
-        length = min(self.chunk, -(-(size - offset) // ALIGN) * ALIGN)
+        length = min(self.chunk, -(-(stop - offset) // ALIGN) * ALIGN)
         return self._pool.submit(_pread_full, fd, self._views[i % self.in_flight][:length], offset)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _blocks(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """Byte ranges widened to whole ALIGN blocks (O_DIRECT offsets), clipped to the file, merged."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if not 0 <= start <= stop <= size:
+            raise ValueError(f"range [{start}, {stop}) is outside a file of {size} bytes")
+        start, stop = start // ALIGN * ALIGN, min(-(-stop // ALIGN) * ALIGN, size)
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        elif stop > start:
+            out.append((start, stop))
+    return out
 
 
 def emulated_rate() -> float:

@@ -34,6 +34,42 @@ def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
+STREAM_UNITS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's matrices: the units of residency and streaming
+SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
+
+
+def unit_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    return {"wqkv": (q + 2 * kv, h), "wo": (h, q), "w_gate_up": (2 * i, h), "w_down": (h, i)}
+
+
+def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> its part of the fused matrix `t` (one of STREAM_UNITS)."""
+    q, kv, i = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    if unit == "wqkv":
+        return {"wq.weight": t[:q], "wk.weight": t[q:q + kv], "wv.weight": t[q + kv:]}
+    if unit == "w_gate_up":
+        return {"w_gate.weight": t[:i], "w_up.weight": t[i:]}
+    return {f"{unit}.weight": t}
+
+
+def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
+    """A layer's SMALL tensors, uninitialised (bqkv None without biases)."""
+    h, q, kv = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {"attn_norm": torch.empty(h, dtype=dtype), "ffn_norm": torch.empty(h, dtype=dtype),
+            "bqkv": torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None}
+
+
+def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> its part of a layer's small tensors (SMALL; bqkv may be None)."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    out = {"attn_norm.weight": small["attn_norm"], "ffn_norm.weight": small["ffn_norm"]}
+    b = small.get("bqkv")
+    if b is not None:
+        out.update({"wq.bias": b[:q], "wk.bias": b[q:q + kv], "wv.bias": b[q + kv:]})
+    return out
+
+
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """Memory of one fused layer in `dtype`."""
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0

@@ -118,9 +118,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def layer_forward(x: torch.Tensor, layer: Layer, kv: torch.Tensor, pos: int, cfg: ModelConfig,
                   rope: Rope) -> torch.Tensor:
     """x: [T, H] at positions [pos, pos+T); kv: [2, nkv, S, hd] is updated in place."""
+    h = attention_stage(x, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, kv, pos, cfg, rope)
+    return down_stage(h, gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg), layer.w_down)
+
+
+# A layer in three stages, each needing only some of its matrices (STAGES): a node streaming a layer
+# computes each stage as soon as its matrices are read, and frees them right after.
+STAGES = (("wqkv", "wo"), ("w_gate_up",), ("w_down",))
+
+
+def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
+                    wo: torch.Tensor, kv: torch.Tensor, pos: int, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     t = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = F.linear(rms_norm(x, layer.attn_norm, cfg.norm_eps), layer.wqkv, layer.bqkv)
+    qkv = F.linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
     q, k, v = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1).split([nh, nkv, nkv])
     kv[0, :, pos:pos + t] = rope.apply(k, pos)
     kv[1, :, pos:pos + t] = v
@@ -132,9 +143,16 @@ def layer_forward(x: torch.Tensor, layer: Layer, kv: torch.Tensor, pos: int, cfg
         rope.apply(q, pos).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
         attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
     )  # [1, nh, T, hd]
-    h = x + F.linear(att[0].transpose(0, 1).reshape(t, nh * hd), layer.wo)
-    gate, up = F.linear(rms_norm(h, layer.ffn_norm, cfg.norm_eps), layer.w_gate_up).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, layer.w_down)
+    return x + F.linear(att[0].transpose(0, 1).reshape(t, nh * hd), wo)
+
+
+def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    gate, up = F.linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    return h + F.linear(a, w_down)
 
 
 def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int, cache: KVCache, pos: int,

@@ -17,6 +17,7 @@ import psutil
 import structlog
 import torch
 
+from nodes.fused import layer_bytes
 from nodes.head import HeadRequest, HeadRole
 from nodes.link import LinkDown, RingLink
 from nodes.routing import Step, Windows
@@ -88,11 +89,12 @@ class Node(HeadRole):
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
-                     ring: list[str] = ()) -> None:
+                     ring: list[str] = (), buffer_layers: float = 0.0) -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
-        ring: (head) every member's address in ring order, its own first, watched for failures."""
+        ring: (head) every member's address in ring order, its own first, watched for failures.
+        buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams."""
         busy = self.requests or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected("FAILED_PRECONDITION", "requests are in flight; reassign when the ring is idle")
@@ -106,8 +108,9 @@ class Node(HeadRole):
         if not windows.relay:
             budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
+            buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype))
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, self.dtype, progress, budget=budget, log=log))
+                self.store, windows, self.dtype, progress, budget=budget, buffer=buffer, log=log))
             if windows.head:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows, self.epoch = windows, epoch

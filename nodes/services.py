@@ -15,6 +15,7 @@ from nodes.generation import GenerateParams, Generation
 from nodes.head import RequestFailed
 from nodes.link import LinkDown
 from nodes.node import Node
+from nodes.prefetch import MAX_BUFFER_LAYERS
 from nodes.profiler import profile_device
 from nodes.routing import Windows
 from nodes.sampling import SamplingParams
@@ -79,8 +80,12 @@ class ControlService(rpc.ControlServicer):
             await abort(context, "INVALID_ARGUMENT", "model_id is required (the ring's model fingerprint)")
         if len(request.ring) > 256 or any(len(a) > 255 for a in request.ring):
             await abort(context, "INVALID_ARGUMENT", "ring: at most 256 addresses of up to 255 characters")
+        buffer = request.stream_buffer_layers
+        if not 0 <= buffer <= MAX_BUFFER_LAYERS:  # also refuses NaN
+            await abort(context, "INVALID_ARGUMENT",
+                        f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
         task = loop.create_task(node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                            list(request.ring)), name="assign")
+                                            list(request.ring), buffer), name="assign")
         while not (task.done() and updates.empty()):
             getter = loop.create_task(updates.get())
             await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)

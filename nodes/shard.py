@@ -1,8 +1,9 @@
 """The model part a node holds for one assignment: its windows' layers, KV caches, and (head) the head.
 
-Under a memory budget only some layers stay resident; the rest stream from the layer store through a
-`Prefetcher` (nodes/prefetch.py). Everything here is synchronous torch work, called from the node's
-single compute thread (the prefetcher reads on its own thread).
+Under a memory budget only some layers (down to single matrices) stay resident; the rest stream from the
+layer store through a `Prefetcher`'s buffer (nodes/prefetch.py), stage by stage (nodes.model.STAGES).
+Everything here is synchronous torch work, called from the node's single compute thread (the prefetcher
+reads on its own thread).
 """
 
 import time
@@ -12,9 +13,20 @@ import structlog
 import torch
 
 from nodes.config import StoreError
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
-from nodes.model import Head, KVCache, Layer, Rope, layer_forward
-from nodes.prefetch import KV_RESERVE_TOKENS, Plan, Prefetcher, default_budget, plan_memory, prefetch_depth
+from nodes.fused import (
+    STREAM_UNITS,
+    empty_layer,
+    empty_small,
+    head_bytes,
+    kv_bytes,
+    layer_bytes,
+    layer_targets,
+    small_targets,
+    unit_shapes,
+    unit_targets,
+)
+from nodes.model import STAGES, Head, KVCache, Layer, Rope, attention_stage, down_stage, gate_up_stage, layer_forward
+from nodes.prefetch import KV_RESERVE_TOKENS, Plan, Prefetcher, aligned, default_budget, plan_memory, prefetch_depth
 from nodes.routing import Windows
 from nodes.store import LayerStore
 
@@ -22,9 +34,10 @@ from nodes.store import LayerStore
 class Shard:
     def __init__(self, store: LayerStore, windows: Windows, dtype: torch.dtype,
                  progress: Callable[[int, int, str], None] = lambda done, total, unit: None,
-                 *, budget: int | None = 0, depth: int | None = None, log=None):
+                 *, budget: int | None = 0, depth: int | None = None, buffer: int = 0, log=None):
         """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
-        depth: streamed layers read ahead (0: load on demand; None: DEPTH or $PRIMA_PREFETCH_DEPTH)."""
+        depth: 0 loads streamed layers on demand (None: DEPTH or $PRIMA_PREFETCH_DEPTH);
+        buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers)."""
         budget = default_budget() if budget is None else budget
         depth = prefetch_depth() if depth is None else depth
         self.store, self.windows, self.dtype = store, windows, dtype
@@ -33,7 +46,10 @@ class Shard:
         order = sorted(windows.layers())
         fixed = (head_bytes(cfg, dtype) if windows.head else 0) + kv_bytes(
             cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
-        self.plan: Plan = plan_memory(order, layer_bytes(cfg, dtype), fixed, budget, depth)
+        units = {u: aligned(torch.Size(shape).numel() * dtype.itemsize) for u, shape in unit_shapes(cfg).items()}
+        matrices = sum(torch.Size(shape).numel() for shape in unit_shapes(cfg).values()) * dtype.itemsize
+        small = layer_bytes(cfg, dtype) - matrices  # norms and biases
+        self.plan: Plan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
         # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
         head = head_bytes(cfg, dtype) if windows.head else 0
         self.kv_room = self.plan.budget - self.plan.weight_bytes - head if self.plan.budget else None
@@ -54,16 +70,25 @@ class Shard:
             loaded("head")
             self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings)
         self.layers: dict[int, Layer] = {}  # resident
+        self.small: dict[int, dict] = {}  # streamed layers: their norms and biases
+        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # streamed layers: their resident matrices
         self.prefetcher: Prefetcher | None = None
         if self.plan.streamed:
             self.prefetcher = Prefetcher(store, self.plan, cfg, dtype)
+        streamed = dict(self.plan.streamed)
         for i in order:
             unit = f"layer.{i}"
             if i in self.plan.resident:
                 self.layers[i] = layer = empty_layer(cfg, dtype)
                 store.read_into(unit, layer_targets(layer, cfg))
-            elif store.needs_check(unit):  # streamed: check it now so a bad file fails the assignment, not a request
-                store.read_into(unit, self.prefetcher.targets[0])
+            else:  # read it whole once into the buffer (checking it): a bad file fails the assignment
+                scratch = self.prefetcher.scratch()
+                small = self.small[i] = empty_small(cfg, dtype)
+                targets = small_targets(small, cfg)
+                for u in STREAM_UNITS:
+                    targets.update(unit_targets(u, scratch[u], cfg))
+                store.read_into(unit, targets)
+                self.kept[i] = {u: scratch[u].clone() for u in STREAM_UNITS if u not in streamed[i]}
             loaded(unit)
         if self.prefetcher:
             self.prefetcher.start()
@@ -75,7 +100,9 @@ class Shard:
             p = self.plan
             (self.log.warning if p.below_minimum else self.log.info)(
                 "offload plan", budget=p.budget, requested_budget=p.requested, resident=sorted(p.resident),
-                streamed=list(p.streamed), slots=p.slots, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
+                streamed=[f"{layer}" + ("" if len(us) == len(STREAM_UNITS) else f"({','.join(us)})")
+                          for layer, us in p.streamed],
+                buffer=p.buffer, streamed_bytes=p.streamed_bytes, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
                 read=store.read_method)
 
     @property
@@ -85,10 +112,12 @@ class Shard:
         return self._stalled
 
     def resident_bytes(self) -> int:
-        """Weights held in memory (resident layers, streaming slots, head) plus the KV caches."""
+        """Weights held in memory (resident layers and matrices, stream buffer, head) plus the KV caches."""
         weights = sum(layer.nbytes() for layer in self.layers.values())
+        weights += sum(t.numel() * t.element_size() for parts in (*self.small.values(), *self.kept.values())
+                       for t in parts.values() if t is not None)
         if self.prefetcher:
-            weights += sum(b.nbytes() for b in self.prefetcher.buffers)
+            weights += self.prefetcher.buffer.numel()
         if self.head is not None:
             weights += sum(t.numel() * t.element_size() for t in {id(t): t for t in
                            (self.head.embed, self.head.norm, self.head.output)}.values())
@@ -142,26 +171,38 @@ class Shard:
         x = x.to(self.dtype)
         for start, stop in self.windows.run_from(next_layer):
             for i in range(start, stop):
-                layer = self._acquire(i)
-                try:
+                layer = self.layers.get(i)
+                if layer is not None:
                     x = layer_forward(x, layer, cache.kv[i], start_pos, self.cfg, self.rope)
-                finally:
-                    if i not in self.layers:
-                        self.prefetcher.release(i)
+                else:
+                    x = self._streamed_forward(i, x, cache.kv[i], start_pos)
             next_layer = stop
         if self.prefetcher:
             self._stalled = self.prefetcher.stall_s
         self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)
         return x, next_layer
 
-    def _acquire(self, i: int) -> Layer:
-        layer = self.layers.get(i)
-        if layer is not None:
-            return layer
-        try:
-            return self.prefetcher.acquire(i)
-        except StoreError as exc:  # the node fails the request (ValueError) rather than the whole loop
-            raise ValueError(f"layer {i} could not be read: {exc}") from None
+    def _streamed_forward(self, i: int, x: torch.Tensor, kv: torch.Tensor, pos: int) -> torch.Tensor:
+        """A streamed layer stage by stage: each stage waits only for its own matrices and frees them after."""
+        small, kept, cfg = self.small[i], self.kept[i], self.cfg
+
+        def run(stage: tuple[str, ...], fn):
+            streamed = tuple(u for u in stage if u not in kept)
+            try:
+                got = self.prefetcher.acquire(i, streamed) if streamed else {}
+            except StoreError as exc:  # the node fails the request (ValueError) rather than the whole loop
+                raise ValueError(f"layer {i} could not be read: {exc}") from None
+            try:
+                return fn(**{u: got[u] if u in got else kept[u] for u in stage})
+            finally:
+                if streamed:
+                    self.prefetcher.release(i, streamed)
+
+        attn, gate_up, down = STAGES
+        h = run(attn, lambda wqkv, wo: attention_stage(x, small["attn_norm"], wqkv, small["bqkv"], wo, kv, pos,
+                                                       cfg, self.rope))
+        a = run(gate_up, lambda w_gate_up: gate_up_stage(h, small["ffn_norm"], w_gate_up, cfg))
+        return run(down, lambda w_down: down_stage(h, a, w_down))
 
     @torch.inference_mode()
     def embed(self, ids: list[int]) -> torch.Tensor:

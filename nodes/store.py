@@ -118,18 +118,28 @@ class LayerStore:
     def read_into(self, unit: str, targets: dict[str, torch.Tensor]) -> int:
         """Fill `targets` (one contiguous tensor per tensor of the unit, same shape, any float dtype) from the
         unit's file, bypassing the page cache; checks size and (once) sha256. Returns the bytes read."""
+        return self._read(unit, targets, partial=False)
+
+    def read_part(self, unit: str, targets: dict[str, torch.Tensor]) -> int:
+        """Fill some of the unit's tensors, reading only their bytes (no checksum: the whole file's was
+        checked when it was first read). Returns the bytes read."""
+        return self._read(unit, targets, partial=True)
+
+    def _read(self, unit: str, targets: dict[str, torch.Tensor], partial: bool) -> int:
         entry = self.entry(unit)
         path = self.root / entry.path
         spans = self.layout(unit)
-        if set(spans) != set(targets):
+        if set(targets) - set(spans) or (not partial and set(spans) != set(targets)):
             raise StoreError(f"{path}: holds tensors {sorted(spans)}, expected {sorted(targets)}")
         pieces = []
         for name, span in sorted(spans.items(), key=lambda kv: kv[1].start):
+            if name not in targets:
+                continue
             t = targets[name]
             if tuple(t.shape) != span.shape or not t.is_contiguous():
                 raise StoreError(f"{path}: tensor {name!r} has shape {list(span.shape)}, expected {list(t.shape)}")
             pieces.append((span, t.view(-1)))
-        hasher = hashlib.sha256() if self.needs_check(unit) else None
+        hasher = hashlib.sha256() if not partial and self.needs_check(unit) else None
 
         def sink(offset: int, chunk: torch.Tensor, n: int) -> None:
             if hasher is not None:
@@ -145,10 +155,11 @@ class LayerStore:
                     src = chunk[lo - offset:hi - offset].view(span.dtype)
                     t[(lo - span.start) // es:(hi - span.start) // es].copy_(src)
 
+        ranges = [(span.start, span.stop) for span, _ in pieces] if partial else None
         with self._lock:
             if self._reader is None:
                 self._reader = ChunkReader()
-            n = self._reader.read(path, entry.bytes, sink)
+            n = self._reader.read(path, entry.bytes, sink, ranges)
             self.bytes_read += n
         if hasher is not None:
             if hasher.hexdigest() != entry.sha256:

@@ -59,11 +59,13 @@ def show(result: dict) -> None:
         console.print(f"[red]infeasible[/red]: {result['infeasible']}")
         return
     table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token")
-    for col in ("device", "role", "window", "GPU layers", "set", "memory GiB", "predicted ms", "layers"):
+    for col in ("device", "role", "window", "GPU layers", "set", "memory GiB", "stream buffer", "predicted ms",
+                "layers"):
         table.add_column(col)
     for d in result["devices"]:
         table.add_row(d["name"], d["role"], str(d["window"]), str(d["gpu_layers"]), d["set"],
-                      f"{d['memory_bytes'] / 2**30:.2f}", f"{d['predicted_ms']:.1f}",
+                      f"{d['memory_bytes'] / 2**30:.2f}",
+                      f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
                       " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
     console.print(table)
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms; solved in {result['solve_ms']:.1f} ms")

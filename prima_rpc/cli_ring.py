@@ -30,10 +30,10 @@ def register(app: typer.Typer, state: dict) -> None:
                 sizes = [int(w) for w in windows.split(",")]
             except ValueError:
                 fail(f"--windows must be comma-separated integers, got {windows!r}")
-            members = None
+            members = buffers = None
         else:
-            sizes, members = _plan_windows(state, plan)
-        nodes = _start(state, sizes, members)
+            sizes, members, buffers = _plan_windows(state, plan)
+        nodes = _start(state, sizes, members, buffers)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
 
     @app.command()
@@ -126,9 +126,9 @@ def register(app: typer.Typer, state: dict) -> None:
         print(f"stopped {len(nodes)} nodes")
 
 
-def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool]]:
-    """Windows in ring order from a saved or freshly solved plan, and which devices stay in the ring
-    (removed ones are routed around; relays stay)."""
+def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool], list[float]]:
+    """Windows in ring order from a saved or freshly solved plan, which devices stay in the ring
+    (removed ones are routed around; relays stay), and their stream buffers in layers (0: default)."""
     if plan_file is not None:
         try:
             result = json.loads(plan_file.read_text())
@@ -142,7 +142,8 @@ def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[
         fail(f"the plan is infeasible: {result['infeasible']}")
     try:
         return ([int(d["window"]) for d in result["devices"]],
-                [d.get("role") != "removed" for d in result["devices"]])
+                [d.get("role") != "removed" for d in result["devices"]],
+                [float(d.get("buffer_layers", 0.0)) for d in result["devices"]])
     except (KeyError, TypeError, ValueError, AttributeError):
         fail("the plan has no valid devices list")
 
@@ -154,7 +155,7 @@ def _walk(state: dict):
         fail(str(exc))
 
 
-def _start(state: dict, sizes: list[int], members: list[bool] | None = None):
+def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None):
     from prima_rpc.progress import bar
 
     loaded: dict[str, tuple[int, int]] = {}
@@ -165,7 +166,8 @@ def _start(state: dict, sizes: list[int], members: list[bool] | None = None):
                 progress(sum(d for d, _ in loaded.values()) >> 20, sum(t for _, t in loaded.values()) >> 20)
 
         try:
-            return ring.start(state["node"], sizes, state["token"], progress=report, members=members)
+            return ring.start(state["node"], sizes, state["token"], progress=report, members=members,
+                              buffers=buffers)
         except ring.RingError as exc:
             fail(str(exc))
 

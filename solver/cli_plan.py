@@ -27,16 +27,17 @@ def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) 
         "devices": [
             {"name": d.name, "role": d.role, "window": d.window, "gpu_layers": d.gpu_layers,
              "set": d.set_label, "memory_bytes": d.memory_bytes, "predicted_ms": d.predicted_s * 1e3,
+             "buffer_layers": d.buffer_layers,
              "layers": [list(r) for r in rs]}  # half-open [start, stop) per round
             for d, rs in zip(plan.devices, ranges)],
     }
     if breakdown is not None:
         out["output_ms"] = breakdown.kappa_s * 1e3
-        for d, p, x, h, i in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
-                                 breakdown.inline_s):
-            # Per token, all k rounds together; inline_ms: the loads read in the device's own turns (on
-            # the ring's path), the rest prefetched while the ring works; loads_hidden: all of them.
-            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3, link_ms=h * 1e3,
+        for d, p, x, h, i, sc in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
+                                     breakdown.inline_s, breakdown.serial_s):
+            # Per token, all k rounds together; inline_ms: the reads in the device's own turns (beside its
+            # compute but serial_ms of it), the rest prefetched while the ring works; loads_hidden: all.
+            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3, serial_ms=sc * 1e3, link_ms=h * 1e3,
                      loads_hidden=x > 0 and i == 0)
     return out
 

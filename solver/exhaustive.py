@@ -1,4 +1,11 @@
-"""Exhaustive search over every (k, w, n) of the cost model: the test oracle for Halda on small instances."""
+"""Exhaustive search over every (k, w, n) of the cost model: the test oracle for Halda on small instances.
+
+Independent of the ILP: for a candidate TPOT T, each device option (w, n) has a least turn time
+(hiding in its gaps what their length allows, cost_model.stream_turn) or is impossible; a dynamic
+program over devices then finds the least ring round over all assignments with sum w = W. T is
+feasible when that round fits in T, which only gets easier as T grows, so bisection on T gives the
+exact optimum, and the DP's choices at it the assignment.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost_model import Instance, device_costs, disk_time, fits, inline_disk_time, kappa, window_ok
+from solver.cost_model import (
+    Instance,
+    device_costs,
+    disk_time,
+    fits,
+    kappa,
+    overflow_bytes,
+    serial_compute,
+    streams,
+    window_fits,
+    window_ok,
+)
 from solver.halda import divisors
+
+INF = math.inf
 
 
 @dataclass(frozen=True)
@@ -17,65 +37,142 @@ class Optimum:
     k: int
     w: tuple[int, ...]
     n: tuple[int, ...]
-    evaluated: int  # assignments scored
+    evaluated: int  # assignments of (w, n) per device the DP ranged over
+
+
+@dataclass(frozen=True)
+class _Options:
+    """One device's (w, n) options for a fixed k, as arrays."""
+    w: np.ndarray
+    n: np.ndarray
+    P: np.ndarray  # compute per token
+    ovf: np.ndarray  # overflow bytes (streaming options), else nan
+    fixed_turn: np.ndarray  # turn of non-streaming options (nan for streaming ones)
+    metal_row: np.ndarray  # P + D a Metal option's re-reads need below T - kappa (0 otherwise)
+
+
+def _options(c, k: int, W: int, select: bool) -> _Options | None:
+    able = c.ram_layers + c.gpu_cap // k >= 1
+    rows = []
+    for w in range(W + 1):
+        if not select and able and w == 0:
+            continue
+        for n in range(min(w, c.gpu_cap // k) + 1):
+            if not window_ok(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
+                continue
+            P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0))
+            if streams(c, k, w, n):
+                rows.append((w, n, P, float(overflow_bytes(c, k, w, n)), np.nan, 0.0))
+            else:
+                D = disk_time(c, k, w, n, 0.0)
+                hidden = not c.uma or window_fits(c, w, n)
+                rows.append((w, n, P, np.nan, max(P, 0.0 if hidden else D), P + D if D > 0 else 0.0))
+    if not rows:
+        return None
+    a = np.array(rows, dtype=float)
+    return _Options(a[:, 0].astype(int), a[:, 1].astype(int), a[:, 2], a[:, 3], a[:, 4], a[:, 5])
+
+
+def _turns(c, k: int, opt: _Options, Tk: float, hop: float) -> np.ndarray:
+    """Least turn per option at TPOT - kappa = Tk with its own hops `hop`; inf where impossible
+    (cost_model.gap_buffer, vectorised)."""
+    d, P, ovf, G = c.disk, opt.P, opt.ovf, Tk - hop
+    stream = ~np.isnan(ovf)
+    z = np.where(stream, np.inf, opt.fixed_turn)
+    z = np.where((~stream) & (opt.metal_row > Tk), np.inf, z)  # a Metal share's re-reads outlast T
+    if stream.any():  # cost_model.stream_turn
+        Ps, ovfs, b, sc = P[stream], ovf[stream], c.b, serial_compute(c, k)
+        h = np.minimum((G - Ps) * d / k, (G - sc) * d - ovfs)
+        ok = (h >= 0) & ((ovfs + b) / d + sc <= G)
+        room = np.maximum(Ps - sc, 0.0) * d
+        enough = np.where(ovfs + b - k * b <= room, (ovfs + b - room) / k,
+                          b if k == 1 else (ovfs - room) / max(k - 1, 1))
+        h = np.minimum(h, np.maximum(enough, 0.0))
+        turn = np.maximum(Ps, np.maximum(0.0, ovfs + np.maximum(b, h) - k * h) / d + sc)
+        z[stream] = np.where(ok, turn, np.inf)
+    return z
+
+
+def _round(opts, cs, k: int, W: int, T: float, kap: float, select: bool, choose: bool = False):
+    """Least kappa + turns + hops over assignments with sum w = W at TPOT T (and, with choose, the
+    options taken)."""
+    head, rest = opts[0], opts[1:]
+    # dp[talks][s]: least turns + hops of the non-head devices with s layers in all; talks: one stays.
+    dp = np.full((2, W + 1), INF)
+    dp[0, 0] = 0.0
+    picks = []
+    for c, opt in zip(cs[1:], rest):
+        stays = (opt.w > 0) | (not c.routable) | (not select)
+        hop = k * c.hop
+        z = _turns(c, k, opt, T - kap, hop)  # a device that stays talks, so it pays its hop
+        z_off = _turns(c, k, opt, T - kap, 0.0)
+        cost = np.where(stays, z + hop, z_off)
+        new = np.full((2, W + 1), INF)
+        arg = np.full((2, W + 1, 2), -1, dtype=np.int64)  # (option, previous talks)
+        for i in np.flatnonzero(np.isfinite(cost)):
+            wv, s_in = int(opt.w[i]), bool(stays[i])
+            for t in (0, 1):
+                cand = dp[t, :W + 1 - wv] + cost[i]
+                t2 = 1 if (t or s_in) else 0
+                better = cand < new[t2, wv:]
+                if better.any():
+                    new[t2, wv:][better] = cand[better]
+                    idx = np.flatnonzero(better) + wv
+                    arg[t2, idx, 0], arg[t2, idx, 1] = i, t
+        dp = new
+        picks.append(arg)
+    best, best_at = INF, None
+    hc = cs[0]
+    for talks in (0, 1):
+        hop = k * hc.hop if talks else 0.0
+        z = _turns(hc, k, head, T - kap, hop)
+        for i in np.flatnonzero(np.isfinite(z)):
+            rest_w = W - int(head.w[i])
+            if rest_w < 0 or not math.isfinite(dp[talks, rest_w]):
+                continue
+            total = kap + z[i] + hop + dp[talks, rest_w]
+            if total < best:
+                best, best_at = total, (i, talks, rest_w)
+    if not choose or best_at is None:
+        return best, None
+    i, talks, s = best_at
+    ws, ns = [int(head.w[i])], [int(head.n[i])]
+    chosen = []
+    for opt, arg in zip(reversed(rest), reversed(picks)):
+        j, prev = arg[talks, s]
+        chosen.append((int(opt.w[j]), int(opt.n[j])))
+        s, talks = s - int(opt.w[j]), int(prev)
+    for wv, nv in reversed(chosen):
+        ws.append(wv)
+        ns.append(nv)
+    return best, (tuple(ws), tuple(ns))
 
 
 def exhaustive(inst: Instance, select: bool = True) -> Optimum | None:
-    """Enumerate all assignments Halda may return (same rows: VRAM, windows fit, slow disks fit).
+    """The least TPOT over all assignments Halda may return (same rows: VRAM, windows fit, slow disks fit).
     select: a device with no layers leaves the ring when it can; else all stay (w >= 1 if able)."""
     cs = device_costs(inst)
     L, kap = inst.model.n_layers, kappa(inst)
     if cs[0].ram < 0:
         return None
     best: Optimum | None = None
+    evaluated = 0
     for k in divisors(L):
         W = L // k
-        sum_w = np.zeros(1, dtype=np.int64)
-        ring = np.zeros(1)  # sum of P + hops + inline loads (the head's hop is added when anyone else stays)
-        talks = np.zeros(1, dtype=bool)
-        slow = np.full(1, -np.inf)  # max over offloading devices of P + D
-        code = np.zeros(1, dtype=np.int64)
-        opts_all = []
-        for c in cs:
-            able = c.ram_layers + c.gpu_cap // k >= 1
-            opts = []
-            for w in range(W + 1):
-                if not select and able and w == 0:
-                    continue
-                for n in range(min(w, c.gpu_cap // k) + 1):
-                    if not window_ok(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
-                        continue
-                    P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0))
-                    stays = w > 0 or not c.routable or not select
-                    D = disk_time(c, k, w, n)
-                    hop = k * c.hop if stays and not c.is_head else 0.0
-                    ring_part = P + hop + inline_disk_time(c, k, w, n)
-                    opts.append((w, n, ring_part, P + D if D > 0 else -np.inf, stays and not c.is_head))
-            if not opts:
-                sum_w = sum_w[:0]
-                break
-            opts_all.append(opts)
-            ow = np.array([o[0] for o in opts])
-            s = sum_w[:, None] + ow[None, :]
-            keep = s <= W
-            sum_w = s[keep]
-            ring = (ring[:, None] + np.array([o[2] for o in opts])[None, :])[keep]
-            slow = np.maximum(slow[:, None], np.array([o[3] for o in opts])[None, :])[keep]
-            talks = (talks[:, None] | np.array([o[4] for o in opts])[None, :])[keep]
-            code = (code[:, None] * len(opts) + np.arange(len(opts))[None, :])[keep]
-        done = sum_w == W
-        if not done.any():
+        opts = [_options(c, k, W, select) for c in cs]
+        if any(o is None for o in opts):
             continue
-        tpot = kap + np.maximum(ring[done] + k * cs[0].hop * talks[done], slow[done])
-        i = int(np.argmin(tpot))
-        if best is None or tpot[i] < best.tpot_s - 1e-12:
-            c_i, ws, ns = int(code[done][i]), [], []
-            for opts in reversed(opts_all):
-                c_i, j = divmod(c_i, len(opts))
-                ws.append(opts[j][0])
-                ns.append(opts[j][1])
-            best = Optimum(float(tpot[i]), k, tuple(reversed(ws)), tuple(reversed(ns)),
-                           int(done.sum()) + (best.evaluated if best else 0))
-        elif best is not None:
-            best = Optimum(best.tpot_s, best.k, best.w, best.n, best.evaluated + int(done.sum()))
-    return best if best is not None and math.isfinite(best.tpot_s) else None
+        evaluated += math.prod(len(o.w) for o in opts)
+        hi = 1e4
+        if not _round(opts, cs, k, W, hi, kap, select)[0] <= hi:
+            continue
+        lo = kap
+        while hi - lo > 1e-13 * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if _round(opts, cs, k, W, mid, kap, select)[0] <= mid else (mid, hi)
+        if best is None or hi < best.tpot_s * (1 - 1e-12):
+            _, (w, n) = _round(opts, cs, k, W, hi, kap, select, choose=True)
+            best = Optimum(hi, k, w, n, 0)
+    if best is None:
+        return None
+    return Optimum(best.tpot_s, best.k, best.w, best.n, evaluated)

@@ -22,9 +22,11 @@
 #   pay off. prima.cpp requires every window to fit in memory (else its mmap prefetch evicts what it
 #   just loaded); a node here streams through buffers it never evicts from, so only Metal Macs (whose
 #   model is still prima.cpp's) keep that row.
-# - Loads as a node makes them (cost_model): a short device also re-reads its SLOTS buffers'
-#   layers (binary o_m: it streams at all), and what its k gaps cannot hide, v_m >= y_m - (k-1)
-#   SLOTS t_m, lengthens the ring round.
+# - Loads as a node makes them (cost_model): a short device (binary o_m: it streams at all) also
+#   reads its stream buffer's bytes (e_m: their read time, >= one layer's, chosen by the ILP); each
+#   gap hides h_m <= e_m, what they cannot, v_m >= y_m + e_m - k h_m, is read beside its compute,
+#   turn_m >= P_m, v_m + s_m o_m (s_m: the compute its reads cannot overlap); and its cycle, turns +
+#   hops + k gaps of h_m, bounds T.
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from functools import lru_cache
 
 import mip
 
-from solver.cost_model import SLOTS, DeviceCosts, Instance, device_costs, evaluate, kappa
+from solver.cost_model import DeviceCosts, Instance, device_costs, evaluate, kappa, serial_compute
 from solver.plan import Infeasible, Plan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
@@ -115,7 +117,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     model += mip.xsum(w) == W, "eq8_window_sum"
     P = [k / unit * (cs[m].alpha * w[m] + (cs[m].beta * n[m] if isinstance(n[m], mip.Var) else 0.0))
          for m in Ms]  # compute seconds per token, in units
-    inline = []  # per device: disk seconds read in its own turns (on the ring's path), in units
+    turns = list(P)  # per device: its turns per token, in units (a streaming device's are a variable)
     for m in Ms:
         c = cs[m]
         cpu_w = w[m] if c.uma else w[m] - n[m]  # layers per window held in RAM
@@ -143,14 +145,20 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += T >= P[m] + y, f"eq6_prefetch({m})"  # its loads outlast the ring round
         else:  # M1/M3 ((28)/(30): a = alpha + b'/disk, b = beta - b'/disk, minus what RAM keeps) or M4
             model += y >= (k * c.b_prime * (w[m] - n[m]) - c.ram) / c.disk / unit, f"eq30_m3({m})"
-            slot = SLOTS * c.b / c.disk / unit  # one gap's worth of hidden reads
-            o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: its buffers add reads
+            o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
             model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
-            v = model.add_var(f"v({m})", lb=0.0)
-            model += v >= y - (k - 1) * slot, f"inline({m})"
-            inline.append(v)
-            model += T >= P[m] + y + slot * o, f"eq6_prefetch({m})"  # its loads outlast the ring round
-    model += T >= mip.xsum(P) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms) + mip.xsum(inline), "eq6_ring"
+            e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
+            model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
+            h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
+            model += h <= e, f"gap_fill({m})"
+            v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
+            model += v >= y + e - k * h, f"inline({m})"
+            zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
+            model += zt >= P[m], f"turn_compute({m})"
+            model += zt >= v + serial_compute(c, k) / unit * o, f"turn_reads({m})"
+            model += T >= zt + k * c.hop / unit * x_hop[m] + k * h, f"cycle({m})"  # k gaps long enough
+            turns[m] = zt
+    model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
 
@@ -217,13 +225,13 @@ def _incumbents(inst: Instance, cs: list[DeviceCosts], select: bool):
 
 
 def _offload_floor(c: DeviceCosts) -> float:
-    """Least P_m + D_m of device m in any state where it offloads to disk (any k)."""
+    """Least cycle (TPOT - kappa) of device m in any state where it offloads to disk (any k)."""
     if c.forced_fit or c.ram_layers < 0:
         return math.inf
     s = c.ram_layers + 1  # first share that no longer fits
     if c.uma:
         return s * (min(c.alpha, c.gpu) + c.b / c.disk)
-    return s * c.alpha + (s * c.b_prime - c.ram) / c.disk
+    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + c.serial)  # compute; reads + serial
 
 
 def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:

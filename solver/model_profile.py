@@ -60,6 +60,15 @@ class ModelProfile:
         return attn + 3 * h * self.intermediate  # w1, w2, w3
 
     @property
+    def serial_fraction(self) -> float:
+        """The share of a layer's compute that a streaming node cannot overlap with its reads in a turn:
+        the attention stage of the round's first layer (its reads wait for it to free the buffer) and
+        the down projection of the last (computed after its read); nodes.model.STAGES."""
+        h, nh, nkv, hd = self.hidden, self.n_heads, self.n_kv_heads, self.head_dim
+        attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+        return (attn + h * self.intermediate) / self.layer_params
+
+    @property
     def layer_flops(self) -> int:
         return 2 * self.layer_params  # one multiply-add per weight per token
 

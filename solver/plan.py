@@ -17,7 +17,8 @@ class DevicePlan:
     gpu_layers: int  # n: of those, on the GPU
     set_label: str  # M1..M4, "-" when removed
     memory_bytes: int  # resident RAM + VRAM
-    predicted_s: float  # per token: compute + disk loads + outgoing hops (+ output layer on the head)
+    predicted_s: float  # per token: compute beside disk reads, outgoing hops (+ output layer on the head)
+    buffer_layers: float = 0.0  # its stream buffer in layers (0: it does not stream)
 
 
 @dataclass(frozen=True)
@@ -93,5 +94,7 @@ def build_plan(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list
         devs.append(DevicePlan(
             name=c.name, role=role, window=wm, gpu_layers=nm, set_label=br.labels[i],
             memory_bytes=memory_bytes(c, k, wm, nm, extra if c.is_head else 0) if r else 0,
-            predicted_s=br.compute_s[i] + br.disk_s[i] + br.hop_s[i] + (br.kappa_s if i == 0 else 0.0)))
+            predicted_s=(max(br.compute_s[i], br.disk_s[i]) if prefetch else br.compute_s[i] + br.disk_s[i])
+            + br.hop_s[i] + (br.kappa_s if i == 0 else 0.0),
+            buffer_layers=br.buffer_bytes[i] / c.b))
     return Plan(k, tuple(devs), br.tpot_s, solve_ms, strategy)

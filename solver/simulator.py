@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import Instance, device_costs, disk_time, evaluate, inline_disk_time, kappa, layer_time
+from solver.cost_model import Instance, device_costs, evaluate, kappa, layer_time
 from solver.pipeline import makespan, phase_transition
 from solver.plan import Plan
 
@@ -17,7 +17,7 @@ class Prediction:
     concurrency: int
     makespan_s: float  # time for one token of each of the concurrent requests
     prefetch: bool
-    per_device_s: dict[str, float]  # busy per token: compute + loads + outgoing hops (+ output on the head)
+    per_device_s: dict[str, float]  # busy per token: compute beside loads, outgoing hops (+ output on the head)
     stage_s: dict[str, float]  # pipeline stage time per token (no hops), the tau of `makespan`
     bottleneck_device: str
     bottleneck_links: tuple[str, ...]  # devices whose outgoing hop exceeds its slack (blocking case)
@@ -26,10 +26,9 @@ class Prediction:
 
 def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
              prefetch: bool = True) -> Prediction:
-    """prefetch=True: PRP, a device loads ahead into its buffers while the rest of the ring works, so
-    what those buffers hold costs max(ring round, own compute + own loads) instead of their sum; the
-    rest is read in its own turn (cost_model's I_m). prefetch=False: every load is serialised with
-    compute (prima.cpp's additive model)."""
+    """prefetch=True: PRP, a device reads ahead into its stream buffer while the rest of the ring works and
+    beside its own compute (cost_model: turns max(P_m, I_m)). prefetch=False: every load is serialised
+    with compute (prima.cpp's additive model)."""
     if prompt_tokens < 1 or concurrency < 1:
         raise ValueError(f"prompt_tokens and concurrency must be >= 1, got {prompt_tokens}, {concurrency}")
     if [d.name for d in plan.devices] != [d.name for d in inst.devices]:
@@ -41,24 +40,26 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
 
     # TTFT: the prompt's P tokens go round together: compute becomes FLOP-bound, hops carry P
     # activations, disk loads are paid once, and only the last token hits the output layer.
-    pre, disk, hops, inline = [], [], [], []
+    pre, hops = [], []
     for c, d, wm, nm, r in zip(cs, inst.devices, w, n, ring):
         flops = prompt_tokens * m_.layer_flops
         cpu = layer_time(flops, c.b, d.cpu_flops, d.ram_bandwidth)
         gpu = layer_time(flops, c.b, d.gpu_flops, d.vram_bandwidth) if nm else 0.0
         pre.append(k * (cpu * (wm - nm) + gpu * nm))
-        disk.append(disk_time(c, k, wm, nm, prefetch))
         hops.append(k * (d.link_latency_s + prompt_tokens * m_.activation_bytes / d.link_bandwidth
                           + d.frame_s) if r else 0.0)
-        inline.append(inline_disk_time(c, k, wm, nm, prefetch))
-    ring_t = kap + sum(pre) + sum(hops) + sum(inline)
-    ttft = max([ring_t] + [kap + p + x for p, x in zip(pre, disk) if x > 0])
+
+    def beside(p: float, x: float) -> float:  # compute and reads: side by side with prefetch, else in turn
+        return max(p, x) if prefetch else p + x
+
+    ring_t = kap + sum(hops) + sum(beside(p, x) for p, x in zip(pre, br.inline_s))
+    ttft = max([ring_t] + [kap + beside(p, x) for p, x in zip(pre, br.disk_s) if x > 0])
 
     # Throughput: the ring as a pipeline, one stage per member in token order (ranks 1..M-1,
     # then the head), stage time = its busy time per token (each token pays its loads), links =
     # its k hops; gRPC streams overlap sends with compute, hence "async". Conservative.
     members = [i for i in list(range(1, len(cs))) + [0] if ring[i]]
-    tau = [br.compute_s[i] + br.disk_s[i] + (kap if i == 0 else 0.0) for i in members]
+    tau = [beside(br.compute_s[i], br.disk_s[i]) + (kap if i == 0 else 0.0) for i in members]
     d_links = [br.hop_s[i] for i in members]
     span = makespan(tau, d_links, concurrency, "async")
     busy = {cs[members[s]].name: t + d_links[s] for s, t in enumerate(tau)}

@@ -1,16 +1,18 @@
 """One token's journey through a plan, as bars on a time axis: where the time goes, which device is the bottleneck.
 
 Input: the plan JSON of `solver.cli_plan.plan_to_json` with its timings (per device compute_ms,
-disk_ms, inline_ms, link_ms, loads_hidden; output_ms). The journey follows the cost model exactly:
+disk_ms, inline_ms, link_ms, loads_hidden, set; output_ms). The journey follows the cost model exactly:
 
-    each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order [load] compute link,
-    then the head [load] computes the round's last window; after the last round the output layer.
+    each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order compute [+ reads] link,
+    then the head computes the round's last window; after the last round the output layer.
 
-Loads read in the device's own turns (inline_ms) sit on the critical path before each compute. The
-prefetched rest runs in its own lane and ends when the device's compute of that round starts; those of
-the first round began during the previous token, so they are drawn wrapped round to its end (the steady
-state, modulo one TPOT). When a device's own compute plus loads outlast the ring round, the token waits
-for it (the cost model's max): that wait is spread over the rounds, before its computes.
+A device's reads in its own turns (inline_ms) run beside its compute, but for serial_ms of it (a round's
+first attention and last down projection); where they outlast it, the rest is on the critical path.
+The prefetched rest runs in its own lane during the gap before each turn;
+those of the first round began during the previous token, so they are drawn wrapped round to its end
+(the steady state, modulo one TPOT). When a device's cycle (turns, link, and gaps long enough for its
+prefetch) outlasts the ring round, the token waits for it (the cost model's max): that wait is spread
+over the rounds, before its turns.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("compute", "output", "load", "prefetch", "link", "wait")
-COLORS = {"compute": "#4C72B0", "output": "#1B2F5C", "load": "#DD8452", "prefetch": "#F2B98C",
+KINDS = ("compute", "output", "load", "beside", "prefetch", "link", "wait")
+COLORS = {"compute": "#4C72B0", "output": "#1B2F5C", "load": "#DD8452", "beside": "#E9A97A", "prefetch": "#F2B98C",
           "link": "#55A868", "wait": "#FFFFFF"}
-LEGEND = {"compute": "compute (its layers)", "output": "output layer (head)", "load": "disk load, on the path",
-          "prefetch": "disk load, prefetched", "link": "link to the successor", "wait": "ring waits for loads"}
+LEGEND = {"compute": "compute (its layers)", "output": "output layer (head)", "load": "disk reads, on the path",
+          "beside": "disk reads beside compute", "prefetch": "disk reads, prefetched in the gap",
+          "link": "link to the successor", "wait": "ring waits for a device's cycle"}
+SIDE = ("beside", "prefetch")  # lanes beside the critical path
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ def _timings(plan: dict) -> list[dict]:
         raise ValueError("the plan has no per-device timings (compute_ms, disk_ms, link_ms, output_ms); "
                          "solve it again with this version of `prima-ctl plan`")
     # Plans saved before inline_ms: a device's loads were either all hidden or all on the path.
-    return [{"inline_ms": 0.0 if d["loads_hidden"] else d["disk_ms"], **d} for d in devices]
+    return [{"inline_ms": 0.0 if d["loads_hidden"] else d["disk_ms"], "serial_ms": 0.0, **d} for d in devices]
 
 
 def journey(plan: dict) -> tuple[list[Bar], float]:
@@ -53,14 +57,22 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
     k = int(plan["k"])
     members = [i for i, d in enumerate(devices) if d["role"] != "removed"]
     order = [i for i in members if i != 0] + [0]  # a round: ranks 1..M-1, then the head
-    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "inline_ms", "link_ms")} for d in devices]
+    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "inline_ms", "serial_ms", "link_ms")}
+           for d in devices]
     out_ms = float(plan["output_ms"])
 
-    # TPOT = max(ring, output + P_m + D_m of devices that load): the cost model's formula.
-    ring = out_ms + sum(d["compute_ms"] + d["link_ms"] + d["inline_ms"] for d in devices)
-    own = {i: out_ms + d["compute_ms"] + d["disk_ms"] for i, d in enumerate(devices) if d["disk_ms"] > 0}
+    def turn(d: dict) -> float:  # reads beside compute, but for the compute they cannot overlap
+        return max(d["compute_ms"], d["inline_ms"] + d["serial_ms"]) if d["inline_ms"] or d["serial_ms"] \
+            else d["compute_ms"]
+
+    # TPOT = max(ring, each device's cycle): the cost model's formula.
+    ring = out_ms + sum(turn(d) + d["link_ms"] for d in devices)
+    own = {i: out_ms + (d["compute_ms"] + d["disk_ms"] if d.get("set") == "M2" else
+                        turn(d) + d["link_ms"] + d["disk_ms"] - d["inline_ms"])
+           for i, d in enumerate(devices) if d["disk_ms"] > 0}
     slowest = max(own, key=own.get, default=None)
     wait = max(own[slowest] - ring, 0.0) / k if slowest is not None else 0.0
+    wait = wait if wait > 1e-9 * ring else 0.0  # a cycle that binds as tightly as the ring: no wait
 
     bars: list[Bar] = []
     t = 0.0
@@ -85,9 +97,12 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
             if p["disk_ms"] > p["inline_ms"]:
                 hidden = p["disk_ms"] - p["inline_ms"]
                 bars.append(Bar(i, "prefetch", t - hidden, hidden, r))
-            put(i, "load", p["inline_ms"], r)
+            on_path = turn(p) - p["compute_ms"]  # reads that outlast the compute they can overlap
+            if p["inline_ms"] > on_path:
+                bars.append(Bar(i, "beside", t + p["serial_ms"] / 2, p["inline_ms"] - on_path, r))
             a, b = d["layers"][r] if r < len(d.get("layers", ())) else ("", "")
             put(i, "compute", p["compute_ms"], r, f"[{a},{b})" if a != "" else "")
+            put(i, "load", on_path, r)
             if i:
                 put(i, "link", p["link_ms"], r)
     put(0, "output", out_ms, k - 1)
@@ -95,7 +110,7 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
 
 
 def bottleneck(plan: dict) -> int:
-    """The device busiest per token (compute + loads + hops, + the output layer on the head)."""
+    """The device busiest per token (compute beside loads, hops, + the output layer on the head)."""
     devices = _timings(plan)
     return max(range(len(devices)), key=lambda i: devices[i]["predicted_ms"])
 
@@ -117,7 +132,7 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
     fig = Figure(figsize=(13, 1.9 + 0.75 * n), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     y = {i: n - 1 - i for i in range(n)}  # the head on top
-    lane = {"prefetch": (-0.38, 0.22), "wait": (-0.1, 0.44)}  # (offset, height) from the row; main lane default
+    lane = {"prefetch": (-0.38, 0.22), "beside": (0.36, 0.2), "wait": (-0.1, 0.44)}  # (offset, height) from the row
     for b in bars:
         off, h = lane.get(b.kind, (-0.1, 0.44))
         start = b.start_ms if b.kind != "prefetch" or b.start_ms >= 0 else b.start_ms + total  # wrap round

@@ -16,111 +16,154 @@ import torch
 
 from nodes.config import StoreError
 from nodes.diskio import ChunkReader
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
+from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_shapes
 from nodes.generation import GenerateParams
-from nodes.model import Layer
-from nodes.prefetch import KV_RESERVE_TOKENS, Held, Prefetcher, SlotState, next_load, plan_memory, spread, wanted
+from nodes.model import STAGES, Layer
+from nodes.prefetch import (
+    KV_RESERVE_TOKENS,
+    Prefetcher,
+    aligned,
+    arena_alloc,
+    fits_alone,
+    placement,
+    plan_memory,
+    share,
+    spread_counts,
+)
 from nodes.reference import ReferenceModel
 from nodes.routing import Step, Windows
 from nodes.shard import Shard
 from nodes.store import LayerStore
 
-E, L, R = SlotState.EMPTY, SlotState.LOADING, SlotState.READY
 MB = 1 << 20
 
 
 # ------------------------------------------------------------------ decisions
 
+UNITS = {"wqkv": MB // 8, "wo": MB // 8, "w_gate_up": MB // 2, "w_down": MB // 4}  # a 1 MB layer's matrices
 
-@pytest.mark.parametrize("n, k, expected", [
-    (10, 0, []), (10, 10, list(range(10))), (10, 5, [1, 3, 5, 7, 9]), (10, 3, [1, 5, 8]), (7, 1, [3]),
+
+@pytest.mark.parametrize("total, weights, expected", [
+    (0, [4, 4], [0, 0]), (3, [4, 4], [2, 1]), (6, [2, 4, 2], [2, 3, 1]), (2, [1, 7], [0, 2]), (8, [4, 4], [4, 4]),
 ])
-def test_spread(n, k, expected):
-    assert spread(n, k) == expected
+def test_share(total, weights, expected):
+    assert share(total, weights) == expected and sum(share(total, weights)) == total
 
 
-@pytest.mark.parametrize("budget, depth, resident, slots, prefetch, effective", [
-    (0, 2, 10, 0, True, 0),                  # unlimited: all resident
-    (15 * MB, 2, 10, 0, True, 15 * MB),      # all fits
-    (1, 2, 0, 1, True, 6 * MB),              # below head + KV + one slot: runs at that minimum
-    (11 * MB, 2, 3, 3, True, 11 * MB),       # 6 layers of room: 3 slots + 3 resident
-    (11 * MB, 0, 5, 1, False, 11 * MB),      # no prefetch: one slot, one more layer resident
-    (7 * MB, 2, 0, 2, True, 7 * MB),         # room for 2 layers: both are slots
+@pytest.mark.parametrize("total, lengths, lead, expected", [
+    (7, [5, 5], 2, [4, 3]), (6, [5, 5], 2, [3, 3]), (3, [5, 5], 2, [2, 1]),
+    (9, [10, 2, 4], 2, [4, 2, 3]),  # the short window is full: the rest go to the others, alike
 ])
-def test_plan_memory(budget, depth, resident, slots, prefetch, effective):
+def test_every_round_reads_alike(total, lengths, lead, expected):
+    assert spread_counts(total, lengths, lead) == expected
+
+
+@pytest.mark.parametrize("count, lead, expected", [
+    (0, 2, []), (1, 2, [0]), (3, 2, [0, 1, 7]), (5, 1, [0, 4, 5, 6, 7]), (8, 2, list(range(8))),
+])
+def test_streamed_layers_lead_a_window_and_close_it(count, lead, expected):
+    assert placement(list(range(8)), count, lead) == expected
+
+
+@pytest.mark.parametrize("budget, prefetch, buffer, streamed_bytes, buffer_bytes, effective", [
+    (0, True, 0, 0, 0, 0),                                 # unlimited: all resident
+    (15 * MB, True, 0, 0, 0, 15 * MB),                     # all fits
+    (1, True, 0, 10 * MB, 2 * MB, 7 * MB),                 # below head + KV + buffer: runs at that minimum
+    (11 * MB, True, 0, 6 * MB, 2 * MB, 11 * MB),           # 4 MB for resident layers beside a 2-layer buffer
+    (11 * MB, False, 0, 5 * MB, MB, 11 * MB),              # no prefetch: a one-layer buffer, one more resident
+    (11 * MB + MB // 4, True, 0, 6 * MB - MB // 4, 2 * MB, 11 * MB + MB // 4),  # a quarter layer more: w_down
+    (11 * MB, True, MB + MB // 2, 5 * MB + MB // 2, MB + MB // 2, 11 * MB),  # the plan's buffer
+    (11 * MB, True, MB // 2, 5 * MB, MB, 11 * MB),         # ... at least one layer
+])
+def test_plan_memory(budget, prefetch, buffer, streamed_bytes, buffer_bytes, effective):
     order = list(range(10, 20))
-    plan = plan_memory(order, MB, 5 * MB, budget, depth)  # layers of 1 MB, head + KV reserve 5 MB
-    assert (len(plan.resident), plan.slots, plan.prefetch, plan.budget) == (resident, slots, prefetch, effective)
-    assert set(plan.streamed) | plan.resident == set(order) and not set(plan.streamed) & plan.resident
-    assert list(plan.streamed) == sorted(plan.streamed)  # visit order
+    plan = plan_memory(order, UNITS, 0, 5 * MB, budget, prefetch, buffer)  # head + KV reserve 5 MB
+    assert (plan.streamed_bytes, plan.buffer, plan.prefetch, plan.budget) == (
+        streamed_bytes, buffer_bytes, prefetch, effective)
+    layers = [layer for layer, _ in plan.streamed]
+    assert layers == sorted(layers) and set(layers) | plan.resident == set(order)  # visit order
+    assert sum(len(us) < 4 for _, us in plan.streamed) <= 1  # at most one layer keeps some matrices
     if plan.streamed:
         assert plan.fixed_bytes + plan.weight_bytes <= plan.budget
         assert plan.below_minimum == (budget < effective)
 
 
-def test_streamed_layers_are_spread_through_the_windows():
-    plan = plan_memory([0, 1, 2, 3, 10, 11, 12, 13], MB, 0, 6 * MB, 1)  # 2 slots + 4 resident, 4 streamed
-    assert plan.streamed == (1, 3, 11, 13)
+def test_streamed_layers_lead_and_close_each_window():
+    plan = plan_memory([0, 1, 2, 3, 10, 11, 12, 13], UNITS, 0, 0, 6 * MB, True, MB)  # 1 MB buffer, 5 resident
+    assert [layer for layer, _ in plan.streamed] == [0, 3, 10]  # windows of 4: 2 (first, last) and 1 (first)
 
 
-@pytest.mark.parametrize("cursor, prefetch, in_use, expected", [
-    (0, True, None, (3, 5, 7)),
-    (3, True, 9, (9, 3, 5)),  # wraps into the next round / token
-    (2, False, 7, (7,)),      # on demand: only the layer being used
-    (2, False, None, ()),
+@pytest.mark.parametrize("used, n, expected", [
+    ([], 4, 0), ([], 11, None),
+    ([(0, 4)], 4, 4), ([(0, 4), (4, 4)], 3, None), ([(0, 4), (4, 4)], 2, 8),
+    ([(4, 4), (8, 2)], 4, 0), ([(4, 4), (8, 2)], 5, None),  # wraps to the start when the end is too short
+    ([(6, 4), (0, 3)], 3, 3), ([(6, 4), (0, 3)], 4, None),  # wrapped: only up to the oldest
 ])
-def test_wanted(cursor, prefetch, in_use, expected):
-    assert wanted((3, 5, 7, 9), cursor, 3, prefetch, in_use) == expected
+def test_arena_alloc(used, n, expected):
+    assert arena_alloc(10, used, n) == expected
 
 
-@pytest.mark.parametrize("want, held, failed, in_use, expected", [
-    ((3, 5, 7), [Held(), Held(), Held()], set(), None, (3, 0)),
-    ((3, 5, 7), [Held(R, 3), Held(L, 5), Held()], set(), 3, (7, 2)),
-    # every slot holds a prefetched layer that is still expected: wait, never evict it
-    ((5, 7), [Held(R, 5), Held(R, 7)], set(), None, None),
-    ((5, 7, 9), [Held(R, 5), Held(R, 7)], set(), None, None),
-    # layer 3 was used (no longer wanted): its slot takes the next one
-    ((5, 7), [Held(R, 3), Held(R, 5)], set(), None, (7, 0)),
-    # the layer in use is never a victim, nor a slot still loading
-    ((5,), [Held(R, 3), Held(L, 9)], set(), 3, None),
-    ((5, 7), [Held(), Held(R, 1)], {5}, None, (7, 0)),  # a failed read is not retried until asked for
+@pytest.mark.parametrize("offset, sizes, expected", [
+    (0, [10], True), (0, [11], False), (7, [2, 3], True),   # [7, 9), then [0, 3): wraps once, below 7
+    (7, [2, 6], True), (7, [2, 8], False),                # the second unit would run into the first
+    (7, [4], False), (5, [2, 2, 5], True), (5, [2, 2, 6], False),
 ])
-def test_next_load(want, held, failed, in_use, expected):
-    assert next_load(want, held, failed, in_use) == expected
+def test_a_layer_starts_only_where_it_can_finish(offset, sizes, expected):
+    """Its units must fit once everything older is freed, or the compute thread would wait for ever."""
+    assert fits_alone(10, offset, sizes) == expected
 
 
 class FakeStore:
-    """read_into records (layer, slot) and sleeps: enough to drive a Prefetcher without a disk."""
+    """read_part records (layer, unit) and sleeps: enough to drive a Prefetcher without a disk."""
 
     def __init__(self, cfg, delay: float):
         self.config, self.delay, self.reads = cfg, delay, []
 
-    def read_into(self, unit: str, targets: dict) -> int:
+    def read_part(self, unit: str, targets: dict) -> int:
         time.sleep(self.delay)
-        self.reads.append(int(unit.split(".")[1]))
-        next(iter(targets.values())).fill_(float(self.reads[-1]))  # attn_norm = layer number
+        layer = int(unit.split(".")[1])
+        self.reads.append(layer)
+        for t in targets.values():
+            t.fill_(float(layer))
         return 0
 
 
-@pytest.mark.parametrize("depth", [0, 1, 2])
-def test_prefetcher_reads_each_layer_once_per_use_in_order(tiny_store, depth):
+def streaming_plan(cfg, budget_layers: float, prefetch: bool = True, buffer_layers: float = 0):
+    units = {u: aligned(torch.Size(s).numel() * 4) for u, s in unit_shapes(cfg).items()}
+    layer = sum(units.values())
+    return plan_memory(list(range(8)), units, 0, 0, int(budget_layers * layer), prefetch, int(buffer_layers * layer))
+
+
+def use(p: Prefetcher, layer: int) -> None:
+    """Compute one layer stage by stage, as a shard does: each stage takes and frees its own matrices."""
+    for stage in STAGES:
+        streamed = tuple(u for u in stage if u in p.units[layer])
+        if streamed:
+            got = p.acquire(layer, streamed)
+            assert all(t.flatten()[0].item() == layer and t.flatten()[-1].item() == layer for t in got.values())
+            time.sleep(0.001)  # compute
+            p.release(layer, streamed)
+
+
+@pytest.mark.parametrize("prefetch, buffer_layers", [(False, 0), (True, 1), (True, 1.3), (True, 1.7), (True, 2),
+                                                     (True, 2.5)])
+def test_prefetcher_reads_each_unit_once_per_use_in_order(tiny_store, prefetch, buffer_layers):
     cfg = LayerStore(tiny_store).config
-    plan = plan_memory(list(range(8)), 1, 0, depth + 1 + 2, depth)  # 2 resident, 6 streamed
+    plan = streaming_plan(cfg, 2 + max(buffer_layers, 1), prefetch, buffer_layers)  # 2 resident, 6 streamed
+    assert len(plan.streamed) >= 6  # (a seventh keeps part of its matrices when rounding leaves room)
     store = FakeStore(cfg, 0.002)
     p = Prefetcher(store, plan, cfg, torch.float32)
     p.start()
     try:
         uses = []
         for _ in range(3):  # three tokens
-            for layer in plan.streamed:
-                got = p.acquire(layer)
-                assert got.attn_norm[0].item() == layer  # the slot holds exactly this layer
-                uses.append(layer)
-                time.sleep(0.003)  # compute
-                p.release(layer)
+            for layer, units in plan.streamed:
+                use(p, layer)
+                uses += [layer] * len(units)
         time.sleep(0.05)
-        # every read was used, in order; at most the read-ahead is pending beyond the last use
-        assert store.reads[:len(uses)] == uses and len(store.reads) <= len(uses) + depth + (depth > 0)
+        # every read was used, in order; at most what the buffer holds is pending beyond the last use
+        assert store.reads[:len(uses)] == uses
+        assert len(store.reads) - len(uses) <= plan.buffer // min(plan.unit_bytes.values())  # what the buffer holds
         assert p.misses == 0
     finally:
         p.close()
@@ -128,15 +171,14 @@ def test_prefetcher_reads_each_layer_once_per_use_in_order(tiny_store, depth):
 
 def test_prefetcher_reaims_after_a_misprediction(tiny_store):
     cfg = LayerStore(tiny_store).config
-    plan = plan_memory(list(range(8)), 1, 0, 3, 2)  # 3 slots, all 8 streamed
+    plan = streaming_plan(cfg, 3, buffer_layers=3)  # a 3-layer buffer, all 8 streamed
     store = FakeStore(cfg, 0.001)
     p = Prefetcher(store, plan, cfg, torch.float32)
     p.start()
     try:
         for layer in (0, 1, 5, 6, 0, 1, 2):
-            assert p.acquire(layer).attn_norm[0].item() == layer
-            p.release(layer)
-        assert p.misses == 1  # 5 (2 was expected); 0 after 6 is within the read-ahead (7, 0, 1)
+            use(p, layer)
+        assert p.misses == 2  # 5 (2 was expected), 0 (7 was expected)
     finally:
         p.close()
     assert not p.thread.is_alive()
@@ -214,11 +256,11 @@ def ring_step(shards: list[Shard], caches: list, ids: list[int], pos: int) -> to
 
 
 def check_against_reference(store_dir: Path, ranges: list, budget: int, depth: int, steps: int,
-                            prompt: str = "The quick brown fox") -> list[Shard]:
+                            prompt: str = "The quick brown fox", buffer: int = 0) -> list[Shard]:
     ref = ReferenceModel(store_dir)
     n = ref.cfg.n_layers
-    shards = [Shard(LayerStore(store_dir), Windows(tuple(r), n, i == 0), torch.float32, budget=budget, depth=depth)
-              for i, r in enumerate(ranges)]
+    shards = [Shard(LayerStore(store_dir), Windows(tuple(r), n, i == 0), torch.float32, budget=budget, depth=depth,
+                    buffer=buffer) for i, r in enumerate(ranges)]
     try:
         ids = ref.codec.prompt_ids(prompt)
         capacity = len(ids) + steps
@@ -249,6 +291,19 @@ def test_streamed_shards_equal_the_reference(tiny_store, ranges, budget, depth):
         assert s.plan.streamed and s.prefetcher.loads >= 6 and s.prefetcher.misses == 0
         assert s.stall_s >= 0 and s.compute_s > 0
         assert s.resident_bytes() <= s.plan.budget
+
+
+@pytest.mark.parametrize("buffer_layers", [1.0, 1.3, 2.6])
+def test_partly_resident_layers_and_odd_buffers_equal_the_reference(tiny_store, buffer_layers):
+    """A budget of 3.4 layers beside the buffer: one streamed layer keeps some matrices resident."""
+    cfg = LayerStore(tiny_store).config
+    layer = layer_bytes(cfg, torch.float32)
+    fixed = head_bytes(cfg, torch.float32) + kv_bytes(cfg, torch.float32, 8, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    buffer = int(buffer_layers * layer)
+    (shard,) = check_against_reference(tiny_store, [[(0, 8)]], fixed + int(3.4 * layer) + buffer, 1, steps=6,
+                                       buffer=buffer)
+    assert any(len(units) < 4 for _, units in shard.plan.streamed) and shard.kept
+    assert shard.prefetcher.misses == 0 and shard.resident_bytes() <= shard.plan.budget
 
 
 def test_fitting_layers_stay_resident(tiny_store):
@@ -396,7 +451,8 @@ def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path)
     try:
         procs = [psutil.Process(p.pid) for p in local.processes]
         idle = [p.memory_info().rss for p in procs]  # started, nothing loaded: the runtime's own footprint
-        nodes = ring.start(local.addresses[0], [3, 5, 2])  # k = 3: each node's share is split across rounds
+        # k = 3: each node's share is split across rounds; stream buffers as a plan gives them (in layers)
+        nodes = ring.start(local.addresses[0], [3, 5, 2], buffers=[1.5, 1.0, 2.5])
         peaks, done = list(idle), threading.Event()
 
         def sample():
@@ -419,6 +475,8 @@ def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path)
             done.set()
             sampler.join()
         after = ring.walk(local.addresses[0])
+        # a node whose window fits its buffer reads it all in its gaps and never waits; the others do
+        assert any(info.stats.stall_s > 0 for _, info in after)
         for (_, start), (_, info), base, peak in zip(nodes, after, idle, peaks):
             s = info.stats
             assert s.resident_bytes <= info.mem_budget and info.mem_budget > 1  # raised to the minimum
@@ -426,7 +484,7 @@ def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path)
             assert peak - base <= info.mem_budget + overhead, (
                 f"{info.name}: RSS grew {(peak - base) / MB:.0f} MiB, budget {info.mem_budget / MB:.0f} MiB")
             assert s.disk_read_bytes - start.stats.disk_read_bytes >= 2 * tokens * 5 * 14 * MB // 2
-            assert s.stall_s > 0 and s.compute_s > 0
+            assert s.compute_s > 0
 
         async def too_long():  # more KV positions than the budgets keep room for: a clear error, not an overrun
             async with PrimaClient(local.addresses[0]) as client:
@@ -439,3 +497,6 @@ def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path)
         local.stop()
     logs = "".join(p.read_text() for p in tmp_path.glob("node*.log"))
     assert "offload plan" in logs and "offload stats" in logs
+    layer = layer_bytes(LayerStore(smol_store).config, torch.float32)
+    for buffer in (int(1.5 * layer), layer, int(2.5 * layer)):  # each node took its buffer
+        assert f"buffer={aligned(buffer)}" in logs

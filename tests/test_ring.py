@@ -118,3 +118,14 @@ def test_a_removed_device_is_routed_around(rings, reference):
     finally:  # the module's 4-node ring goes back to its first wiring
         for i, address in enumerate(addresses):
             ring.control(address).SetPeer(ring.pb.SetPeerRequest(peer=addresses[(i + 1) % 4]), timeout=5)
+
+
+@pytest.mark.parametrize("buffer", [-1.0, float("nan"), 1e9])
+def test_a_bad_stream_buffer_is_refused(rings, buffer):
+    local = rings(3)
+    info = ring.control(local.addresses[1]).Info(ring.pb.InfoRequest(), timeout=5)
+    req = ring.pb.AssignRequest(windows=[ring.pb.LayerRange(start=0, stop=10)], model_id=info.model_id,
+                                ring_layers=info.n_layers, stream_buffer_layers=buffer)
+    with pytest.raises(grpc.RpcError) as err:
+        list(ring.control(local.addresses[1]).Assign(req, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stream_buffer_layers" in err.value.details()

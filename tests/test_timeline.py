@@ -11,7 +11,7 @@ import pytest
 
 from solver.cli_plan import plan_offline
 from solver.presets import preset
-from solver.timeline import bottleneck, journey, render
+from solver.timeline import SIDE, bottleneck, journey, render
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -35,24 +35,29 @@ def test_journey_adds_up_to_the_predicted_tpot(model, strategy):
     for i, d in enumerate(plan["devices"]):  # every term of the cost model is drawn, once
         mine = [b for b in bars if b.device == i]
         assert sum(b.ms for b in mine if b.kind == "compute") == pytest.approx(d["compute_ms"])
-        assert sum(b.ms for b in mine if b.kind in ("load", "prefetch")) == pytest.approx(d["disk_ms"])
+        assert sum(b.ms for b in mine if b.kind in ("load", "beside", "prefetch")) == pytest.approx(d["disk_ms"])
         assert sum(b.ms for b in mine if b.kind == "link") == pytest.approx(d["link_ms"])
         # A device does one thing at a time: its prefetched loads never overlap its own computes.
         computes = [(b.start_ms, b.start_ms + b.ms) for b in mine if b.kind == "compute"]
         for b in (b for b in mine if b.kind == "prefetch"):
             assert not any(overlaps((b.start_ms, b.start_ms + b.ms), c, total) for c in computes), (d["name"], b)
-    # The critical path is one bar after another (prefetched loads run beside it).
-    path = [b for b in bars if b.kind != "prefetch"]
+    # The critical path is one bar after another (prefetched reads and reads beside compute run beside it).
+    path = [b for b in bars if b.kind not in SIDE]
     assert all(a.start_ms + a.ms == pytest.approx(b.start_ms) for a, b in zip(path, path[1:]))
     assert path[-1].kind == "output" and path[-1].device == 0
 
 
-def test_70b_halda_waits_for_d3_loads_and_names_it_the_bottleneck():
+def test_70b_halda_reads_beside_compute_and_names_d2_the_bottleneck():
+    """k = 2: D2 and D3 prefetch in the gaps and read the rest in their turns; D3's reads fit beside its
+    compute, D2's outlast it, so D2 is the bottleneck and the ring waits on its reads, not on a cycle."""
     plan = solved()
     bars, total = journey(plan)
-    assert plan["devices"][bottleneck(plan)]["name"] == "D3"
-    waits = [b for b in bars if b.kind == "wait"]
-    assert len(waits) == plan["k"] and {plan["devices"][b.device]["name"] for b in waits} == {"D3"}
+    name = {i: d["name"] for i, d in enumerate(plan["devices"])}
+    assert name[bottleneck(plan)] == "D2"
+    on_path = {name[b.device] for b in bars if b.kind == "load"}
+    assert on_path == {"D2"} and {name[b.device] for b in bars if b.kind == "beside"} == {"D2", "D3"}
+    assert {name[b.device] for b in bars if b.kind == "prefetch"} == {"D2", "D3"}
+    assert not [b for b in bars if b.kind == "wait"]
     assert [b.label for b in bars if b.kind == "compute" and b.device == 2] == ["[14,37)", "[54,77)"]
 
 

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18prima_rpc/v1/prima.proto\x12\x08prima.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\")\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x01(\r\"\xc4\x01\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.prima.v1.FrameKind\x12\x11\n\tstart_pos\x18\x03 \x01(\r\x12\x12\n\nnext_layer\x18\x04 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\r\x12 \n\x06hidden\x18\x06 \x01(\x0b\x32\x10.prima.v1.Tensor\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x0b\n\x03seq\x18\x08 \x01(\x04\x12\r\n\x05\x65poch\x18\t \x01(\x04\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\xc3\x01\n\tNodeStats\x12\x16\n\x0eresident_bytes\x18\x01 \x01(\x04\x12\x17\n\x0f\x64isk_read_bytes\x18\x02 \x01(\x04\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x0f\n\x07stall_s\x18\x04 \x01(\x01\x12\x0e\n\x06link_s\x18\x05 \x01(\x01\x12\x15\n\rlast_token_ms\x18\x06 \x01(\x01\x12\x0e\n\x06\x66rames\x18\x07 \x01(\x04\x12\x17\n\x0f\x61\x63tive_requests\x18\x08 \x01(\x04\x12\x11\n\trss_bytes\x18\t \x01(\x04\"\r\n\x0bInfoRequest\"\x9b\x02\n\x08NodeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04peer\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12%\n\x07windows\x18\x05 \x03(\x0b\x32\x14.prima.v1.LayerRange\x12\x0e\n\x06loaded\x18\x06 \x01(\x08\x12\x10\n\x08n_layers\x18\x07 \x01(\r\x12\x10\n\x08model_id\x18\x08 \x01(\t\x12\x12\n\nmodel_name\x18\t \x01(\t\x12\x12\n\nmem_budget\x18\n \x01(\x04\x12\"\n\x05stats\x18\x0b \x01(\x0b\x32\x13.prima.v1.NodeStats\x12\x0f\n\x07node_id\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\"\x98\x01\n\rAssignRequest\x12%\n\x07windows\x18\x01 \x03(\x0b\x32\x14.prima.v1.LayerRange\x12\x0c\n\x04head\x18\x02 \x01(\x08\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x13\n\x0bring_layers\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0e\n\x06replan\x18\x06 \x01(\x08\x12\x0c\n\x04ring\x18\x07 \x03(\t\"T\n\x0cLoadProgress\x12\x12\n\ndone_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\"!\n\x0eProfileRequest\x12\x0f\n\x07refresh\x18\x01 \x01(\x08\".\n\x0cProfileReply\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x10\n\x08manifest\x18\x02 \x01(\t\"\x1e\n\x0eSetPeerRequest\x12\x0c\n\x04peer\x18\x01 \x01(\t\"\x0e\n\x0cSetPeerReply\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xdc\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\'\n\x08messages\x18\x02 \x03(\x0b\x32\x15.prima.v1.ChatMessage\x12\x0b\n\x03raw\x18\x03 \x01(\x08\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x12\n\nrequest_id\x18\n \x01(\tB\x07\n\x05_seed\"O\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x12\n\nelapsed_ms\x18\x04 \x01(\x01\"\x89\x01\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x05 \x01(\x01\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"g\n\rGenerateEvent\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x14.prima.v1.TokenEventH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.prima.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08*V\n\tFrameKind\x12\x1a\n\x16\x46RAME_KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46ORWARD\x10\x01\x12\x0b\n\x07RELEASE\x10\x02\x12\t\n\x05\x45RROR\x10\x03\x12\x08\n\x04PING\x10\x04\x32\x34\n\x04Ring\x12,\n\x06Stream\x12\x0f.prima.v1.Frame\x1a\r.prima.v1.Ack(\x01\x30\x01\x32\xb3\x02\n\x07\x43ontrol\x12\x31\n\x04Info\x12\x15.prima.v1.InfoRequest\x1a\x12.prima.v1.NodeInfo\x12;\n\x06\x41ssign\x12\x17.prima.v1.AssignRequest\x1a\x16.prima.v1.LoadProgress0\x01\x12;\n\x07Profile\x12\x18.prima.v1.ProfileRequest\x1a\x16.prima.v1.ProfileReply\x12;\n\x07SetPeer\x12\x18.prima.v1.SetPeerRequest\x1a\x16.prima.v1.SetPeerReply\x12>\n\x08Shutdown\x12\x19.prima.v1.ShutdownRequest\x1a\x17.prima.v1.ShutdownReply2\x87\x01\n\tInference\x12@\n\x08Generate\x12\x19.prima.v1.GenerateRequest\x1a\x17.prima.v1.GenerateEvent0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.prima.v1.CancelRequest\x1a\x15.prima.v1.CancelReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18prima_rpc/v1/prima.proto\x12\x08prima.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\")\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x01(\r\"\xc4\x01\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.prima.v1.FrameKind\x12\x11\n\tstart_pos\x18\x03 \x01(\r\x12\x12\n\nnext_layer\x18\x04 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\r\x12 \n\x06hidden\x18\x06 \x01(\x0b\x32\x10.prima.v1.Tensor\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x0b\n\x03seq\x18\x08 \x01(\x04\x12\r\n\x05\x65poch\x18\t \x01(\x04\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\xc3\x01\n\tNodeStats\x12\x16\n\x0eresident_bytes\x18\x01 \x01(\x04\x12\x17\n\x0f\x64isk_read_bytes\x18\x02 \x01(\x04\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x0f\n\x07stall_s\x18\x04 \x01(\x01\x12\x0e\n\x06link_s\x18\x05 \x01(\x01\x12\x15\n\rlast_token_ms\x18\x06 \x01(\x01\x12\x0e\n\x06\x66rames\x18\x07 \x01(\x04\x12\x17\n\x0f\x61\x63tive_requests\x18\x08 \x01(\x04\x12\x11\n\trss_bytes\x18\t \x01(\x04\"\r\n\x0bInfoRequest\"\x9b\x02\n\x08NodeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04peer\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12%\n\x07windows\x18\x05 \x03(\x0b\x32\x14.prima.v1.LayerRange\x12\x0e\n\x06loaded\x18\x06 \x01(\x08\x12\x10\n\x08n_layers\x18\x07 \x01(\r\x12\x10\n\x08model_id\x18\x08 \x01(\t\x12\x12\n\nmodel_name\x18\t \x01(\t\x12\x12\n\nmem_budget\x18\n \x01(\x04\x12\"\n\x05stats\x18\x0b \x01(\x0b\x32\x13.prima.v1.NodeStats\x12\x0f\n\x07node_id\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12\r\n\x05\x65poch\x18\x0e \x01(\x04\"\xb6\x01\n\rAssignRequest\x12%\n\x07windows\x18\x01 \x03(\x0b\x32\x14.prima.v1.LayerRange\x12\x0c\n\x04head\x18\x02 \x01(\x08\x12\x10\n\x08model_id\x18\x03 \x01(\t\x12\x13\n\x0bring_layers\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x0e\n\x06replan\x18\x06 \x01(\x08\x12\x0c\n\x04ring\x18\x07 \x03(\t\x12\x1c\n\x14stream_buffer_layers\x18\x08 \x01(\x02\"T\n\x0cLoadProgress\x12\x12\n\ndone_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\"!\n\x0eProfileRequest\x12\x0f\n\x07refresh\x18\x01 \x01(\x08\".\n\x0cProfileReply\x12\x0c\n\x04json\x18\x01 \x01(\t\x12\x10\n\x08manifest\x18\x02 \x01(\t\"\x1e\n\x0eSetPeerRequest\x12\x0c\n\x04peer\x18\x01 \x01(\t\"\x0e\n\x0cSetPeerReply\"\x11\n\x0fShutdownRequest\"\x0f\n\rShutdownReply\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xdc\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\'\n\x08messages\x18\x02 \x03(\x0b\x32\x15.prima.v1.ChatMessage\x12\x0b\n\x03raw\x18\x03 \x01(\x08\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\r\n\x05top_p\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x12\n\nrequest_id\x18\n \x01(\tB\x07\n\x05_seed\"O\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x12\n\nelapsed_ms\x18\x04 \x01(\x01\"\x89\x01\n\x08\x46inished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x05 \x01(\x01\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"g\n\rGenerateEvent\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x14.prima.v1.TokenEventH\x00\x12&\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x12.prima.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1c\n\x0b\x43\x61ncelReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08*V\n\tFrameKind\x12\x1a\n\x16\x46RAME_KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46ORWARD\x10\x01\x12\x0b\n\x07RELEASE\x10\x02\x12\t\n\x05\x45RROR\x10\x03\x12\x08\n\x04PING\x10\x04\x32\x34\n\x04Ring\x12,\n\x06Stream\x12\x0f.prima.v1.Frame\x1a\r.prima.v1.Ack(\x01\x30\x01\x32\xb3\x02\n\x07\x43ontrol\x12\x31\n\x04Info\x12\x15.prima.v1.InfoRequest\x1a\x12.prima.v1.NodeInfo\x12;\n\x06\x41ssign\x12\x17.prima.v1.AssignRequest\x1a\x16.prima.v1.LoadProgress0\x01\x12;\n\x07Profile\x12\x18.prima.v1.ProfileRequest\x1a\x16.prima.v1.ProfileReply\x12;\n\x07SetPeer\x12\x18.prima.v1.SetPeerRequest\x1a\x16.prima.v1.SetPeerReply\x12>\n\x08Shutdown\x12\x19.prima.v1.ShutdownRequest\x1a\x17.prima.v1.ShutdownReply2\x87\x01\n\tInference\x12@\n\x08Generate\x12\x19.prima.v1.GenerateRequest\x1a\x17.prima.v1.GenerateEvent0\x01\x12\x38\n\x06\x43\x61ncel\x12\x17.prima.v1.CancelRequest\x1a\x15.prima.v1.CancelReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prima_rpc.v1.prima_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FRAMEKIND']._serialized_start=1923
-  _globals['_FRAMEKIND']._serialized_end=2009
+  _globals['_FRAMEKIND']._serialized_start=1953
+  _globals['_FRAMEKIND']._serialized_end=2039
   _globals['_TENSOR']._serialized_start=38
   _globals['_TENSOR']._serialized_end=90
   _globals['_LAYERRANGE']._serialized_start=92
@@ -48,39 +48,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODEINFO']._serialized_start=568
   _globals['_NODEINFO']._serialized_end=851
   _globals['_ASSIGNREQUEST']._serialized_start=854
-  _globals['_ASSIGNREQUEST']._serialized_end=1006
-  _globals['_LOADPROGRESS']._serialized_start=1008
-  _globals['_LOADPROGRESS']._serialized_end=1092
-  _globals['_PROFILEREQUEST']._serialized_start=1094
-  _globals['_PROFILEREQUEST']._serialized_end=1127
-  _globals['_PROFILEREPLY']._serialized_start=1129
-  _globals['_PROFILEREPLY']._serialized_end=1175
-  _globals['_SETPEERREQUEST']._serialized_start=1177
-  _globals['_SETPEERREQUEST']._serialized_end=1207
-  _globals['_SETPEERREPLY']._serialized_start=1209
-  _globals['_SETPEERREPLY']._serialized_end=1223
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1225
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1242
-  _globals['_SHUTDOWNREPLY']._serialized_start=1244
-  _globals['_SHUTDOWNREPLY']._serialized_end=1259
-  _globals['_CHATMESSAGE']._serialized_start=1261
-  _globals['_CHATMESSAGE']._serialized_end=1305
-  _globals['_GENERATEREQUEST']._serialized_start=1308
-  _globals['_GENERATEREQUEST']._serialized_end=1528
-  _globals['_TOKENEVENT']._serialized_start=1530
-  _globals['_TOKENEVENT']._serialized_end=1609
-  _globals['_FINISHED']._serialized_start=1612
-  _globals['_FINISHED']._serialized_end=1749
-  _globals['_GENERATEEVENT']._serialized_start=1751
-  _globals['_GENERATEEVENT']._serialized_end=1854
-  _globals['_CANCELREQUEST']._serialized_start=1856
-  _globals['_CANCELREQUEST']._serialized_end=1891
-  _globals['_CANCELREPLY']._serialized_start=1893
-  _globals['_CANCELREPLY']._serialized_end=1921
-  _globals['_RING']._serialized_start=2011
-  _globals['_RING']._serialized_end=2063
-  _globals['_CONTROL']._serialized_start=2066
-  _globals['_CONTROL']._serialized_end=2373
-  _globals['_INFERENCE']._serialized_start=2376
-  _globals['_INFERENCE']._serialized_end=2511
+  _globals['_ASSIGNREQUEST']._serialized_end=1036
+  _globals['_LOADPROGRESS']._serialized_start=1038
+  _globals['_LOADPROGRESS']._serialized_end=1122
+  _globals['_PROFILEREQUEST']._serialized_start=1124
+  _globals['_PROFILEREQUEST']._serialized_end=1157
+  _globals['_PROFILEREPLY']._serialized_start=1159
+  _globals['_PROFILEREPLY']._serialized_end=1205
+  _globals['_SETPEERREQUEST']._serialized_start=1207
+  _globals['_SETPEERREQUEST']._serialized_end=1237
+  _globals['_SETPEERREPLY']._serialized_start=1239
+  _globals['_SETPEERREPLY']._serialized_end=1253
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1255
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1272
+  _globals['_SHUTDOWNREPLY']._serialized_start=1274
+  _globals['_SHUTDOWNREPLY']._serialized_end=1289
+  _globals['_CHATMESSAGE']._serialized_start=1291
+  _globals['_CHATMESSAGE']._serialized_end=1335
+  _globals['_GENERATEREQUEST']._serialized_start=1338
+  _globals['_GENERATEREQUEST']._serialized_end=1558
+  _globals['_TOKENEVENT']._serialized_start=1560
+  _globals['_TOKENEVENT']._serialized_end=1639
+  _globals['_FINISHED']._serialized_start=1642
+  _globals['_FINISHED']._serialized_end=1779
+  _globals['_GENERATEEVENT']._serialized_start=1781
+  _globals['_GENERATEEVENT']._serialized_end=1884
+  _globals['_CANCELREQUEST']._serialized_start=1886
+  _globals['_CANCELREQUEST']._serialized_end=1921
+  _globals['_CANCELREPLY']._serialized_start=1923
+  _globals['_CANCELREPLY']._serialized_end=1951
+  _globals['_RING']._serialized_start=2041
+  _globals['_RING']._serialized_end=2093
+  _globals['_CONTROL']._serialized_start=2096
+  _globals['_CONTROL']._serialized_end=2403
+  _globals['_INFERENCE']._serialized_start=2406
+  _globals['_INFERENCE']._serialized_end=2541
 # @@protoc_insertion_point(module_scope)

@@ -125,7 +125,7 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class AssignRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REPLAN_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
+    STREAM_BUFFER_LAYERS_FIELD_NUMBER: _ClassVar[int]
     windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
     head: bool
     model_id: str
@@ -140,7 +141,8 @@ class AssignRequest(_message.Message):
     epoch: int
     replan: bool
     ring: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ...) -> None: ...
+    stream_buffer_layers: float
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready")

@@ -103,6 +103,9 @@ async def generate(head: str, tokens: int) -> Finished:
         return done
 
 
+BUFFER_LAYERS = 0.0  # every node's stream buffer in layers (--buffer-layers; 0: the node's default)
+
+
 def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, tokens: int, logs: Path) -> dict:
     """One configuration on fresh node processes: TPOT and per-token disk bytes, stall and compute."""
     if depth is None:
@@ -112,7 +115,7 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
     extra = [["--mem-budget", str(b)] if b else [] for b in budgets]
     local = launch(store, len(windows), log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
-        ring.start(local.addresses[0], windows)
+        ring.start(local.addresses[0], windows, buffers=[BUFFER_LAYERS] * len(windows))
         asyncio.run(generate(local.addresses[0], 3))  # warm-up
         before = [info for _, info in ring.walk(local.addresses[0])]
         done = asyncio.run(generate(local.addresses[0], tokens))
@@ -365,9 +368,13 @@ def main() -> None:
                    help="emulate a disk of this many MB/s per node (default: the machine's one shared disk)")
     p.add_argument("--rounds", type=int, nargs="+", default=[1],
                    help="ring shapes to run: k rounds of windows per token (default: 1)")
+    p.add_argument("--buffer-layers", type=float, default=0.0,
+                   help="every node's stream buffer in layers, as a plan would set it (0: the node's default, 2)")
     p.add_argument("--read-bench", action="store_true", help="compare read mechanisms instead")
     p.add_argument("--table", type=Path, help="print the table of a previous run's output again")
     args = p.parse_args()
+    global BUFFER_LAYERS
+    BUFFER_LAYERS = args.buffer_layers
     if args.table:
         report(*load_log(args.table))
     else:

@@ -1,13 +1,15 @@
 """Predicted vs measured TPOT on real loopback rings: the cost model checked against the ring itself.
 
-    python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--disk-mbps 200] [--fraction 0.6]
+    python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--offload 0.6:200 0.95:1000]
 
 Starts 3 prima-node processes with SmolLM2, profiles them live (Control.Profile, one at a time), then
 for each ring shape applies the windows, predicts TPOT with the solver's cost model for exactly those
-windows, and measures TPOT (head-side, median of repeats) in the same run. Then the same with offload:
-fresh nodes whose memory budgets hold `--fraction` of their 10-layer share, each reading from an
-emulated disk of `--disk-mbps` ($PRIMA_DISK_MBPS; devices of a home have a disk each), profiled
-again (the profile reports the budget and the emulated disk), shapes of 1, 2 and 5 rounds.
+windows, and measures TPOT (head-side, median of repeats) in the same run. Then the same with offload,
+per FRACTION:MBPS: fresh nodes whose memory budgets hold FRACTION of their 10-layer share, each reading
+from an emulated disk of MBPS ($PRIMA_DISK_MBPS; devices of a home have a disk each), profiled again
+(the profile reports the budget and the emulated disk), shapes of 1, 2 and 5 rounds, each node given
+the stream buffer the cost model picks for it. 0.6:200 is read-bound; 0.95:1000 makes a node's reads
+in its turn about as long as its compute, where reading beside compute (not after it) shows.
 """
 
 import argparse
@@ -29,7 +31,7 @@ from prima_rpc.live_plan import profile_ring
 from prima_rpc.local_ring import launch
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
-from solver.plan import build_plan
+from solver.plan import Plan, build_plan
 from solver.profiles import devices_from_json
 from tools.default_model import ensure_default_store
 
@@ -45,12 +47,13 @@ async def tpot(head: str, tokens: int) -> float:
                 return event.tpot_ms
 
 
-def predicted_ms(devices, manifest: dict, windows: list[int]) -> float:
+def predict(devices, manifest: dict, windows: list[int]) -> Plan:
+    """The cost model's plan for exactly these windows (with its stream buffers)."""
     model = ModelProfile.from_manifest(manifest)
     inst = Instance(devices, model, n_ctx=KV_RESERVE_TOKENS)  # the KV room a node's budget keeps
     k = model.n_layers // sum(windows)
     in_ring = [True] * len(windows)  # relays stay in the ring: they still cost a hop
-    return build_plan(inst, k, windows, [0] * len(windows), in_ring, 0.0, "fixed").predicted_tpot_s * 1e3
+    return build_plan(inst, k, windows, [0] * len(windows), in_ring, 0.0, "fixed")
 
 
 def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, logs: Path,
@@ -63,10 +66,11 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
         profiles, manifest = profile_ring(local.addresses[0], None, refresh=True)
         devices = devices_from_json(profiles)
         for windows in shapes:
-            ring.start(local.addresses[0], windows)
+            plan = predict(devices, manifest, windows)
+            ring.start(local.addresses[0], windows, buffers=[d.buffer_layers for d in plan.devices])
             asyncio.run(tpot(local.addresses[0], 4))  # warm-up
             measured = statistics.median(asyncio.run(tpot(local.addresses[0], tokens)) for _ in range(repeats))
-            rows.append((windows, predicted_ms(devices, manifest, windows), measured))
+            rows.append((windows, plan.predicted_tpot_s * 1e3, measured))
     finally:
         local.stop()
     return rows
@@ -84,21 +88,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--disk-mbps", type=float, default=200.0, help="each node's emulated disk in the offload part")
-    p.add_argument("--fraction", type=float, default=0.6, help="offload part: budget / share of layer bytes")
+    p.add_argument("--offload", nargs="*", default=["0.6:200", "0.95:1000"],
+                   help="FRACTION:MBPS per offload part: budget / share of layer bytes, each node's emulated disk")
     p.add_argument("--offload-tokens", type=int, default=16)
+    p.add_argument("--no-plain", action="store_true", help="only the offload parts")
     args = p.parse_args()
     store = ensure_default_store()
     with tempfile.TemporaryDirectory() as logs:
-        rows = [("-", *r) for r in measure(store, SHAPES, args.tokens, args.repeats, Path(logs))]
-        os.environ[DISK_MBPS_ENV] = str(args.disk_mbps)
-        try:
-            extra = [["--mem-budget", str(b)] for b in budgets(store, args.fraction)]
-            budget = f"{args.fraction:.0%}, {args.disk_mbps:g} MB/s"
-            rows += [(budget, *r) for r in measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats,
-                                                   Path(logs), extra)]
-        finally:
-            os.environ.pop(DISK_MBPS_ENV, None)
+        rows = [] if args.no_plain else [("-", *r) for r in measure(store, SHAPES, args.tokens, args.repeats,
+                                                                     Path(logs))]
+        for part in args.offload:
+            fraction, mbps = (float(x) for x in part.split(":"))
+            os.environ[DISK_MBPS_ENV] = str(mbps)
+            try:
+                extra = [["--mem-budget", str(b)] for b in budgets(store, fraction)]
+                rows += [(f"{fraction:.0%}, {mbps:g} MB/s", *r) for r in
+                         measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra)]
+            finally:
+                os.environ.pop(DISK_MBPS_ENV, None)
     print(f"SmolLM2-135M fp32, 3 nodes on loopback, {args.tokens} tokens ({args.offload_tokens} with offload), "
           f"median of {args.repeats}")
     print("| budget/share, disk | windows | k | predicted ms | measured ms | error |")
