@@ -3,7 +3,8 @@
 # One token goes round the ring k times; in each round device m computes w_m layers, n_m of them
 # on its GPU. Per token, with s_m = k w_m layers on m (its share):
 #
-#     P_m = k (alpha_m (w_m - n_m) + g_m n_m)           compute (decode is memory bound)
+#     P_m = k (alpha_m (w_m - n_m) + g_m n_m)           compute (decode is memory bound), plus, when it
+#                                                        streams, copying O_m + b into its buffer
 #     O_m = k (w_m - n_m) b' - ram_m                     bytes of the share its memory cannot keep
 #     D_m = (O_m + B_m) / disk_m                         disk reads per token; B_m: its stream buffer
 #     I_m = max(0, D_m - k h_m / disk_m)                 the reads its k gaps cannot hide (h_m <= B_m each)
@@ -83,6 +84,7 @@ class DeviceCosts:
     ram_layers: int  # floor(ram / b'): layers that fit in RAM
     gpu_cap: int  # layers that fit in VRAM (0 without a GPU)
     serial: float = 0.0  # s per round of compute a streaming turn cannot overlap with its reads
+    copy: float = 0.0  # s per byte read: the reader copies it into the buffer, beside the compute (1 / RAM B/s)
 
     @property
     def beta(self) -> float:
@@ -117,7 +119,8 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             alpha=layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
             hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s, disk=d.disk_seq_read,
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
-            serial=m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth)))
+            serial=m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
+            copy=1.0 / d.ram_bandwidth))
     return tuple(out)
 
 
@@ -177,6 +180,12 @@ def inline_disk_time(c: DeviceCosts, k: int, w: int, n: int, buffer: float, pref
     if c.uma:
         return 0.0 if window_fits(c, w, n) else d
     return max(0.0, d - k * buffer / c.disk)
+
+
+def stream_copy(c: DeviceCosts, k: int, w: int, n: int) -> float:
+    """Compute time a streaming device loses per token to copying what it reads (its overflow and one
+    layer) into its buffer: the reader's memmove shares the cores and memory with the compute."""
+    return (overflow_bytes(c, k, w, n) + c.b) * c.copy if streams(c, k, w, n) else 0.0
 
 
 def serial_compute(c: DeviceCosts, k: int) -> float:
@@ -302,7 +311,7 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             raise ValueError(f"{c.name} holds layers but is not in the ring")
         if strict and (c.ram < 0 or not window_ok(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
             return None
-        P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)))
+        P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)) + stream_copy(c, k, wm, nm))
         H.append(k * c.hop if r and talks else 0.0)
         ovf.append(float(overflow_bytes(c, k, wm, nm)) if prefetch and streams(c, k, wm, nm) else None)
         lab.append(set_label(c, k, wm, nm) if r else "-")

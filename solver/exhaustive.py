@@ -22,6 +22,7 @@ from solver.cost_model import (
     kappa,
     overflow_bytes,
     serial_compute,
+    stream_copy,
     streams,
     window_fits,
     window_ok,
@@ -60,7 +61,7 @@ def _options(c, k: int, W: int, select: bool) -> _Options | None:
         for n in range(min(w, c.gpu_cap // k) + 1):
             if not window_ok(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
                 continue
-            P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0))
+            P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0)) + stream_copy(c, k, w, n)
             if streams(c, k, w, n):
                 rows.append((w, n, P, float(overflow_bytes(c, k, w, n)), np.nan, 0.0))
             else:

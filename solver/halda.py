@@ -154,7 +154,8 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
             model += v >= y + e - k * h, f"inline({m})"
             zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
-            model += zt >= P[m], f"turn_compute({m})"
+            copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
+            model += zt >= P[m] + copy, f"turn_compute({m})"
             model += zt >= v + serial_compute(c, k) / unit * o, f"turn_reads({m})"
             model += T >= zt + k * c.hop / unit * x_hop[m] + k * h, f"cycle({m})"  # k gaps long enough
             turns[m] = zt
