@@ -175,7 +175,8 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
     ax.legend(handles=[Patch(facecolor=COLORS[kd], hatch="///" if kd == "prefetch" else None,
                              edgecolor="#888888" if kd == "wait" else "white",
                              linestyle=":" if kd == "wait" else "-", label=LEGEND[kd]) for kd in kinds],
-              loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.1 / n), ncol=len(kinds), frameon=False, fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.1 / n), ncol=min(len(kinds), 4), frameon=False,
+              fontsize=8)
     head = f"{plan['strategy']} plan, k = {plan['k']} round{'s' if plan['k'] > 1 else ''} per token"
     ax.set_title(f"{title}: {head}" if title else head, loc="left", fontsize=11)
     fig.savefig(path, format=fmt)
