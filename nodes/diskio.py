@@ -65,8 +65,8 @@ class ChunkReader:
         return f"{method}, emulated {self.rate / 1e6:g} MB/s" if self.rate else method
 
     def read(self, path: Path, size: int, sink: Sink, ranges: list[tuple[int, int]] | None = None) -> int:
-        """Feed the `size` bytes of `path` (or only byte `ranges` of it, [start, stop) in order) to `sink`
-        chunk by chunk; returns the bytes read (ranges widen to whole blocks)."""
+        """Feed the `size` bytes of `path` (or only byte `ranges` of it, [start, stop), in the order given) to
+        `sink` chunk by chunk; returns the bytes read (ranges widen to whole blocks)."""
         spans = _blocks(ranges, size) if ranges is not None else [(0, size)]
         with self._lock:
             if self.direct:
@@ -136,13 +136,14 @@ class ChunkReader:
 
 
 def _blocks(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """Byte ranges widened to whole ALIGN blocks (O_DIRECT offsets), clipped to the file, merged."""
+    """Byte ranges widened to whole ALIGN blocks (O_DIRECT offsets), clipped to the file, in the order given
+    (the caller's order of need), merged with the one before where they touch."""
     out: list[tuple[int, int]] = []
-    for start, stop in sorted(ranges):
+    for start, stop in ranges:
         if not 0 <= start <= stop <= size:
             raise ValueError(f"range [{start}, {stop}) is outside a file of {size} bytes")
         start, stop = start // ALIGN * ALIGN, min(-(-stop // ALIGN) * ALIGN, size)
-        if out and start <= out[-1][1]:
+        if out and out[-1][0] <= start <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], stop))
         elif stop > start:
             out.append((start, stop))

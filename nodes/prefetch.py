@@ -334,19 +334,39 @@ class Prefetcher:
                     self.cond.wait()
                 if self.closed:
                     return
-                index, offset = job
-                layer, unit = self.pieces[index]
-                piece = Piece(index, offset, self.plan.unit_bytes[unit])
-                self.queue.append(piece)
-            error = None
+                layer = self.pieces[job[0]][0]
+                group = []  # this layer's next units that fit now: one read of its file, in their order
+                while job is not None and self.pieces[job[0]][0] == layer:
+                    index, offset = job
+                    group.append(Piece(index, offset, self.plan.unit_bytes[self.pieces[index][1]]))
+                    self.queue.append(group[-1])
+                    job = self._next_job()
+            targets, owner, waiting = {}, {}, {}
+            for piece in group:
+                unit = self.pieces[piece.index][1]
+                part = unit_targets(unit, self.view(unit, piece.offset), self.cfg)
+                targets.update(part)
+                owner.update({name: piece for name in part})
+                waiting[piece.index] = len(part)
+
+            def done(name: str, owner=owner, waiting=waiting) -> None:  # a unit is usable once its tensors are in
+                piece = owner[name]
+                waiting[piece.index] -= 1
+                if not waiting[piece.index]:
+                    with self.cond:
+                        piece.ready = True
+                        self.loads += 1
+                        self.cond.notify_all()
+
             try:
-                self.store.read_part(f"layer.{layer}", unit_targets(unit, self.view(unit, offset), self.cfg))
+                self.store.read_part(f"layer.{layer}", targets, done)
             except Exception as exc:  # any failure must reach the waiting compute thread
                 error = exc if isinstance(exc, StoreError) else StoreError(f"layer {layer}: {exc!r}")
-            with self.cond:
-                piece.ready, piece.error = error is None, error
-                self.loads += 1
-                self.cond.notify_all()
+                with self.cond:
+                    for piece in group:
+                        if not piece.ready:
+                            piece.error = error
+                    self.cond.notify_all()
 
     def close(self) -> None:
         with self.cond:

@@ -5,6 +5,7 @@ import hashlib
 import json
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,33 +121,36 @@ class LayerStore:
         unit's file, bypassing the page cache; checks size and (once) sha256. Returns the bytes read."""
         return self._read(unit, targets, partial=False)
 
-    def read_part(self, unit: str, targets: dict[str, torch.Tensor]) -> int:
-        """Fill some of the unit's tensors, reading only their bytes (no checksum: the whole file's was
-        checked when it was first read). Returns the bytes read."""
-        return self._read(unit, targets, partial=True)
+    def read_part(self, unit: str, targets: dict[str, torch.Tensor],
+                  done: Callable[[str], None] = lambda name: None) -> int:
+        """Fill some of the unit's tensors, reading only their bytes, in the order of `targets`, and call
+        done(name) as each is complete (no checksum: the whole file's was checked when it was first read).
+        Returns the bytes read."""
+        return self._read(unit, targets, partial=True, done=done)
 
-    def _read(self, unit: str, targets: dict[str, torch.Tensor], partial: bool) -> int:
+    def _read(self, unit: str, targets: dict[str, torch.Tensor], partial: bool,
+              done: Callable[[str], None] = lambda name: None) -> int:
         entry = self.entry(unit)
         path = self.root / entry.path
         spans = self.layout(unit)
         if set(targets) - set(spans) or (not partial and set(spans) != set(targets)):
             raise StoreError(f"{path}: holds tensors {sorted(spans)}, expected {sorted(targets)}")
         pieces = []
-        for name, span in sorted(spans.items(), key=lambda kv: kv[1].start):
-            if name not in targets:
-                continue
-            t = targets[name]
+        order = list(targets) if partial else sorted(spans, key=lambda name: spans[name].start)
+        for name in order:
+            span, t = spans[name], targets[name]
             if tuple(t.shape) != span.shape or not t.is_contiguous():
                 raise StoreError(f"{path}: tensor {name!r} has shape {list(span.shape)}, expected {list(t.shape)}")
-            pieces.append((span, t.view(-1)))
+            pieces.append((name, span, t.view(-1)))
+        upto = {name: span.start for name, span, _ in pieces}  # each tensor is complete from its start to here
         hasher = hashlib.sha256() if not partial and self.needs_check(unit) else None
 
         def sink(offset: int, chunk: torch.Tensor, n: int) -> None:
             if hasher is not None:
                 hasher.update(chunk.numpy())
-            for span, t in pieces:
+            for name, span, t in pieces:
                 lo, hi = max(span.start, offset), min(span.stop, offset + n)
-                if lo >= hi:
+                if lo >= hi or upto[name] == span.stop:
                     continue
                 es = span.dtype.itemsize
                 if t.dtype == span.dtype:  # plain bytes: memmove releases the GIL and runs on one core
@@ -154,8 +158,12 @@ class LayerStore:
                 else:
                     src = chunk[lo - offset:hi - offset].view(span.dtype)
                     t[(lo - span.start) // es:(hi - span.start) // es].copy_(src)
+                if lo <= upto[name] < hi:  # blocks shared by two ranges may bring bytes twice: count them once
+                    upto[name] = hi
+                    if hi == span.stop:
+                        done(name)
 
-        ranges = [(span.start, span.stop) for span, _ in pieces] if partial else None
+        ranges = [(span.start, span.stop) for _, span, _ in pieces] if partial else None
         with self._lock:
             if self._reader is None:
                 self._reader = ChunkReader()

@@ -113,18 +113,26 @@ def test_a_layer_starts_only_where_it_can_finish(offset, sizes, expected):
     assert fits_alone(10, offset, sizes) == expected
 
 
+UNIT_OF = {"wq.weight": "wqkv", "wk.weight": "wqkv", "wv.weight": "wqkv", "wo.weight": "wo",
+           "w_gate.weight": "w_gate_up", "w_up.weight": "w_gate_up", "w_down.weight": "w_down"}
+
+
 class FakeStore:
-    """read_part records (layer, unit) and sleeps: enough to drive a Prefetcher without a disk."""
+    """read_part records one read per unit (layer number) and sleeps per unit: enough to drive a Prefetcher
+    without a disk."""
 
     def __init__(self, cfg, delay: float):
         self.config, self.delay, self.reads = cfg, delay, []
 
-    def read_part(self, unit: str, targets: dict) -> int:
-        time.sleep(self.delay)
-        layer = int(unit.split(".")[1])
-        self.reads.append(layer)
-        for t in targets.values():
+    def read_part(self, unit: str, targets: dict, done=lambda name: None) -> int:
+        layer, last = int(unit.split(".")[1]), None
+        for name, t in targets.items():
+            if UNIT_OF[name] != last:
+                time.sleep(self.delay)
+                self.reads.append(layer)
+                last = UNIT_OF[name]
             t.fill_(float(layer))
+            done(name)
         return 0
 
 
