@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 import psutil
@@ -182,8 +182,8 @@ def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, 
         (extra,) = set(placement(windows[i], counts[i] + 1, lead)) - set(placement(windows[i], counts[i], lead))
         units[extra] = partial_units(unit_bytes, rest)
     streamed = tuple((layer, units[layer]) for layer in order if layer in units)
-    used = fixed_bytes + n * (matrices + small_bytes) - sum(unit_bytes[u] for _, us in streamed for u in us) + buffer
-    return Plan(streamed=streamed, buffer=buffer, budget=max(budget, used), **plan)
+    out = Plan(streamed=streamed, buffer=buffer, budget=budget, **plan)
+    return replace(out, budget=max(budget, fixed_bytes + out.weight_bytes))
 
 
 def arena_alloc(size: int, used: list[tuple[int, int]], n: int) -> int | None:

@@ -75,20 +75,27 @@ class Shard:
         self.prefetcher: Prefetcher | None = None
         if self.plan.streamed:
             self.prefetcher = Prefetcher(store, self.plan, cfg, dtype)
-        streamed = dict(self.plan.streamed)
+        streamed, shapes = dict(self.plan.streamed), unit_shapes(cfg)
         for i in order:
             unit = f"layer.{i}"
             if i in self.plan.resident:
                 self.layers[i] = layer = empty_layer(cfg, dtype)
                 store.read_into(unit, layer_targets(layer, cfg))
-            else:  # read it whole once into the buffer (checking it): a bad file fails the assignment
-                scratch = self.prefetcher.scratch()
+            else:  # streamed: read now only what stays (norms, biases, kept matrices)
                 small = self.small[i] = empty_small(cfg, dtype)
                 targets = small_targets(small, cfg)
-                for u in STREAM_UNITS:
-                    targets.update(unit_targets(u, scratch[u], cfg))
-                store.read_into(unit, targets)
-                self.kept[i] = {u: scratch[u].clone() for u in STREAM_UNITS if u not in streamed[i]}
+                if store.needs_check(unit):  # whole, into the buffer, so a bad file fails the assignment
+                    scratch = self.prefetcher.scratch()
+                    for u in STREAM_UNITS:
+                        targets.update(unit_targets(u, scratch[u], cfg))
+                    store.read_into(unit, targets)
+                    self.kept[i] = {u: scratch[u].clone() for u in STREAM_UNITS if u not in streamed[i]}
+                else:
+                    self.kept[i] = {u: torch.empty(shapes[u], dtype=dtype) for u in STREAM_UNITS
+                                    if u not in streamed[i]}
+                    for u, t in self.kept[i].items():
+                        targets.update(unit_targets(u, t, cfg))
+                    store.read_part(unit, targets)
             loaded(unit)
         if self.prefetcher:
             self.prefetcher.start()

@@ -311,14 +311,20 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             raise ValueError(f"{c.name} holds layers but is not in the ring")
         if strict and (c.ram < 0 or not window_ok(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
             return None
-        P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)) + stream_copy(c, k, wm, nm))
+        copy = stream_copy(c, k, wm, nm) if prefetch else 0.0  # on demand, the copy is inside the wait for a read
+        P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)) + copy)
         H.append(k * c.hop if r and talks else 0.0)
         ovf.append(float(overflow_bytes(c, k, wm, nm)) if prefetch and streams(c, k, wm, nm) else None)
         lab.append(set_label(c, k, wm, nm) if r else "-")
     kap = kappa(inst)
-    fixed = [0.0 if o is not None else (P[m] + disk_time(cs[m], k, w[m], n[m], cs[m].b)
-                                        if not prefetch else max(P[m], inline_disk_time(cs[m], k, w[m], n[m], 0.0)))
-             for m, o in enumerate(ovf)]  # turns of devices without a stream buffer (no prefetch: b, on demand)
+    fixed = []  # turns of the devices best_buffers does not size a buffer for
+    for m, c in enumerate(cs):
+        if ovf[m] is not None:
+            fixed.append(0.0)
+        elif prefetch:  # fits, or a Metal Mac whose re-reads hide when one window fits
+            fixed.append(max(P[m], inline_disk_time(c, k, w[m], n[m], 0.0)))
+        else:  # loads on demand through a one-layer buffer, waiting for each read
+            fixed.append(P[m] + disk_time(c, k, w[m], n[m], c.b))
     tpot, buf, hidden = best_buffers(P, ovf, H, cs, k, kap, kap + sum(H) + sum(fixed))
     if not prefetch:
         buf = [float(c.b) if streams(c, k, wm, nm) else 0.0 for c, wm, nm in zip(cs, w, n)]

@@ -16,7 +16,7 @@ import torch
 
 from nodes.config import StoreError
 from nodes.diskio import ChunkReader
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_shapes
+from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_shapes, unit_targets
 from nodes.generation import GenerateParams
 from nodes.model import STAGES, Layer
 from nodes.prefetch import (
@@ -213,6 +213,24 @@ def test_read_into_equals_load(tiny_qwen_store, dtype, reader):
     assert fused.wqkv.data_ptr() % 64 == 0  # alignment decides fp32 matmul rounding: keep it like torch.cat
 
 
+@pytest.mark.parametrize("reader", ["direct", "direct-small-chunks", "buffered"])
+def test_read_part_reads_only_its_tensors_in_the_order_asked(tiny_qwen_store, reader):
+    """A streamed unit's tensors (wq, wk, wv lie apart in the file, wo between them) in need order, each
+    announced once and only when all its bytes are in, even where two ranges share a disk block."""
+    store = LayerStore(tiny_qwen_store)
+    if reader != "direct":
+        store._reader = ChunkReader(chunk=8192, in_flight=3, direct=reader != "buffered")
+    ref = store.load("layer.2")
+    fused = empty_layer(store.config, torch.float32)
+    targets = unit_targets("wqkv", fused.wqkv, store.config) | unit_targets("w_down", fused.w_down, store.config)
+    seen = []
+    n = store.read_part("layer.2", targets, lambda name: seen.append((name, torch.equal(targets[name], ref[name]))))
+    assert sorted(seen) == sorted((name, True) for name in targets)  # each once, complete when announced
+    assert n < store.entry("layer.2").bytes  # not the whole file
+    with pytest.raises(StoreError, match="expected"):
+        store.read_part("layer.2", {"nope.weight": torch.empty(1)})
+
+
 def test_read_into_fails_loudly_on_bad_files(tiny_store, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(tiny_store, bad)
@@ -312,6 +330,33 @@ def test_partly_resident_layers_and_odd_buffers_equal_the_reference(tiny_store, 
                                        buffer=buffer)
     assert any(len(units) < 4 for _, units in shard.plan.streamed) and shard.kept
     assert shard.prefetcher.misses == 0 and shard.resident_bytes() <= shard.plan.budget
+
+
+def test_a_verified_store_reads_only_what_stays_when_streaming(tiny_store):
+    """A second assignment on the same store reads streamed layers' kept parts only (their checksums
+    passed with the first), and still equals the reference."""
+    store = LayerStore(tiny_store)
+    cfg = store.config
+    layer = layer_bytes(cfg, torch.float32)
+    fixed = head_bytes(cfg, torch.float32) + kv_bytes(cfg, torch.float32, 8, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    budget = fixed + int(3.4 * layer) + layer
+    Shard(store, Windows(((0, 8),), 8, True), torch.float32, budget=budget, depth=1, buffer=layer).close()
+    before = store.bytes_read
+    shard = Shard(store, Windows(((0, 8),), 8, True), torch.float32, budget=budget, depth=1, buffer=layer)
+    try:
+        whole = sum(store.entry(u).bytes for u in ["embed", "head"] + [f"layer.{i}" for i in range(8)])
+        assert store.bytes_read - before < whole - 3 * layer  # streamed layers were not read whole
+        assert shard.kept and any(len(us) < 4 for _, us in shard.plan.streamed)
+        ref = ReferenceModel(tiny_store)
+        ids = ref.codec.prompt_ids("The quick brown fox")
+        cache, ref_cache = shard.cache_for("r", 0, len(ids) + 3, len(ids)), ref.new_cache(len(ids) + 3)
+        pos = 0
+        for _ in range(3):
+            expected = ref.step(ids, pos, ref_cache)
+            assert torch.equal(ring_step([shard], [cache], ids, pos), expected)
+            pos, ids = pos + len(ids), [int(expected.argmax())]
+    finally:
+        shard.close()
 
 
 def test_fitting_layers_stay_resident(tiny_store):

@@ -103,11 +103,10 @@ async def generate(head: str, tokens: int) -> Finished:
         return done
 
 
-BUFFER_LAYERS = 0.0  # every node's stream buffer in layers (--buffer-layers; 0: the node's default)
-
-
-def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, tokens: int, logs: Path) -> dict:
-    """One configuration on fresh node processes: TPOT and per-token disk bytes, stall and compute."""
+def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, tokens: int, logs: Path,
+        buffer_layers: float = 0.0) -> dict:
+    """One configuration on fresh node processes: TPOT and per-token disk bytes, stall and compute.
+    buffer_layers: every node's stream buffer (0: the node's default)."""
     if depth is None:
         os.environ.pop(DEPTH_ENV, None)
     else:
@@ -115,7 +114,7 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
     extra = [["--mem-budget", str(b)] if b else [] for b in budgets]
     local = launch(store, len(windows), log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
-        ring.start(local.addresses[0], windows, buffers=[BUFFER_LAYERS] * len(windows))
+        ring.start(local.addresses[0], windows, buffers=[buffer_layers] * len(windows))
         asyncio.run(generate(local.addresses[0], 3))  # warm-up
         before = [info for _, info in ring.walk(local.addresses[0])]
         done = asyncio.run(generate(local.addresses[0], tokens))
@@ -174,7 +173,7 @@ def bench(args) -> None:
                 for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
                     offset = 7 * sum(len(v) for v in runs.values())
                     before = disk.bandwidth(start=offset, readers=len(shape))  # one reader process per node
-                    r = run(store, shape, budgets, depth, args.tokens, Path(logs))
+                    r = run(store, shape, budgets, depth, args.tokens, Path(logs), args.buffer_layers)
                     r["disk_bw"] = [before, disk.bandwidth(start=offset + 3, readers=len(shape))]
                     runs.setdefault((group, name), []).append(r)
                     print(json.dumps({"config": [group, name], **r}), flush=True)
@@ -373,8 +372,6 @@ def main() -> None:
     p.add_argument("--read-bench", action="store_true", help="compare read mechanisms instead")
     p.add_argument("--table", type=Path, help="print the table of a previous run's output again")
     args = p.parse_args()
-    global BUFFER_LAYERS
-    BUFFER_LAYERS = args.buffer_layers
     if args.table:
         report(*load_log(args.table))
     else:
