@@ -1,6 +1,6 @@
 """One token's journey through a plan, as bars on a time axis: where the time goes, which device is the bottleneck.
 
-Input: the plan JSON of `solver.cli_plan.plan_to_json` with its timings (per device compute_ms,
+Input: the plan JSON of `solver.strategies.plan_to_json` with its timings (per device compute_ms,
 disk_ms, inline_ms, link_ms, loads_hidden, set; output_ms). The journey follows the cost model exactly:
 
     each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order compute [+ reads] link,

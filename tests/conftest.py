@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from prima_rpc.local_ring import launch
+from prima_rpc.app.local_ring import launch
 from tools.default_model import ensure_default_store
 from tools.synth import synth
 

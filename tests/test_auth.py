@@ -5,10 +5,10 @@ import asyncio
 import grpc
 import pytest
 
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import metadata, sync_channel
 from prima_rpc.client import PrimaClient, PrimaError, Token
-from prima_rpc.local_ring import launch
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 

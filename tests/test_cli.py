@@ -12,7 +12,7 @@ from nodes.reference import ReferenceModel
 
 
 def ctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prima_rpc.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=300)
 
 

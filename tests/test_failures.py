@@ -10,9 +10,9 @@ import pytest
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
-from prima_rpc.local_ring import launch
 
 pytestmark = pytest.mark.slow
 PROMPT = "Write a short story about a lighthouse keeper."

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import sync_channel
-from prima_rpc.local_ring import launch
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 

@@ -14,9 +14,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodes import metrics
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import free_ports, launch
 from prima_rpc.client import PrimaClient, PrimaError
-from prima_rpc.local_ring import free_ports, launch
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -121,7 +121,8 @@ def test_counters_move_after_a_request(metered_ring):
 @pytest.mark.slow
 def test_status_watch_refreshes_until_interrupted(metered_ring):
     local, _ = metered_ring
-    cmd = [sys.executable, "-m", "prima_rpc.cli", "--node", local.addresses[0], "status", "--watch", "0.2", "--json"]
+    cmd = [sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0],
+           "status", "--watch", "0.2", "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         snapshots = [json.loads(proc.stdout.readline()) for _ in range(2)]
@@ -132,6 +133,6 @@ def test_status_watch_refreshes_until_interrupted(metered_ring):
     for snap in snapshots:
         assert [n["role"] for n in snap["nodes"]] == ["head", "worker"]
     assert snapshots[1]["time"] > snapshots[0]["time"]
-    table = subprocess.run([sys.executable, "-m", "prima_rpc.cli", "--node", local.addresses[0], "status"],
+    table = subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0], "status"],
                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
     assert table.returncode == 0 and local.addresses[0] in table.stdout and "[10,30)" in table.stdout

@@ -492,9 +492,9 @@ def test_peak_rss_stays_within_budget(smol_store):
 
 @pytest.mark.slow
 def test_ring_under_one_layer_budgets_equals_the_reference(smol_store, tmp_path):
-    from prima_rpc import ring
+    from prima_rpc.app import ring
+    from prima_rpc.app.local_ring import launch
     from prima_rpc.client import PrimaClient, PrimaError, Token
-    from prima_rpc.local_ring import launch
 
     prompts, tokens = ["What is the capital of France?", "List three prime numbers."], 8
     model = ReferenceModel(smol_store)

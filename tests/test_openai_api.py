@@ -15,10 +15,10 @@ import urllib.request
 import openai
 import pytest
 
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import free_ports
+from prima_rpc.app.openai_api import ApiConfig, ApiError, parse_request, serve
 from prima_rpc.client import PrimaClient, Token
-from prima_rpc.local_ring import free_ports
-from prima_rpc.openai_api import ApiConfig, ApiError, parse_request, serve
 
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]
 RAW = "The three primary colors are"
@@ -246,7 +246,7 @@ def test_head_rejections_keep_their_status(client):
 @pytest.mark.slow
 def test_curl_streams_from_the_cli_server(head):
     (port,) = free_ports(1)
-    server = subprocess.Popen([sys.executable, "-m", "prima_rpc.cli", "--node", head, "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "prima_rpc.app.cli", "--node", head, "serve", "--port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "serving" in server.stdout.readline()

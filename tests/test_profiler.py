@@ -308,7 +308,7 @@ def test_link_to_a_real_node_over_the_ring_stream(fake_probes, monkeypatch, tmp_
 
 
 def test_link_to_a_dead_port_is_link_down(tmp_path):
-    from prima_rpc.local_ring import free_ports
+    from prima_rpc.app.local_ring import free_ports
 
     async def scenario():
         link = RingLink(f"127.0.0.1:{free_ports(1)[0]}", None)

@@ -7,7 +7,7 @@ import pytest
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
-from prima_rpc import ring
+from prima_rpc.app import ring
 from prima_rpc.client import Finished, PrimaClient, PrimaError, SyncClient, Token
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,8 @@ import grpc
 import pytest
 import torch
 
-from prima_rpc import codec, ring
+from prima_rpc import codec
+from prima_rpc.app import ring
 from prima_rpc.channel import aio_channel
 from prima_rpc.client import PrimaClient, Token
 from prima_rpc.v1 import prima_pb2 as pb

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from solver.baselines import even_split, exo_split, halda_noselect
-from solver.cli_plan import plan_offline
 from solver.cost_model import Instance, evaluate
 from solver.halda import halda
 from solver.plan import Plan
 from solver.presets import preset
 from solver.profiles import load_profiles
 from solver.simulator import simulate
+from solver.strategies import plan_offline
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
 DEVS = load_profiles(TESTBED)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from solver.cli_plan import plan_offline
 from solver.presets import preset
+from solver.strategies import plan_offline
 from solver.timeline import SIDE, bottleneck, journey, render
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
@@ -96,7 +96,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 def test_prima_ctl_plan_timeline(tmp_path):
     def ctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "prima_rpc.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, text=True,
                               env=dict(os.environ), timeout=120)
 
     store = tmp_path / "l70"

@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import OPTIONS, Tls, configure_tls
 from prima_rpc.client import PrimaClient, Token
-from prima_rpc.local_ring import launch
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 

@@ -43,9 +43,9 @@ from nodes.diskio import DISK_MBPS_ENV
 from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
 from nodes.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
 from nodes.store import LayerStore
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
-from prima_rpc.local_ring import launch
 from tools.default_model import prima_home
 from tools.synth import synth
 

@@ -25,10 +25,10 @@ from nodes.diskio import DISK_MBPS_ENV
 from nodes.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.store import LayerStore
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.live_plan import profile_ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
-from prima_rpc.live_plan import profile_ring
-from prima_rpc.local_ring import launch
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
 from solver.plan import Plan, build_plan

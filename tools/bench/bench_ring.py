@@ -23,9 +23,10 @@ import torch
 
 from nodes.generation import GenerateParams, Generation
 from nodes.reference import ReferenceModel
-from prima_rpc import codec, ring
+from prima_rpc import codec
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
-from prima_rpc.local_ring import launch
 from prima_rpc.v1 import prima_pb2 as pb
 from tools.default_model import ensure_default_store
 

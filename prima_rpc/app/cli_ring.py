@@ -11,8 +11,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from prima_rpc import ring
-from prima_rpc.cli_errors import fail, guarded
+from prima_rpc.app import ring
+from prima_rpc.app.cli_errors import fail, guarded
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
 from solver.plan import even_windows
 
@@ -96,7 +96,7 @@ def register(app: typer.Typer, state: dict) -> None:
            base_port: int = typer.Option(7000), windows: str = typer.Option(None, help="default: an even split"),
            prompt: str = typer.Option("What is the capital of France?", help="a first question to answer")):
         """Start a local ring of N nodes on loopback, assign windows, and answer one prompt."""
-        from prima_rpc.local_ring import launch
+        from prima_rpc.app.local_ring import launch
 
         if local < 1:
             fail("--local needs at least 1 node")
@@ -135,7 +135,7 @@ def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[
         except (OSError, json.JSONDecodeError) as exc:
             fail(f"cannot read plan {plan_file}: {exc}")
     else:
-        from prima_rpc.live_plan import plan_live
+        from prima_rpc.app.live_plan import plan_live
 
         result = plan_live(state["node"], state["token"], "halda", refresh=False)
     if "infeasible" in result:
@@ -156,7 +156,7 @@ def _walk(state: dict):
 
 
 def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None):
-    from prima_rpc.progress import bar
+    from prima_rpc.app.progress import bar
 
     loaded: dict[str, tuple[int, int]] = {}
     with bar("loading windows") as progress:

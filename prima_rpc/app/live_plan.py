@@ -5,11 +5,11 @@ import json
 import grpc
 
 from nodes.prefetch import KV_RESERVE_TOKENS
-from prima_rpc import ring
+from prima_rpc.app import ring
 from prima_rpc.channel import metadata
 from prima_rpc.v1 import prima_pb2 as pb
-from solver.cli_plan import plan_for
 from solver.profiles import devices_from_json
+from solver.strategies import plan_for
 
 
 def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[dict, dict]:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from prima_rpc import cli_plan, cli_ring, cli_serve
-from prima_rpc.cli_errors import fail, guarded
-from prima_rpc.progress import bar
+from prima_rpc.app import cli_plan, cli_ring, cli_serve
+from prima_rpc.app.cli_errors import fail, guarded
+from prima_rpc.app.progress import bar
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Control prima-rpc: import models, plan and start rings, generate text.")

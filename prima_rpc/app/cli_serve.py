@@ -6,9 +6,9 @@ import sys
 import structlog
 import typer
 
-from prima_rpc import ring
+from prima_rpc.app import ring
+from prima_rpc.app.cli_errors import fail, guarded
 from prima_rpc.channel import metadata
-from prima_rpc.cli_errors import fail, guarded
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer, state: dict) -> None:
 
         With --token, clients must send it as their API key (Authorization: Bearer TOKEN).
         """
-        from prima_rpc import openai_api  # aiohttp is needed by this command only
+        from prima_rpc.app import openai_api  # aiohttp is needed by this command only
 
         if max_tokens < 1:
             fail(f"--max-tokens must be positive, got {max_tokens}")

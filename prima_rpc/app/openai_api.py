@@ -19,9 +19,9 @@ import grpc
 import structlog
 from aiohttp import web
 
+from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
-from prima_rpc.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 

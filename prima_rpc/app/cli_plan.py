@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from nodes.config import read_manifest
-from prima_rpc.cli_errors import fail, guarded
-from solver.cli_plan import STRATEGIES, plan_offline
+from prima_rpc.app.cli_errors import fail, guarded
+from solver.strategies import STRATEGIES, plan_offline
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -34,7 +34,7 @@ def register(app: typer.Typer, state: dict) -> None:
             result = plan_offline(profiles, manifest, strategy)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
-            from prima_rpc.live_plan import plan_live
+            from prima_rpc.app.live_plan import plan_live
 
             result = plan_live(state["node"], state["token"], strategy, refresh)
             title = f"the ring from {state['node']}"
