@@ -19,6 +19,7 @@ import grpc
 import structlog
 from aiohttp import web
 
+from prima_rpc.app import web_page
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
@@ -209,6 +210,8 @@ def bearer_auth(token: str):
 
     @web.middleware
     async def auth(request: web.Request, handler) -> web.StreamResponse:
+        if web_page.is_public(request):  # the page and its files; the page asks for the token itself
+            return await handler(request)
         if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
             raise ApiError(401, "Missing or incorrect API key: send 'Authorization: Bearer <the ring's token>'.",
                            code="invalid_api_key")
@@ -227,6 +230,7 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/v1/models/{model:.+}", api.model)
+    web_page.setup(app, config.head, config.token)
     return app
 
 
