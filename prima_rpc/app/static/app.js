@@ -98,6 +98,7 @@ async function ask(prompt) {
   let content = "";
   const started = performance.now();
   let tokens = 0;
+  let cut = false; // finish_reason "length"
   try {
     const res = await call("/v1/chat/completions", {
       method: "POST", signal: answering.signal,
@@ -124,11 +125,11 @@ async function ask(prompt) {
           text.textContent = content;
           reply.scrollIntoView({block: "end"});
         }
-        if (chunk.choices[0]?.finish_reason === "length") note(reply, "(cut at the token limit)");
+        cut = cut || chunk.choices[0]?.finish_reason === "length";
       }
     }
     const seconds = (performance.now() - started) / 1000;
-    if (tokens) note(reply, `${tokens} tokens in ${seconds.toFixed(1)} s`);
+    note(reply, `${tokens} tokens in ${seconds.toFixed(1)} s${cut ? ", cut at the token limit" : ""}`);
   } catch (error) {
     if (error.name === "AbortError") note(reply, "stopped");
     else note(reply, error instanceof NeedsToken ? "Enter the ring's token above, then ask again." : error.message,
