@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from prima_rpc.app import ring
-from prima_rpc.app.applied_plan import NoPlan, assignment
+from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, assignment
 from prima_rpc.app.local_ring import free_ports, launch
 from prima_rpc.app.openai_api import ApiConfig, make_app
 from prima_rpc.app.web_page import STATIC
@@ -131,9 +131,12 @@ def test_api_plan_prices_the_windows_the_ring_holds(tiny_ring):
 
 
 @pytest.mark.slow
-def test_api_ring_answers_with_what_it_has_when_a_node_is_down(tiny_store, tmp_path):
+def test_no_plan_is_said_and_a_node_down_still_gets_an_answer(tiny_store, tmp_path):
     local = launch(tiny_store, 2, log_dir=tmp_path, detach=False)  # no windows: the head watches nobody
     try:
+        (status, _, body), = fetch(local.addresses[0], [("GET", "/api/plan", {})])
+        assert status == 200 and json.loads(body) == {"plan": None, "timeline_png": None, "predicted_tpot_ms": None,
+                                                       "measured_tpot_ms": None, "reason": NOT_ASSIGNED}
         local.processes[1].kill()
         local.processes[1].wait()
         (status, _, body), = fetch(local.addresses[0], [("GET", "/api/ring", {})])

@@ -6,6 +6,8 @@ node loss), this is the prediction for what the ring holds, so it can be set bes
 
 from solver.plan import layer_ranges
 
+NOT_ASSIGNED = "No plan is applied: the ring has no windows yet (prima-ctl start assigns them)."
+
 
 class NoPlan(Exception):
     """The ring holds no assignment a plan could describe (nothing assigned yet, or windows not in plan order)."""
@@ -15,12 +17,12 @@ def assignment(nodes: list[tuple[str, object]]) -> tuple[int, list[int]]:
     """(k rounds per token, layers per round of each node in ring order) from the nodes' Info (head first)."""
     head = nodes[0][1]
     if head.role != "head" or not head.windows:
-        raise NoPlan("no plan is applied: the ring has no windows yet (prima-ctl start assigns them)")
+        raise NoPlan(NOT_ASSIGNED)
     k = len(head.windows)
     windows = [info.windows[0].stop - info.windows[0].start if info.windows else 0 for _, info in nodes]
     held = [[(r.start, r.stop) for r in info.windows] for _, info in nodes]
     if held != [[tuple(r) for r in rs] if w else [] for w, rs in zip(windows, layer_ranges(windows, head.n_layers))]:
-        raise NoPlan("the ring's windows are not laid out as a plan's (k equal rounds, ranks 1..M-1 then the head)")
+        raise NoPlan("The ring's windows are not laid out as a plan's (k equal rounds, ranks 1..M-1 then the head).")
     return k, windows
 
 
@@ -41,7 +43,7 @@ def predict(head: str, token: str | None) -> dict:
     k, windows = assignment(ring.walk(head, token))
     profiles, manifest = profile_ring(head, token)
     if len(profiles["devices"]) != len(windows):
-        raise NoPlan("the ring changed while it was profiled; ask again")
+        raise NoPlan("The ring changed while it was profiled; ask again.")
     inst = Instance(devices_from_json(profiles), ModelProfile.from_manifest(manifest), n_ctx=KV_RESERVE_TOKENS)
     gpu, members = [0] * len(windows), [True] * len(windows)  # nodes run their layers on CPU; the walk finds members
     plan = build_plan(inst, k, windows, gpu, members, 0.0, "applied")

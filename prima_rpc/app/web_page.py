@@ -20,7 +20,7 @@ import grpc
 from aiohttp import web
 
 from prima_rpc.app import ring
-from prima_rpc.app.applied_plan import NoPlan, predict
+from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, predict
 from prima_rpc.app.cli_ring import _row as status_row  # the one shape of a node's status, shared with the CLI
 from prima_rpc.channel import metadata
 from prima_rpc.v1 import prima_pb2 as pb
@@ -72,7 +72,9 @@ class Page:
 
     async def plan(self, request: web.Request) -> web.Response:
         rows = await asyncio.to_thread(walk_rows, self.head, self.token)
-        return web.json_response(self._answer(self._current(rows), rows))
+        head = rows["nodes"][0] if rows["nodes"] else None
+        assigned = head and head["role"] == "head" and head["windows"]
+        return web.json_response(self._answer(self._current(rows), rows, "" if assigned or not head else NOT_ASSIGNED))
 
     async def predict(self, request: web.Request) -> web.Response:
         rows = await asyncio.to_thread(walk_rows, self.head, self.token)

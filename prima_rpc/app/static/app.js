@@ -10,6 +10,8 @@ const MAX_TOKENS = 256; // and greedy sampling: as `prima-ctl chat` answers
 
 let history = JSON.parse(sessionStorage.getItem(HISTORY_KEY) || "[]"); // the messages list sent each turn
 let answering = null; // the AbortController of the answer streaming now
+let answerTpot = null; // ms between tokens of the last answer, as this page received them
+let headTpot = null; // ms of the head's last decode step, as /api/ring reports it
 
 // ------------------------------------------------------------------ the token
 
@@ -99,6 +101,8 @@ async function ask(prompt) {
   const started = performance.now();
   let tokens = 0;
   let cut = false; // finish_reason "length"
+  let first = 0;
+  let last = 0;
   try {
     const res = await call("/v1/chat/completions", {
       method: "POST", signal: answering.signal,
@@ -122,6 +126,8 @@ async function ask(prompt) {
         if (delta) {
           content += delta;
           tokens += 1;
+          if (tokens === 1) first = performance.now();
+          last = performance.now();
           text.textContent = content;
           reply.scrollIntoView({block: "end"});
         }
@@ -130,6 +136,10 @@ async function ask(prompt) {
     }
     const seconds = (performance.now() - started) / 1000;
     note(reply, `${tokens} tokens in ${seconds.toFixed(1)} s${cut ? ", cut at the token limit" : ""}`);
+    if (tokens > 1) {
+      answerTpot = (last - first) / (tokens - 1);
+      measured(headTpot);
+    }
   } catch (error) {
     if (error.name === "AbortError") note(reply, "stopped");
     else note(reply, error instanceof NeedsToken ? "Enter the ring's token above, then ask again." : error.message,
@@ -229,7 +239,10 @@ async function pollRing() {
     if (!res.ok) throw new Error(await errorOf(res));
     ring = await res.json();
   } catch (error) {
-    $("status").textContent = error instanceof NeedsToken ? "token needed" : "server unreachable";
+    const why = error instanceof NeedsToken ? "token needed" : "server unreachable";
+    $("status").textContent = why;
+    $("ring-error").textContent = `No news from the ring: ${why}.`;
+    $("ring-error").hidden = false;
     return;
   }
   const nLayers = Math.max(0, ...ring.nodes.flatMap((n) => n.windows.map(([, b]) => b)));
@@ -245,23 +258,26 @@ async function pollRing() {
 // ------------------------------------------------------------------ the plan
 
 function measured(ms) {
-  $("measured").textContent = ms === null ? "no token yet" : `${ms.toFixed(1)} ms (the head's last token)`;
+  headTpot = ms;
+  const parts = [];
+  if (ms !== null) parts.push(`${ms.toFixed(1)} ms (the head's last token)`);
+  if (answerTpot !== null) parts.push(`${answerTpot.toFixed(1)} ms (this page's last answer)`);
+  $("measured").textContent = parts.join(" · ") || "no token yet";
 }
 
 function showPlan(answer) {
   const plan = answer.plan;
-  $("tpot").hidden = !plan;
   $("timeline").hidden = !plan;
+  measured(answer.measured_tpot_ms);
+  $("predicted").textContent = plan ? `${plan.predicted_tpot_ms.toFixed(1)} ms (k = ${plan.k})` : "none yet";
   if (plan) {
-    $("predicted").textContent = `${plan.predicted_tpot_ms.toFixed(1)} ms (k = ${plan.k})`;
-    measured(answer.measured_tpot_ms);
     $("timeline").src = `data:image/png;base64,${answer.timeline_png}`;
     $("plan-note").textContent = "The cost model's picture of one token through the windows the ring holds now, " +
       "from the nodes' profiles.";
   } else {
     $("plan-note").textContent = answer.reason ||
-      "No prediction yet. Predict profiles every node (cached per node; measured the first time, which takes " +
-      "a while) and prices the windows the ring holds now with the cost model.";
+      "No prediction yet. Predict TPOT profiles every node (cached per node; measured the first time, which " +
+      "takes a while) and prices the windows the ring holds now with the cost model.";
   }
 }
 
