@@ -3,8 +3,8 @@
 The page (`/`) and its files (`/static/...`) are public, so a browser can load them and then ask for the
 ring's token; the JSON endpoints below need the Bearer token exactly as the OpenAI API does:
 
-    GET  /api/ring   every node in ring order, as `prima-ctl status --json` prints them (a node that cannot
-                     be reached: what the walk got before it, and the error)
+    GET  /api/ring   every node in ring order, as `prima-ctl status --json` prints them (a ring that cannot
+                     be walked: the head alone, when it answers, and the walk's error)
     GET  /api/plan   the last prediction for the windows the ring holds now (none yet, or stale: null)
     POST /api/plan   profile the nodes and price those windows with the cost model: predicted vs measured TPOT
                      and the timeline picture (a PNG, base64)
@@ -34,7 +34,7 @@ def is_public(request: web.Request) -> bool:
 
 
 def walk_rows(head: str, token: str | None) -> dict:
-    """{"nodes": [...], "error": str | None}: on a broken ring, the nodes up to the break (at least the head)."""
+    """{"nodes": [...], "error": str | None}: on a broken ring, the head alone (when it answers) and the error."""
     try:
         return {"nodes": [status_row(a, info) for a, info in ring.walk(head, token)], "error": None}
     except ring.RingError as exc:
@@ -56,7 +56,7 @@ def timeline_png(plan: dict) -> str:
 class Page:
     def __init__(self, head: str, token: str | None):
         self.head, self.token = head, token
-        self.prediction: dict | None = None  # the last POST /api/plan, for the epoch and windows it priced
+        self.prediction: dict | None = None  # the last POST /api/plan, with the windows it priced
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
