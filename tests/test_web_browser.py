@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_asks_for_the_token_shows_three_nodes_and_streams_paris(page, rings):
                      "max_tokens": 256}]
 
 
-def test_history_goes_with_the_next_question_and_stop_ends_an_answer(page):
+def test_history_goes_with_the_next_question_and_stop_ends_an_answer(page, rings):
     from playwright.sync_api import expect
 
     sent = chat_requests(page)
@@ -115,10 +116,16 @@ def test_history_goes_with_the_next_question_and_stop_ends_an_answer(page):
     page.click("#send")
     second = page.locator(".msg.assistant").nth(1)
     expect(second.locator(".text")).not_to_have_text("", timeout=60_000)  # it has begun
+    head = rings(3).addresses[0]
+    assert ring.walk(head)[0][1].stats.active_requests == 1  # 256 tokens: seconds to go
     page.click("#stop")
     expect(second.locator(".note")).to_have_text("stopped", timeout=10_000)
     expect(page.locator("#send")).to_be_visible()
     kept = second.locator(".text").text_content()
+    deadline = time.monotonic() + 5  # far less than the rest of the answer would take
+    while ring.walk(head)[0][1].stats.active_requests and time.monotonic() < deadline:  # the ring let it go
+        time.sleep(0.2)
+    assert ring.walk(head)[0][1].stats.active_requests == 0
 
     page.fill("#prompt", "Thanks!")
     page.click("#send")

@@ -57,6 +57,7 @@ class Page:
     def __init__(self, head: str, token: str | None):
         self.head, self.token = head, token
         self.prediction: dict | None = None  # the last POST /api/plan, with the windows it priced
+        self.predicting = asyncio.Lock()  # one profiling of the ring at a time (profiles on shared cores disagree)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
@@ -77,14 +78,16 @@ class Page:
         return web.json_response(self._answer(self._current(rows), rows, "" if assigned or not head else NOT_ASSIGNED))
 
     async def predict(self, request: web.Request) -> web.Response:
-        rows = await asyncio.to_thread(walk_rows, self.head, self.token)
-        try:
-            plan = await asyncio.to_thread(predict, self.head, self.token)
-            picture = await asyncio.to_thread(timeline_png, plan)
-        except (NoPlan, ring.RingError) as exc:
-            return web.json_response(self._answer(None, rows, str(exc)))
-        self.prediction = {"plan": plan, "timeline_png": picture, "windows": [r["windows"] for r in rows["nodes"]]}
-        return web.json_response(self._answer(self.prediction, rows))
+        async with self.predicting:
+            rows = await asyncio.to_thread(walk_rows, self.head, self.token)
+            try:
+                plan = await asyncio.to_thread(predict, self.head, self.token)
+                picture = await asyncio.to_thread(timeline_png, plan)
+            except (NoPlan, ring.RingError) as exc:
+                return web.json_response(self._answer(None, rows, str(exc)))
+            self.prediction = {"plan": plan, "timeline_png": picture,
+                               "windows": [r["windows"] for r in rows["nodes"]]}
+            return web.json_response(self._answer(self.prediction, rows))
 
     def _answer(self, prediction: dict | None, rows: dict, reason: str = "") -> dict:
         head = rows["nodes"][0] if rows["nodes"] else None
