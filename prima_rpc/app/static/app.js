@@ -99,14 +99,16 @@ async function ask(prompt) {
   busy(true);
   let content = "";
   const started = performance.now();
-  let tokens = 0;
+  let received = 0; // events with text: about one a token
+  let tokens = null; // the exact count, from the last event's usage
   let cut = false; // finish_reason "length"
   let first = 0;
   let last = 0;
   try {
     const res = await call("/v1/chat/completions", {
       method: "POST", signal: answering.signal,
-      body: JSON.stringify({messages: history, stream: true, temperature: 0, max_tokens: MAX_TOKENS}),
+      body: JSON.stringify({messages: history, stream: true, stream_options: {include_usage: true}, temperature: 0,
+                            max_tokens: MAX_TOKENS}),
     });
     if (!res.ok) throw new Error(await errorOf(res));
     const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -125,19 +127,20 @@ async function ask(prompt) {
         const delta = chunk.choices[0]?.delta?.content;
         if (delta) {
           content += delta;
-          tokens += 1;
-          if (tokens === 1) first = performance.now();
+          received += 1;
+          if (received === 1) first = performance.now();
           last = performance.now();
           text.textContent = content;
           reply.scrollIntoView({block: "end"});
         }
         cut = cut || chunk.choices[0]?.finish_reason === "length";
+        if (chunk.usage) tokens = chunk.usage.completion_tokens;
       }
     }
-    const seconds = (performance.now() - started) / 1000;
-    note(reply, `${tokens} tokens in ${seconds.toFixed(1)} s${cut ? ", cut at the token limit" : ""}`);
-    if (tokens > 1) {
-      answerTpot = (last - first) / (tokens - 1);
+    const elapsed = (performance.now() - started) / 1000;
+    note(reply, `${tokens ?? received} tokens in ${elapsed.toFixed(1)} s${cut ? ", cut at the token limit" : ""}`);
+    if (received > 1) {
+      answerTpot = (last - first) / (received - 1);
       measured(headTpot);
     }
   } catch (error) {
