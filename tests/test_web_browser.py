@@ -2,7 +2,8 @@
 SmolLM2 behind `prima-ctl serve --token`: the page asks for the token, shows three nodes, streams "Paris",
 keeps the history, and stops an answer.
 
-CI installs the browser with `apt-get install -y chromium`; playwright (a test extra) only drives it."""
+CI installs the browser with `apt-get install -y chromium`; playwright (a test extra) only drives it.
+$PRIMA_CHROMIUM names another chromium binary."""
 
 import os
 import shutil
@@ -43,8 +44,8 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        # --no-sandbox: CI runs as root, where chromium's sandbox cannot start.
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # CI runs as root, where chromium's sandbox cannot start, in containers with a small /dev/shm.
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
         yield chromium
         chromium.close()
 
