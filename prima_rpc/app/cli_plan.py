@@ -10,7 +10,6 @@ from rich.table import Table
 
 from nodes.config import read_manifest
 from prima_rpc.app.cli_errors import fail, guarded
-from solver.strategies import STRATEGIES, plan_offline
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -18,12 +17,14 @@ def register(app: typer.Typer, state: dict) -> None:
     @guarded
     def plan(profiles: Path = typer.Option(None, help="device profiles JSON (offline what-if; default: the live ring)"),
              model: Path = typer.Option(None, help="store directory (with --profiles)"),
-             strategy: str = typer.Option("halda", help=f"one of {', '.join(STRATEGIES)}"),
+             strategy: str = typer.Option("halda", help="halda, halda-noselect, exo or even"),
              json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
              out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
              refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
              timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+        from solver.strategies import plan_offline  # python-mip: only for commands that plan
+
         if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
             fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:

@@ -6,14 +6,18 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from prima_rpc.app import ring
-from prima_rpc.app.cli_errors import fail, guarded
-from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+from prima_rpc.app import cli_args, ring
+from prima_rpc.app.cli_errors import fail, guarded, rpc_message
+from prima_rpc.app.progress import bar
+from prima_rpc.channel import TOKEN_ENV, metadata
+from prima_rpc.client import Finished, PrimaClient, PrimaError, Token, check_text
+from prima_rpc.v1 import prima_pb2 as pb
 from solver.plan import even_windows
 
 
@@ -26,12 +30,9 @@ def register(app: typer.Typer, state: dict) -> None:
 
         Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
         if windows is not None:
-            try:
-                sizes = [int(w) for w in windows.split(",")]
-            except ValueError:
-                fail(f"--windows must be comma-separated integers, got {windows!r}")
-            members = buffers = None
-        else:
+            sizes, members, buffers = cli_args.windows(windows), None, None
+        reach(state)
+        if windows is None:
             sizes, members, buffers = _plan_windows(state, plan)
         nodes = _start(state, sizes, members, buffers)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
@@ -61,6 +62,8 @@ def register(app: typer.Typer, state: dict) -> None:
                  stop: list[str] = typer.Option([], help="stop string (repeatable)"),
                  raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json")):
         """Stream a completion from the ring's head (the --node)."""
+        cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+        reach(state)
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       stop=tuple(stop), raw=raw)
         tokens, text, done = asyncio.run(_stream(state, prompt, None, kwargs, echo=not json_out))
@@ -73,57 +76,199 @@ def register(app: typer.Typer, state: dict) -> None:
     @app.command()
     @guarded
     def chat(max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0)):
-        """An interactive chat with the ring (empty line or Ctrl-D ends it)."""
+        """An interactive chat with the ring (empty line or Ctrl-D ends it; Ctrl-C stops an answer).
+
+        A failed turn prints its error and the chat goes on; the exit status is 1 if any turn failed."""
+        cli_args.generate_args("", max_tokens, temperature, 0, 1.0, None, [])
+        reach(state)
         messages: list[dict] = []
+        failed = False
         while True:
             try:
                 line = input("you> ").strip()
             except EOFError:
                 break
+            except UnicodeDecodeError:  # a UTF-8 terminal got other bytes
+                line = "\udcff"  # refused below, as under a C locale (surrogate-escaped bytes)
             if not line:
                 break
-            messages.append({"role": "user", "content": line})
-            sys.stdout.write("model> ")
-            _, text, _ = asyncio.run(_stream(state, "", messages, dict(max_tokens=max_tokens,
+            try:
+                check_text(line, "your message")
+                sys.stdout.write("model> ")
+                sys.stdout.flush()
+                turn = messages + [{"role": "user", "content": line}]
+                _, text, _ = asyncio.run(_stream(state, "", turn, dict(max_tokens=max_tokens,
                                                                         temperature=temperature), echo=True))
-            print()
-            messages.append({"role": "assistant", "content": text})
+                print()
+                messages = turn + [{"role": "assistant", "content": text}]
+            except (ValueError, PrimaError) as exc:
+                print(file=sys.stdout, flush=True)
+                message = rpc_message(exc.code, exc.message) if isinstance(exc, PrimaError) else str(exc)
+                print(f"error: {message}", file=sys.stderr, flush=True)
+                failed = True
+            except KeyboardInterrupt:
+                print(" [stopped]", flush=True)
+        if failed:
+            raise typer.Exit(1)
 
     @app.command()
     @guarded
     def up(local: int = typer.Option(3, "--local", help="nodes to start on this machine"),
            model: Path = typer.Option(None, help="store directory (default: SmolLM2, imported if missing)"),
-           base_port: int = typer.Option(7000), windows: str = typer.Option(None, help="default: an even split"),
-           prompt: str = typer.Option("What is the capital of France?", help="a first question to answer")):
-        """Start a local ring of N nodes on loopback, assign windows, and answer one prompt."""
-        from prima_rpc.app.local_ring import launch
+           base_port: int = typer.Option(7000, help="the nodes serve on this port and the next ones"),
+           windows: str = typer.Option(None, help="default: an even split"),
+           prompt: str = typer.Option("What is the capital of France?", help="a first question to answer"),
+           serve: int = typer.Option(None, "--serve", metavar="PORT",
+                                     help="also serve the HTTP API and web page on this port"),
+           reuse: bool = typer.Option(False, "--reuse", help="if this very ring is already up, use it")):
+        """Start a local ring of N nodes on loopback, assign windows, and answer one prompt.
 
-        if local < 1:
-            fail("--local needs at least 1 node")
+        Logs and pid files: $PRIMA_HOME/run/BASE_PORT/ (prima-ctl down --local stops the ring by them)."""
+        from prima_rpc.app import local_ring
+
+        if not 1 <= local <= 64:
+            fail(f"--local takes 1 to 64 nodes, got {local}")
+        if not 1 <= base_port <= 65536 - local:
+            fail(f"--base-port must leave room for {local} ports below 65536, got {base_port}")
+        if serve is not None and not 1 <= serve <= 65535:
+            fail(f"--serve takes a port in 1-65535, got {serve}")
+        sizes = cli_args.windows(windows) if windows else None
+        if sizes is not None and len(sizes) != local:
+            fail(f"--windows gives {len(sizes)} windows for {local} nodes")
+        cli_args.text(prompt, "--prompt")
         if model is None:
             from tools.default_model import ensure_default_store
 
-            model = ensure_default_store()
-        local_ring = launch(model, local, base_port, token=state["token"])
-        addresses = local_ring.addresses
-        state["node"] = addresses[0]
-        sizes = [int(w) for w in windows.split(",")] if windows else None
-        nodes = _start(state, sizes or even_windows(ring.walk(addresses[0], state["token"])[0][1].n_layers, local))
-        print(f"ring ready: {len(nodes)} nodes on {', '.join(addresses)}; logs in {local_ring.log_dir}")
+            with bar("importing SmolLM2 (once)") as progress:
+                model = ensure_default_store(progress=progress)
+        cli_args.store(model)
+        running = local_ring.Recorded.read(local_ring.run_dir(base_port))
+        alive = running.alive() if running else {}
+        if alive and reuse:
+            nodes = [n for n in running.commands if n.startswith("node")]
+            if len(nodes) != local or str(model) not in running.commands["node0"]:
+                fail(f"the local ring on {', '.join(running.addresses)} is not {local} nodes with {model}; "
+                     "stop it first: prima-ctl down --local")
+            if len(alive) - ("serve" in alive) < len(nodes):
+                fail(f"the local ring on {', '.join(running.addresses)} has lost nodes (logs in "
+                     f"{running.directory}); stop it (prima-ctl down --local) and start it again")
+            state["node"] = running.addresses[0]
+            reach(state)
+            print(f"reusing the local ring on {', '.join(running.addresses)}; logs in {running.directory}")
+            directory, serving = running.directory, "serve" in alive
+        else:
+            if serve is not None:
+                local_ring.free_ports(1, serve)  # the HTTP port too, before anything starts
+            started = local_ring.launch(model, local, base_port, token=state["token"])
+            state["node"] = started.addresses[0]
+            try:
+                n_layers = ring.walk(started.addresses[0], state["token"])[0][1].n_layers
+                _start(state, sizes or even_windows(n_layers, local))
+            except BaseException:
+                started.stop()
+                raise
+            print(f"ring ready: {local} nodes on {', '.join(started.addresses)}; logs in {started.log_dir}")
+            directory, serving = started.log_dir, False
+        head = state["node"]
+        if serve is not None and not serving:
+            _start_server(state, directory, serve)
         if prompt:
-            print(f"you> {prompt}\nmodel> ", end="")
+            print(f"you> {prompt}\nmodel> ", end="", flush=True)
             asyncio.run(_stream(state, prompt, None, dict(max_tokens=64), echo=True))
             print()
-        print(f"chat with: prima-ctl --node {addresses[0]} chat    stop with: prima-ctl --node {addresses[0]} down")
+        if serve is not None:
+            print(f"web page: http://127.0.0.1:{serve}/    OpenAI API: http://127.0.0.1:{serve}/v1")
+        print(f"chat: prima-ctl --node {head} chat    stop: prima-ctl down --local")
 
     @app.command()
     @guarded
-    def down():
-        """Stop every node of the ring."""
-        nodes = _walk(state)
-        for address, _ in nodes:
-            ring.shutdown(address, state["token"])
-        print(f"stopped {len(nodes)} nodes")
+    def down(local: bool = typer.Option(False, "--local",
+                                        help="stop the local rings by their pid files in $PRIMA_HOME/run (every one, "
+                                             "or the one with --node), even if no node answers")):
+        """Stop every node of the ring that answers (and, for a local ring, its HTTP server)."""
+        from prima_rpc.app.local_ring import recorded_rings
+
+        if local:
+            rings = [r for r in recorded_rings() if r.alive()
+                     and (not state["node_given"] or state["node"] in r.addresses)]
+            if not rings:
+                print("no local ring is running")
+            for r in rings:
+                stopped = r.stop()
+                print(f"stopped the local ring on {', '.join(r.addresses)}: {', '.join(stopped)}")
+            return
+        reached, silent = _reachable(state)
+        recorded = next((r for r in recorded_rings() if state["node"] in r.addresses), None)
+        for address in recorded.addresses if recorded else ():
+            if address not in reached and address not in silent:
+                silent.append(address)  # after a dead node: the walk never got there
+        stopped = []
+        for address in reached + silent:
+            try:
+                ring.control(address).Shutdown(pb.ShutdownRequest(), metadata=metadata(state["token"]), timeout=5)
+                stopped.append(address)
+            except grpc.RpcError:
+                pass
+        if recorded is not None:
+            recorded.stop()  # wait for them to exit; the HTTP server and any node that did not answer too
+        gone = [a for a in reached + silent if a not in stopped]
+        print(f"stopped {len(stopped)} nodes" + (f"; {', '.join(gone)} did not answer (stopped already?)"
+                                                  if gone else ""))
+
+
+def reach(state: dict) -> pb.NodeInfo:
+    """The --node's Info, or a one-line error: unreachable, or the token refused."""
+    try:
+        return ring.control(state["node"]).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+    except grpc.RpcError as exc:
+        fail(rpc_message(exc.code(), exc.details(), state["node"]))
+
+
+def _reachable(state: dict) -> tuple[list[str], list[str]]:
+    """(the nodes the walk from --node reached in ring order, the one it could not reach)."""
+    reach(state)
+    reached, seen, address = [], set(), state["node"]
+    while len(reached) <= ring.MAX_RING:
+        try:
+            info = ring.control(address).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+        except grpc.RpcError:
+            return reached, [address]
+        if info.node_id in seen:
+            break
+        seen.add(info.node_id)
+        reached.append(address)
+        address = info.peer
+    return reached, []
+
+
+def _start_server(state: dict, directory: Path, port: int) -> None:
+    """`prima-ctl serve` detached, recorded with the ring (down --local stops it too); waits until it answers."""
+    import os
+    import urllib.request
+
+    from prima_rpc.app.local_ring import LaunchError, LocalRing, Recorded, last_line
+
+    recorded = Recorded.read(directory)
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: state["token"]} if state["token"]
+                                                                     else {})
+    spawner = LocalRing(recorded.addresses, directory, env=env)
+    proc = spawner.spawn("serve", [sys.executable, "-m", "prima_rpc.app.cli", "--node", state["node"], "serve",
+                                   "--port", str(port)], fresh=True)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {state['token']}"} if state["token"] else {})
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            said = last_line(spawner.log("serve"))
+            raise LaunchError(f"the HTTP server exited with status {proc.returncode}"
+                              + (f" saying {said!r}" if said else "") + f" (log: {spawner.log('serve')})")
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the HTTP server did not answer within 60 s (log: {spawner.log('serve')})") from None
+            time.sleep(0.3)
 
 
 def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool], list[float]]:
@@ -156,8 +301,6 @@ def _walk(state: dict):
 
 
 def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None):
-    from prima_rpc.app.progress import bar
-
     loaded: dict[str, tuple[int, int]] = {}
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
@@ -238,17 +381,14 @@ def _row(address: str, info) -> dict:
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):
     tokens, text, done = [], [], None
-    async with PrimaClient(state["node"], state["token"]) as client:
-        try:
-            async for event in client.generate(prompt, messages=messages, **kwargs):
-                if isinstance(event, Token):
-                    tokens.append(event.token_id)
-                    text.append(event.text)
-                    if echo:
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
-                elif isinstance(event, Finished):
-                    done = event
-        except PrimaError as exc:
-            fail(str(exc))
+    async with PrimaClient(state["node"], state["token"]) as client:  # PrimaError: the caller says it
+        async for event in client.generate(prompt, messages=messages, **kwargs):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+                text.append(event.text)
+                if echo:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            elif isinstance(event, Finished):
+                done = event
     return tokens, "".join(text), done
