@@ -55,7 +55,8 @@ def check_request(max_tokens: int, temperature: float, top_k: int, top_p: float,
     for name, value, (lo, hi) in (("max_tokens", max_tokens, MAX_TOKENS), ("temperature", temperature, TEMPERATURE),
                                   ("top_k", top_k, TOP_K), ("top_p", top_p, TOP_P)):
         if not (isinstance(value, int | float) and math.isfinite(value) and lo <= value <= hi):
-            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}")
+            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}" if isinstance(lo, float)
+                             else f"{name} must be in [{lo}, {hi}], got {value}")
     if seed is not None and not SEED[0] <= seed <= SEED[1]:
         raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}")
     if len(stop) > MAX_STOP or not all(stop):
