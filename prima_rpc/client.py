@@ -140,7 +140,7 @@ class PrimaClient:
         details = exc.details() or exc.code().name
         if exc.code() == grpc.StatusCode.UNAVAILABLE and \
                 self._channel.get_state() != grpc.ChannelConnectivity.READY:
-            return f"cannot reach {self.address}: {details}"
+            return f"cannot reach node {self.address}: {details}"
         if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
             return f"{self.address} refused the token: {details}"
         return details

@@ -5,10 +5,12 @@ import sys
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from nodes.config import read_manifest
+from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
 
 
@@ -59,8 +61,9 @@ def show(result: dict) -> None:
     if "infeasible" in result:
         console.print(f"[red]infeasible[/red]: {result['infeasible']}")
         return
-    table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token")
-    for col in ("device", "role", "window", "GPU layers", "set", "memory GiB", "stream buffer", "predicted ms",
+    table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token", box=box.SIMPLE_HEAD,
+                  show_edge=False, collapse_padding=True)
+    for col in ("device", "role", "window", "GPU\nlayers", "set", "memory\nGiB", "stream\nbuffer", "predicted\nms",
                 "layers"):
         table.add_column(col)
     for d in result["devices"]:
@@ -68,5 +71,5 @@ def show(result: dict) -> None:
                       f"{d['memory_bytes'] / 2**30:.2f}",
                       f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
                       " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
-    console.print(table)
+    tables.show(table, console)
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms; solved in {result['solve_ms']:.1f} ms")

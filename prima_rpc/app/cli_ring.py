@@ -9,10 +9,9 @@ from pathlib import Path
 import grpc
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from prima_rpc.app import cli_args, ring
+from prima_rpc.app import cli_args, ring, tables
 from prima_rpc.app.cli_errors import fail, guarded, rpc_message
 from prima_rpc.app.progress import bar
 from prima_rpc.channel import TOKEN_ENV, metadata
@@ -48,7 +47,7 @@ def register(app: typer.Typer, state: dict) -> None:
             if json_out:
                 print(json.dumps({"nodes": rows}, indent=1))
             else:
-                Console().print(_status_table(state["node"], rows))
+                tables.show(_status_table(state["node"], rows))
             return
         if watch < 0.1:
             fail(f"--watch needs at least 0.1 seconds, got {watch}")

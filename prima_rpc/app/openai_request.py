@@ -8,7 +8,7 @@ import grpc
 from aiohttp import web
 
 from prima_rpc.app.rpc_message import rpc_message
-from prima_rpc.client import MAX_STOP, MAX_TOKENS, TEMPERATURE, TOP_K, TOP_P, PrimaError
+from prima_rpc.client import MAX_STOP, MAX_TOKENS, TEMPERATURE, TOP_K, TOP_P, PrimaError, check_text
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -104,13 +104,21 @@ def _number(body: dict, name: str, lo: float, hi: float, default: float) -> floa
     return float(value)
 
 
+def _utf8(value: str, param: str) -> str:
+    """JSON may carry lone surrogates ("\\udce9"), which are not text the head can take."""
+    try:
+        return check_text(value, "the text")
+    except ValueError as exc:
+        raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
+
+
 def _text(value, param: str) -> str:
     """A string, or OpenAI's content parts [{"type": "text", "text": ...}] joined by newlines."""
     if isinstance(value, str):
-        return value
+        return _utf8(value, param)
     if isinstance(value, list) and value and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
-        return "\n".join(p["text"] for p in value)
+        return _utf8("\n".join(p["text"] for p in value), param)
     raise ApiError(400, f"Invalid '{param}': expected a string or text content parts, got {_show(value)}.", param,
                    "invalid_type")
 
@@ -143,7 +151,7 @@ def _prompt(body: dict) -> str:
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, f"Invalid 'prompt': expected one non-empty string, got {_show(prompt)}.", "prompt",
                        "invalid_value")
-    return prompt
+    return _utf8(prompt, "prompt")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -153,7 +161,7 @@ def _stop(body: dict) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, f"Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them, got "
                        f"{_show(body.get('stop'))}.", "stop", "invalid_value")
-    return tuple(stop)
+    return tuple(_utf8(s, "stop") for s in stop)
 
 
 def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
