@@ -19,7 +19,8 @@ def register(app: typer.Typer, state: dict) -> None:
               max_tokens: int = typer.Option(1024, help="max_tokens for requests that give none")):
         """Serve /v1/chat/completions, /v1/completions and /v1/models over HTTP, forwarding to the head.
 
-        With --token, clients must send it as their API key (Authorization: Bearer TOKEN).
+        With a token ($PRIMA_TOKEN or --token-file), clients must send it as their API key (Authorization: Bearer
+        TOKEN).
         """
         from prima_rpc.app import openai_api  # aiohttp is needed by this command only
 
