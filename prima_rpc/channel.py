@@ -33,8 +33,8 @@ def read_token(path: str | Path | None = None) -> str | None:
         token, where = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
     if path is not None and not token:
         raise ValueError(f"{where} is empty")
-    if not all(" " < c < "\x7f" for c in token):  # it travels as gRPC metadata and an HTTP header
-        raise ValueError(f"{where}: the token must be printable ASCII without spaces")
+    if not all(" " <= c < "\x7f" for c in token):  # it travels as gRPC metadata and an HTTP header
+        raise ValueError(f"{where}: the token must be printable ASCII")
     return token or None
 
 

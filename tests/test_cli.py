@@ -139,12 +139,12 @@ def test_bad_input_to_ring_commands_is_one_line_before_anything_starts(tmp_path,
 
 
 def test_token_file_that_is_empty_or_not_a_token(tmp_path):
-    empty, spaced = tmp_path / "empty", tmp_path / "spaced"
+    empty, accented = tmp_path / "empty", tmp_path / "spaced"
     empty.write_text("\n")
-    spaced.write_text("two words\n")
+    accented.write_text("s3cr\u00e9t\n")
     assert_one_line_error(ctl("--token-file", str(empty), "--node", DEAD, "generate", "hi", timeout=60), "is empty")
-    assert_one_line_error(ctl("--token-file", str(spaced), "--node", DEAD, "generate", "hi", timeout=60),
-                          "printable ASCII without spaces")
+    assert_one_line_error(ctl("--token-file", str(accented), "--node", DEAD, "generate", "hi", timeout=60),
+                          "the token must be printable ASCII")
 
 
 def test_down_local_without_a_ring_says_so(tmp_path):

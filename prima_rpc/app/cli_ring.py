@@ -162,8 +162,8 @@ def register(app: typer.Typer, state: dict) -> None:
             state["node"] = started.addresses[0]
             try:
                 n_layers = ring.walk(started.addresses[0], state["token"])[0][1].n_layers
-                _start(state, sizes or even_windows(n_layers, local))
-            except BaseException:
+                _start(state, sizes or even_windows(n_layers, local), logs=started.log_dir)
+            except BaseException:  # nothing left half-started
                 started.stop()
                 raise
             print(f"ring ready: {local} nodes on {', '.join(started.addresses)}; logs in {started.log_dir}")
@@ -173,7 +173,11 @@ def register(app: typer.Typer, state: dict) -> None:
             _start_server(state, directory, serve)
         if prompt:
             print(f"you> {prompt}\nmodel> ", end="", flush=True)
-            asyncio.run(_stream(state, prompt, None, dict(max_tokens=64), echo=True))
+            try:
+                asyncio.run(_stream(state, prompt, None, dict(max_tokens=64), echo=True))
+            except PrimaError as exc:
+                print()
+                fail(f"{rpc_message(exc.code, exc.message)} (logs in {directory})")
             print()
         if serve is not None:
             print(f"web page: http://127.0.0.1:{serve}/    OpenAI API: http://127.0.0.1:{serve}/v1")
@@ -299,7 +303,8 @@ def _walk(state: dict):
         fail(str(exc))
 
 
-def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None):
+def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None,
+           logs: Path | None = None):
     loaded: dict[str, tuple[int, int]] = {}
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
@@ -311,7 +316,7 @@ def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buf
             return ring.start(state["node"], sizes, state["token"], progress=report, members=members,
                               buffers=buffers)
         except ring.RingError as exc:
-            fail(str(exc))
+            fail(f"{exc} (logs in {logs})" if logs else str(exc))
 
 
 STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "frames", "active\nreqs",

@@ -204,12 +204,13 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
 
 
 def last_line(log: Path) -> str:
-    """The last line a process wrote: usually its `error: ...`."""
+    """The last line of text a process wrote (usually its `error: ...`), without a usage box's frame."""
     try:
-        lines = log.read_bytes()[-4096:].decode(errors="replace").strip().splitlines()
+        lines = log.read_bytes()[-4096:].decode(errors="replace").splitlines()
     except OSError:
         return ""
-    return lines[-1].strip() if lines else ""
+    text = [t for t in (line.strip(" │╭╮╰╯─") for line in lines) if any(c.isalnum() for c in t)]
+    return text[-1] if text else ""
 
 
 def wait_serving(address: str, proc: subprocess.Popen, timeout: float, token: str | None = None,
