@@ -131,6 +131,8 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("up", "--windows", "10,10"), "--windows gives 2 windows for 3 nodes"),
     (("up", "--model", "/bogus"), "not a layer store"),
     (("up", "--prompt", b"\xe9t\xe9"), "--prompt is not valid UTF-8"),
+    (("plan", "--profiles", "/nonexistent.json", "--model", "/bogus"), "not a layer store"),
+    (("plan", "--profiles", "solver/testbeds/prima_d1_d4.json"), "--profiles needs --model"),
 ])
 def test_bad_input_to_ring_commands_is_one_line_before_anything_starts(tmp_path, args, message):
     res = ctl(*args, env={"PRIMA_HOME": str(tmp_path)}, timeout=60)

@@ -93,17 +93,20 @@ def register(app: typer.Typer, state: dict) -> None:
                 break
             try:
                 check_text(line, "your message")
-                sys.stdout.write("model> ")
-                sys.stdout.flush()
-                turn = messages + [{"role": "user", "content": line}]
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                failed = True
+                continue
+            print("model> ", end="", flush=True)
+            turn = messages + [{"role": "user", "content": line}]
+            try:
                 _, text, _ = asyncio.run(_stream(state, "", turn, dict(max_tokens=max_tokens,
                                                                         temperature=temperature), echo=True))
-                print()
                 messages = turn + [{"role": "assistant", "content": text}]
-            except (ValueError, PrimaError) as exc:
-                print(file=sys.stdout, flush=True)
-                message = rpc_message(exc.code, exc.message) if isinstance(exc, PrimaError) else str(exc)
-                print(f"error: {message}", file=sys.stderr, flush=True)
+                print()
+            except PrimaError as exc:  # the turn is dropped from the history; the chat goes on
+                print(flush=True)
+                print(f"error: {rpc_message(exc.code, exc.message)}", file=sys.stderr, flush=True)
                 failed = True
             except KeyboardInterrupt:
                 print(" [stopped]", flush=True)
@@ -200,8 +203,10 @@ def register(app: typer.Typer, state: dict) -> None:
                 stopped = r.stop()
                 print(f"stopped the local ring on {', '.join(r.addresses)}: {', '.join(stopped)}")
             return
+        recorded = next((r for r in recorded_rings() if state["node"] in r.addresses and r.alive()), None)
         reached, silent = _reachable(state)
-        recorded = next((r for r in recorded_rings() if state["node"] in r.addresses), None)
+        if not reached and recorded is None:
+            reach(state)  # says why: unreachable, or the token refused
         for address in recorded.addresses if recorded else ():
             if address not in reached and address not in silent:
                 silent.append(address)  # after a dead node: the walk never got there
@@ -229,12 +234,13 @@ def reach(state: dict) -> pb.NodeInfo:
 
 def _reachable(state: dict) -> tuple[list[str], list[str]]:
     """(the nodes the walk from --node reached in ring order, the one it could not reach)."""
-    reach(state)
     reached, seen, address = [], set(), state["node"]
     while len(reached) <= ring.MAX_RING:
         try:
             info = ring.control(address).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                fail(rpc_message(exc.code(), exc.details(), address))
             return reached, [address]
         if info.node_id in seen:
             break
