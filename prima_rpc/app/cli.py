@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from prima_rpc.app import cli_args, cli_plan, cli_ring, cli_serve
+from prima_rpc.app import cli_args, cli_lifecycle, cli_plan, cli_ring, cli_serve
 from prima_rpc.app.cli_errors import Typer, fail, guarded
 from prima_rpc.app.progress import bar
 
@@ -117,6 +117,7 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
 
 
 cli_ring.register(app, state)
+cli_lifecycle.register(app, state)
 cli_plan.register(app, state)
 cli_serve.register(app, state)
 
