@@ -134,7 +134,8 @@ def test_the_token_never_appears_on_a_command_line(secured):
 def test_a_refused_token_says_so(secured, token, tmp_path):
     env = {"PRIMA_TOKEN": token} if token else {"PRIMA_TOKEN": ""}
     head = secured.addresses[0]
-    for args in (("generate", "hi"), ("down",), ("chat",), ("start", "--windows", "4,4")):
+    for args in (("generate", "hi"), ("down",), ("chat",), ("start", "--windows", "4,4"), ("plan",),
+                 ("serve", "--port", "0")):
         res = ctl("--node", head, *args, env=env, timeout=60)
         assert_one_line_error(res, f"{head} refused the token")
         assert "PRIMA_TOKEN or --token-file" in res.stderr and "cannot reach" not in res.stderr

@@ -37,8 +37,10 @@ def register(app: typer.Typer, state: dict) -> None:
             result = plan_offline(profiles, manifest, strategy)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
+            from prima_rpc.app.cli_ring import reach
             from prima_rpc.app.live_plan import plan_live
 
+            reach(state)  # unreachable, or the token refused: said before profiling starts
             result = plan_live(state["node"], state["token"], strategy, refresh)
             title = f"the ring from {state['node']}"
         if out is not None:
