@@ -162,3 +162,55 @@ def test_status_help_imports_neither_mip_nor_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "status" in res.stdout and res.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:7000", "127.0.0.1:7000"), ("desktop:7000", "desktop:7000"), ("[::1]:7000", "[::1]:7000"),
+    (" node:08 ", "node:8"), ("127.0.0.1", None), ("127.0.0.1:", None), (":7000", None), ("host:0", None),
+    ("host:65536", None), ("host:x", None), ("::1:7000", None), ("[zz]:7000", None), ("", None),
+])
+def test_addresses_need_a_host_and_a_port(text, expected):
+    import typer
+
+    from prima_rpc.app.cli_args import address
+
+    if expected is None:
+        with pytest.raises(typer.Exit):
+            address(text, "--node")
+    else:
+        assert address(text, "--node") == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens must be in [1, 2147483647]"),
+    (dict(temperature=2.01), "temperature must be in [0, 2]"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-1), "top_k must be in [0,"), (dict(top_p=-0.1), "top_p must be in [0, 1]"),
+    (dict(seed=2**64), "seed must be in [0, 2**64 - 1]"), (dict(stop=("a",) * 17), "up to 16"),
+    (dict(stop=("",)), "non-empty"), (dict(stop=("\udce9",)), "a stop string is not valid UTF-8"),
+])
+def test_the_client_refuses_what_the_head_would_before_sending(kwargs, message):
+    import asyncio
+
+    import grpc
+
+    from prima_rpc.client import PrimaClient, PrimaError
+
+    async def call():
+        async with PrimaClient(DEAD) as client:  # nothing listens: a refusal must come before any dialling
+            async for _ in client.generate("hi", **kwargs):
+                pass
+
+    with pytest.raises(PrimaError) as err:
+        asyncio.run(call())
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.message
+
+
+def test_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
+    from prima_rpc.channel import read_token
+
+    monkeypatch.setenv("PRIMA_TOKEN", " from env \n")
+    assert read_token() == "from env"
+    (tmp_path / "t").write_text("from file\n")
+    assert read_token(tmp_path / "t") == "from file"  # the file wins
+    monkeypatch.setenv("PRIMA_TOKEN", "")
+    assert read_token() is None
