@@ -39,5 +39,5 @@ class TokenAuth(grpc.aio.ServerInterceptor):
             sent = sent.decode(errors="replace")
         if not hmac.compare_digest(sent.encode(), self._token):  # constant time
             reason = "missing cluster token" if not sent else "wrong cluster token"
-            return _rejecting(handler, f"{reason} (set --token or PRIMA_TOKEN)")
+            return _rejecting(handler, f"{reason} (set PRIMA_TOKEN or --token-file)")
         return handler

@@ -17,10 +17,17 @@ from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
 from nodes.recovery import watch
 from nodes.services import ControlService, InferenceService, RingService
-from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem
+from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def token_from(path: str | None) -> str | None:
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_size(text: str) -> int:
@@ -66,7 +73,7 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
     if not cfg.token and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         structlog.get_logger().warning(
             f"NO TOKEN: anyone who can reach {cfg.host}:{port} can drive this node; "
-            "start every node with --token SECRET (or PRIMA_TOKEN)")
+            "start every node with PRIMA_TOKEN=SECRET (or --token-file)")
     ready(node.address)
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -107,8 +114,12 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          host: str = typer.Option("0.0.0.0", help="address to bind"),
          model: Path = typer.Option(None, help="layer store directory (none: relay only)"),
          name: str = typer.Option("", help="a name for status tables"),
-         mem_budget: str = typer.Option("0", help="memory for weights, e.g. 2GiB (0: unlimited)"),
-         token: str = typer.Option(None, envvar="PRIMA_TOKEN", help="cluster secret"),
+         mem_budget: str = typer.Option("0", show_default=False,
+                                        help="memory for weights, KV caches and the stream buffer, e.g. 2GiB "
+                                             "(default, or 0: 80 % of the RAM available when windows are assigned)"),
+         token: str = typer.Option(None, "--token-file", metavar="PATH", callback=token_from, show_default=False,
+                                   help="a file holding the cluster secret (default: $PRIMA_TOKEN); never on the "
+                                        "command line, where ps shows it"),
          dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),

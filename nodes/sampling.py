@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prima_rpc.client import TEMPERATURE
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -13,8 +15,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (0.0 <= self.temperature <= 100.0):
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not (TEMPERATURE[0] <= self.temperature <= TEMPERATURE[1]):
+            raise ValueError(f"temperature must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}], got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 <= self.top_p <= 1.0):

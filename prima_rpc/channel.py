@@ -17,6 +17,25 @@ OPTIONS = [
 ]
 SERVER_OPTIONS = OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 TOKEN_KEY = "x-prima-token"
+TOKEN_ENV = "PRIMA_TOKEN"
+
+
+def read_token(path: str | Path | None = None) -> str | None:
+    """The cluster secret from the file `path`, else from $PRIMA_TOKEN (None: no token). Never from a command
+    line, which `ps` shows to every user of the machine. ValueError says what is wrong with it."""
+    if path is not None:
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the token file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        where = f"the token file {path}"
+    else:
+        token, where = os.environ.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+    if path is not None and not token:
+        raise ValueError(f"{where} is empty")
+    if not all(" " <= c < "\x7f" for c in token):  # it travels as gRPC metadata and an HTTP header
+        raise ValueError(f"{where}: the token must be printable ASCII")
+    return token or None
 
 
 def metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -6,6 +6,7 @@
 """
 
 import asyncio
+import math
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -22,8 +23,46 @@ class PrimaError(Exception):
     """A failed call: `code` is the gRPC status (e.g. INVALID_ARGUMENT, UNAVAILABLE)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = " ".join(message.split())  # one line, whatever the node wrote
         super().__init__(f"{code.name}: {message}")
         self.code, self.message = code, message
+
+
+# What a GenerateRequest may carry: the one place the CLI, this client and the HTTP API take their ranges from.
+MAX_INT32 = 2**31 - 1  # max_tokens and top_k are int32 on the wire
+MAX_TOKENS = (1, MAX_INT32)
+TEMPERATURE = (0.0, 2.0)  # 0: greedy; OpenAI's range (beyond 2 sampling is noise)
+TOP_K = (0, MAX_INT32)  # 0: off
+TOP_P = (0.0, 1.0)  # 1: off
+SEED = (0, 2**64 - 1)  # uint64 on the wire
+MAX_STOP = 16  # stop strings per request (the head's limit)
+
+
+def check_text(value: str, what: str) -> str:
+    """`value` if it can go on the wire as UTF-8 (a command line with undecodable bytes cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start].encode("utf-8", "surrogateescape")
+        raise ValueError(f"{what} is not valid UTF-8 text (byte 0x{bad.hex()} at character {exc.start}); "
+                         "re-encode it as UTF-8") from None
+    return value
+
+
+def check_request(max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
+                  stop: tuple[str, ...]) -> None:
+    """ValueError naming the first argument the head would refuse."""
+    for name, value, (lo, hi) in (("max_tokens", max_tokens, MAX_TOKENS), ("temperature", temperature, TEMPERATURE),
+                                  ("top_k", top_k, TOP_K), ("top_p", top_p, TOP_P)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and lo <= value <= hi):
+            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}" if isinstance(lo, float)
+                             else f"{name} must be in [{lo}, {hi}], got {value}")
+    if seed is not None and not SEED[0] <= seed <= SEED[1]:
+        raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}")
+    if len(stop) > MAX_STOP or not all(stop):
+        raise ValueError(f"stop: up to {MAX_STOP} non-empty strings, got {len(stop)}")
+    for s in stop:
+        check_text(s, "a stop string")
 
 
 @dataclass(frozen=True)
@@ -71,7 +110,15 @@ class PrimaClient:
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                        stop: tuple[str, ...] = (), raw: bool = False,
                        request_id: str = "") -> AsyncIterator[Token | Finished]:
-        """Token events as the head produces them, then one Finished; PrimaError on failure."""
+        """Token events as the head produces them, then one Finished; PrimaError on failure (arguments out of
+        range: INVALID_ARGUMENT before anything is sent)."""
+        try:
+            check_request(max_tokens, temperature, top_k, top_p, seed, tuple(stop))
+            check_text(prompt, "the prompt")
+            for m in messages or ():
+                check_text(m["content"], "a message")
+        except ValueError as exc:
+            raise PrimaError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         req = _request(prompt, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id)
         call = self._inference.Generate(req, metadata=metadata(self.token), timeout=self.timeout)
         try:
@@ -84,9 +131,19 @@ class PrimaClient:
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
                                    f.request_id)
         except grpc.aio.AioRpcError as exc:
-            raise PrimaError(exc.code(), exc.details()) from None
+            raise PrimaError(exc.code(), self._explain(exc)) from None
         finally:
             call.cancel()
+
+    def _explain(self, exc: grpc.aio.AioRpcError) -> str:
+        """The node's message; when no node answered, which address could not be reached."""
+        details = exc.details() or exc.code().name
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and \
+                self._channel.get_state() != grpc.ChannelConnectivity.READY:
+            return f"cannot reach node {self.address}: {details}"
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return f"{self.address} refused the token: {details}"
+        return details
 
     async def cancel(self, request_id: str) -> bool:
         reply = await rpc.InferenceStub(self._channel).Cancel(pb.CancelRequest(request_id=request_id),

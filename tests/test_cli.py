@@ -1,4 +1,5 @@
-"""The fixed CLI contract of `prima-ctl import | run | synth`, as real subprocesses."""
+"""The fixed CLI contract of `prima-ctl import | run | synth`, and bad input to every command: one line
+`error: ...` on stderr, a non-zero exit, no traceback, no hang (real subprocesses)."""
 
 import json
 import os
@@ -9,11 +10,23 @@ import pytest
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
+from prima_rpc.app.local_ring import free_ports
 
 
-def ctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+def ctl(*args: str | bytes, env: dict | None = None, timeout: float = 300, stdin: bytes = b"",
+        ) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, input=stdin,
+                         env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode(errors="replace"),
+                                       res.stderr.decode(errors="replace"))
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, message: str) -> None:
+    assert res.returncode != 0, res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert message in lines[0], res.stderr
+    assert "Traceback" not in res.stderr and "AioRpcError" not in res.stderr
 
 
 def test_run_json_equals_the_reference(smol_store):
@@ -62,13 +75,23 @@ def test_synth_presets_and_manifest_only(tmp_path):
     (("synth", "/tmp/never", "--preset", "gpt-9"), "unknown preset"),
     (("synth", "/tmp/never", "--preset", "tiny", "--dtype", "foo"), "unknown dtype"),
     (("synth", "/tmp/never", "--preset", "tiny", "--bits-per-weight", "4.5"), "needs --manifest-only"),
-    (("run", "--max-tokens", "0", "--model", "{tiny}", "hi"), "max_tokens must be positive"),
+    (("run", "--max-tokens", "0", "--model", "{tiny}", "hi"), "max_tokens must be in [1, 2147483647], got 0"),
+    (("run", "--model", "{tiny}", b"caf\xe9"), "the prompt is not valid UTF-8 text (byte 0xe9"),
+    (("run", "--model", "{tiny}", "--temperature", "3", "hi"), "temperature must be in [0, 2]"),
+    (("run", "--model", "{tiny}", "--top-p", "1.5", "hi"), "top_p must be in [0, 1]"),
+    (("run", "--model", "{tiny}", "--seed", "-1", "hi"), "seed must be in [0, 2**64 - 1]"),
+    (("run", "--model", "{tiny}", "--max-tokens", "many", "hi"), "Invalid value for '--max-tokens'"),
+    (("run", "--model", "{tiny}", "--stop", b"\xff", "hi"), "a stop string is not valid UTF-8"),
+    (("run", "--model", b"/tmp/\xff", "hi"), "the model path is not valid UTF-8"),
+    (("run", "--bogus", "hi"), "No such option: --bogus"),
+    (("run",), "Missing argument"),
+    (("frobnicate",), "No such command"),
     (("run", "--model", "{tiny}", ""), "prompt is empty"),
 ])
 def test_bad_input_gives_one_line_error_without_traceback(tiny_store, args, message):
-    res = ctl(*(a.format(tiny=tiny_store) for a in args))
+    res = ctl(*(a.format(tiny=tiny_store) if isinstance(a, str) else a for a in args))
     assert res.returncode == 2
-    assert message in res.stderr and "Traceback" not in res.stderr
+    assert_one_line_error(res, message)
 
 
 def test_not_a_gguf_file_is_a_clean_error(tmp_path):
@@ -77,3 +100,117 @@ def test_not_a_gguf_file_is_a_clean_error(tmp_path):
     res = ctl("import", str(bad), str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error:")
     assert not (tmp_path / "out").exists()
+
+
+DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--node", "127.0.0.1", "generate", "hi"), "--node must be HOST:PORT"),  # gRPC would dial port 443
+    (("--node", "127.0.0.1:99999", "generate", "hi"), "--node must be HOST:PORT with a port in 1-65535"),
+    (("--node", "::1:7000", "down"), "--node must be HOST:PORT"),
+    (("--node", DEAD, "generate", "hi"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "generate", b"caf\xe9"), "the prompt is not valid UTF-8"),  # before dialling
+    (("--node", DEAD, "generate", "--temperature", "2.5", "hi"), "temperature must be in [0, 2]"),
+    (("--node", DEAD, "generate", "--top-k", "-1", "hi"), "top_k must be in [0,"),
+    (("--node", DEAD, "generate", "--stop", "", "hi"), "non-empty strings"),
+    (("--node", DEAD, "chat"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "chat", "--max-tokens", "0"), "max_tokens must be in [1,"),
+    (("--node", DEAD, "start", "--windows", "10,x"), "--windows must be comma-separated integers"),
+    (("--node", DEAD, "start", "--windows", "10,10"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "start", "--plan", "/nonexistent.json"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "down"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "serve", "--port", "0"), f"cannot reach node {DEAD}"),
+    (("--node", DEAD, "serve", "--port", "70000"), "--port must be in 0-65535"),
+    (("--node", DEAD, "serve", "--max-tokens", "0"), "--max-tokens must be in [1,"),
+    (("--token-file", "/nonexistent/token", "generate", "hi"), "cannot read the token file /nonexistent/token"),
+    (("generate", "--bogus", "hi"), "No such option: --bogus (see prima-ctl generate --help)"),
+    (("up", "--local", "0"), "--local takes 1 to 64 nodes"),
+    (("up", "--base-port", "65535"), "--base-port must leave room for 3 ports"),
+    (("up", "--serve", "70000"), "--serve takes a port in 1-65535"),
+    (("up", "--windows", "10,10"), "--windows gives 2 windows for 3 nodes"),
+    (("up", "--model", "/bogus"), "not a layer store"),
+    (("up", "--prompt", b"\xe9t\xe9"), "--prompt is not valid UTF-8"),
+    (("plan", "--profiles", "/nonexistent.json", "--model", "/bogus"), "not a layer store"),
+    (("plan", "--profiles", "solver/testbeds/prima_d1_d4.json"), "--profiles needs --model"),
+])
+def test_bad_input_to_ring_commands_is_one_line_before_anything_starts(tmp_path, args, message):
+    res = ctl(*args, env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
+    assert_one_line_error(res, message)
+    assert not (tmp_path / "run").exists()  # no ring was started, no log written
+
+
+def test_token_file_that_is_empty_or_not_a_token(tmp_path):
+    empty, accented = tmp_path / "empty", tmp_path / "spaced"
+    empty.write_text("\n")
+    accented.write_text("s3cr\u00e9t\n")
+    assert_one_line_error(ctl("--token-file", str(empty), "--node", DEAD, "generate", "hi", timeout=60), "is empty")
+    assert_one_line_error(ctl("--token-file", str(accented), "--node", DEAD, "generate", "hi", timeout=60),
+                          "the token must be printable ASCII")
+
+
+def test_down_local_without_a_ring_says_so(tmp_path):
+    res = ctl("down", "--local", env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
+    assert res.returncode == 0 and "no local ring is running" in res.stdout, res.stderr
+
+
+def test_status_help_imports_neither_mip_nor_torch():
+    code = ("import sys; sys.argv = ['prima-ctl', 'status', '--help']\n"
+            "from prima_rpc.app.cli import app\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('mip', 'torch', 'numpy') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "status" in res.stdout and res.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:7000", "127.0.0.1:7000"), ("desktop:7000", "desktop:7000"), ("[::1]:7000", "[::1]:7000"),
+    (" node:08 ", "node:8"), ("127.0.0.1", None), ("127.0.0.1:", None), (":7000", None), ("host:0", None),
+    ("host:65536", None), ("host:x", None), ("::1:7000", None), ("[zz]:7000", None), ("", None),
+])
+def test_addresses_need_a_host_and_a_port(text, expected):
+    import typer
+
+    from prima_rpc.app.cli_args import address
+
+    if expected is None:
+        with pytest.raises(typer.Exit):
+            address(text, "--node")
+    else:
+        assert address(text, "--node") == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens must be in [1, 2147483647]"),
+    (dict(temperature=2.01), "temperature must be in [0, 2]"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-1), "top_k must be in [0,"), (dict(top_p=-0.1), "top_p must be in [0, 1]"),
+    (dict(seed=2**64), "seed must be in [0, 2**64 - 1]"), (dict(stop=("a",) * 17), "up to 16"),
+    (dict(stop=("",)), "non-empty"), (dict(stop=("\udce9",)), "a stop string is not valid UTF-8"),
+])
+def test_the_client_refuses_what_the_head_would_before_sending(kwargs, message):
+    import asyncio
+
+    import grpc
+
+    from prima_rpc.client import PrimaClient, PrimaError
+
+    async def call():
+        async with PrimaClient(DEAD) as client:  # nothing listens: a refusal must come before any dialling
+            async for _ in client.generate("hi", **kwargs):
+                pass
+
+    with pytest.raises(PrimaError) as err:
+        asyncio.run(call())
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.message
+
+
+def test_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
+    from prima_rpc.channel import read_token
+
+    monkeypatch.setenv("PRIMA_TOKEN", " from env \n")
+    assert read_token() == "from env"
+    (tmp_path / "t").write_text("from file\n")
+    assert read_token(tmp_path / "t") == "from file"  # the file wins
+    monkeypatch.setenv("PRIMA_TOKEN", "")
+    assert read_token() is None

@@ -97,7 +97,7 @@ def test_sampling_is_reproducible_per_seed_and_respects_top_k_and_top_p():
         return [sampler(logits) for _ in range(50)]
 
     assert draw(SamplingParams(1.0, seed=3)) == draw(SamplingParams(1.0, seed=3))
-    assert set(draw(SamplingParams(5.0, top_k=2, seed=1))) <= {0, 1}
+    assert set(draw(SamplingParams(2.0, top_k=2, seed=1))) <= {0, 1}
     # p(0)=0.51, p(1)=0.31: top_p=0.6 keeps exactly those two
     assert set(draw(SamplingParams(1.0, top_p=0.6, seed=1))) == {0, 1}
     assert set(draw(SamplingParams(0.0))) == {0}

@@ -17,7 +17,7 @@ import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports
-from prima_rpc.app.openai_api import ApiConfig, ApiError, parse_request, serve
+from prima_rpc.app.openai_api import ApiConfig, ApiError, model_id, parse_request, serve
 from prima_rpc.client import PrimaClient, Token
 
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]
@@ -138,6 +138,13 @@ def test_http_errors_without_a_ring_have_openai_shape():
         assert_openai_error(body)
         status, body = post(url + "/chat/completions", json.dumps({"model": "m", "messages": CHAT}).encode())
         assert status == 503 and body["error"]["type"] == "server_error" and body["error"]["code"] == "unavailable"
+        message = body["error"]["message"]  # one line, as prima-ctl prints it: no gRPC dump
+        assert message.startswith(f"cannot reach node 127.0.0.1:{dead}: ") and "is prima-node running there?" in message
+        assert "\n" not in message and "AioRpcError" not in message and "debug_error_string" not in message
+        status, body = post(url + "/chat/completions", json.dumps({"messages": CHAT, "temperature": 2.5}).encode())
+        assert status == 400 and body["error"]["param"] == "temperature"  # the range the CLI and client take
+        status, body = post(url + "/completions", b'{"prompt": "caf\\udce9"}')  # a lone surrogate: not UTF-8
+        assert status == 400 and "not valid UTF-8" in body["error"]["message"]
         status, body = post(url + "/embeddings", b"{}")
         assert status == 404
         assert_openai_error(body)
@@ -190,7 +197,9 @@ async def grpc_text(head: str, prompt: str = "", **kwargs) -> tuple[str, object]
 @pytest.mark.slow
 def test_models_report_the_heads_model(client, head):
     (model,) = client.models.list().data
-    assert model.id == ring.walk(head)[0][1].model_name and model.owned_by == "prima-rpc"
+    assert model.id == model_id(ring.walk(head)[0][1].model_name) and model.owned_by == "prima-rpc"
+    assert " " not in model.id and client.models.retrieve(model.id).id == model.id
+    assert client.models.retrieve("prima").id == "prima"  # any name is the ring's model, as for completions
 
 
 @pytest.mark.slow

@@ -74,10 +74,10 @@ def test_sync_client_and_seeded_sampling_repeat(rings):
 
 @pytest.mark.parametrize("kwargs, code, message", [
     (dict(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
-    (dict(prompt="hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be positive"),
-    (dict(prompt="hi", max_tokens=-5), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be positive"),
+    (dict(prompt="hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be"),
+    (dict(prompt="hi", max_tokens=-5), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be"),
     (dict(prompt="hi", top_p=3.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
-    (dict(prompt="hi", raw=True, stop=("",)), grpc.StatusCode.INVALID_ARGUMENT, "stop strings"),
+    (dict(prompt="hi", raw=True, stop=("",)), grpc.StatusCode.INVALID_ARGUMENT, "non-empty"),
 ])
 def test_bad_generate_requests_get_a_clear_status(rings, kwargs, code, message):
     local = rings(3)

@@ -6,19 +6,27 @@ from pathlib import Path
 
 import typer
 
-from prima_rpc.app import cli_plan, cli_ring, cli_serve
-from prima_rpc.app.cli_errors import fail, guarded
+from prima_rpc.app import cli_args, cli_lifecycle, cli_plan, cli_ring, cli_serve
+from prima_rpc.app.cli_errors import Typer, fail, guarded
 from prima_rpc.app.progress import bar
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
-                  help="Control prima-rpc: import models, plan and start rings, generate text.")
-state: dict = {"node": "127.0.0.1:7000", "token": None}
+app = Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+            help="Control prima-rpc: import models, plan and start rings, generate text.")
+state: dict = {"node": "127.0.0.1:7000", "token": None, "node_given": False}
 
 
 @app.callback()
-def main(node: str = typer.Option("127.0.0.1:7000", "--node", help="HOST:PORT of any node of the ring"),
-         token: str = typer.Option(None, "--token", envvar="PRIMA_TOKEN", help="cluster secret")):
-    state["node"], state["token"] = node, token
+def main(node: str = typer.Option(None, "--node", show_default=False,
+                                  help="HOST:PORT of any node of the ring (default: 127.0.0.1:7000)"),
+         token_file: Path = typer.Option(None, "--token-file", metavar="PATH", show_default=False,
+                                         help="a file holding the cluster secret (default: $PRIMA_TOKEN); "
+                                              "never on the command line, where ps shows it")):
+    try:
+        state["token"] = cli_args.read_token(token_file)
+    except ValueError as exc:
+        fail(str(exc))
+    state["node"] = cli_args.address(node or state["node"], "--node")
+    state["node_given"] = node is not None
 
 
 @app.command("import")
@@ -80,6 +88,9 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
         dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
+    cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+    if model is not None:
+        cli_args.store(model)
     import torch
 
     from nodes.generation import GenerateParams
@@ -106,6 +117,7 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
 
 
 cli_ring.register(app, state)
+cli_lifecycle.register(app, state)
 cli_plan.register(app, state)
 cli_serve.register(app, state)
 
@@ -116,5 +128,5 @@ def _default_model() -> Path:
     return ensure_default_store()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m prima_rpc.app.cli
     app()

@@ -1,19 +1,26 @@
-"""One way for the CLIs to fail: a one-line message on stderr and exit status 2, never a traceback."""
+"""One way for the CLIs to fail: a one-line `error: ...` on stderr and a non-zero exit, never a traceback.
+
+`Typer` turns click's usage errors (a bad option, a number that is not one) and anything unexpected into that
+line; `guarded` does it for the errors a user can cause, with the node's message and what to do.
+"""
 
 import functools
+import os
 import sys
 from typing import NoReturn
 
 import grpc
 import typer
+from typer.exceptions import TyperException
 
 from nodes.config import StoreError
-from nodes.text import PromptError
+from prima_rpc.app.rpc_message import rpc_message
+from prima_rpc.client import PrimaError
 
 
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise typer.Exit(2)
+def fail(message: str, status: int = 2) -> NoReturn:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise typer.Exit(status)
 
 
 def guarded(fn):
@@ -21,13 +28,40 @@ def guarded(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from prima_rpc.app.local_ring import LaunchError
+        from prima_rpc.app.ring import RingError
+
         try:
             return fn(*args, **kwargs)
-        except (StoreError, PromptError, ValueError, OSError) as exc:
-            fail(str(exc))
+        except PrimaError as exc:
+            fail(rpc_message(exc.code, exc.message))
         except grpc.RpcError as exc:
-            fail(f"{exc.code().name}: {exc.details()}")
-        except KeyboardInterrupt:
-            fail("interrupted")
+            fail(rpc_message(exc.code(), exc.details()))
+        except (StoreError, RingError, LaunchError, ValueError, OSError) as exc:
+            fail(str(exc) or type(exc).__name__)
 
     return wrapper
+
+
+class Typer(typer.Typer):
+    """typer.Typer whose every failure is one line: usage errors, interrupts and bugs alike."""
+
+    def __call__(self, args: list[str] | None = None, **kwargs):
+        args = sys.argv[1:] if args is None else list(args)
+        try:
+            status = super().__call__(args or ["--help"], standalone_mode=False, **kwargs)
+        except TyperException as exc:  # usage: no such option, not a number, missing argument
+            ctx = getattr(exc, "ctx", None)
+            command = f" {ctx.info_name}" if ctx is not None and ctx.parent is not None else ""
+            print(f"error: {' '.join(exc.format_message().split())} (see prima-ctl{command} --help)", file=sys.stderr)
+            status = exc.exit_code
+        except (KeyboardInterrupt, typer.Abort):
+            print("error: interrupted", file=sys.stderr)
+            status = 130
+        except Exception as exc:  # a bug: still one line, the traceback on request
+            if os.environ.get("PRIMA_DEBUG"):
+                raise
+            print(f"error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+                  "(a bug; PRIMA_DEBUG=1 shows the traceback)", file=sys.stderr)
+            status = 1
+        sys.exit(status or 0)

@@ -5,12 +5,13 @@ import sys
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from nodes.config import read_manifest
+from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
-from solver.strategies import STRATEGIES, plan_offline
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -18,12 +19,14 @@ def register(app: typer.Typer, state: dict) -> None:
     @guarded
     def plan(profiles: Path = typer.Option(None, help="device profiles JSON (offline what-if; default: the live ring)"),
              model: Path = typer.Option(None, help="store directory (with --profiles)"),
-             strategy: str = typer.Option("halda", help=f"one of {', '.join(STRATEGIES)}"),
+             strategy: str = typer.Option("halda", help="halda, halda-noselect, exo or even"),
              json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
              out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
              refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
              timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+        from solver.strategies import plan_offline  # python-mip: only for commands that plan
+
         if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
             fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:
@@ -34,8 +37,10 @@ def register(app: typer.Typer, state: dict) -> None:
             result = plan_offline(profiles, manifest, strategy)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
+            from prima_rpc.app.cli_ring import reach
             from prima_rpc.app.live_plan import plan_live
 
+            reach(state)  # unreachable, or the token refused: said before profiling starts
             result = plan_live(state["node"], state["token"], strategy, refresh)
             title = f"the ring from {state['node']}"
         if out is not None:
@@ -58,8 +63,9 @@ def show(result: dict) -> None:
     if "infeasible" in result:
         console.print(f"[red]infeasible[/red]: {result['infeasible']}")
         return
-    table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token")
-    for col in ("device", "role", "window", "GPU layers", "set", "memory GiB", "stream buffer", "predicted ms",
+    table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token", box=box.SIMPLE_HEAD,
+                  show_edge=False, collapse_padding=True)
+    for col in ("device", "role", "window", "GPU\nlayers", "set", "memory\nGiB", "stream\nbuffer", "predicted\nms",
                 "layers"):
         table.add_column(col)
     for d in result["devices"]:
@@ -67,5 +73,5 @@ def show(result: dict) -> None:
                       f"{d['memory_bytes'] / 2**30:.2f}",
                       f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
                       " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
-    console.print(table)
+    tables.show(table, console)
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms; solved in {result['solve_ms']:.1f} ms")

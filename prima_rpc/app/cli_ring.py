@@ -1,4 +1,4 @@
-"""`prima-ctl` commands that talk to a live ring: start, status, generate, chat, up, down."""
+"""`prima-ctl` commands that talk to a live ring: start, status, generate, chat."""
 
 import asyncio
 import json
@@ -6,15 +6,17 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from prima_rpc.app import ring
-from prima_rpc.app.cli_errors import fail, guarded
-from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
-from solver.plan import even_windows
+from prima_rpc.app import cli_args, ring, tables
+from prima_rpc.app.cli_errors import fail, guarded, rpc_message
+from prima_rpc.app.progress import bar
+from prima_rpc.channel import metadata
+from prima_rpc.client import Finished, PrimaClient, PrimaError, Token, check_text
+from prima_rpc.v1 import prima_pb2 as pb
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -26,12 +28,9 @@ def register(app: typer.Typer, state: dict) -> None:
 
         Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
         if windows is not None:
-            try:
-                sizes = [int(w) for w in windows.split(",")]
-            except ValueError:
-                fail(f"--windows must be comma-separated integers, got {windows!r}")
-            members = buffers = None
-        else:
+            sizes, members, buffers = cli_args.windows(windows), None, None
+        reach(state)
+        if windows is None:
             sizes, members, buffers = _plan_windows(state, plan)
         nodes = _start(state, sizes, members, buffers)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
@@ -47,7 +46,7 @@ def register(app: typer.Typer, state: dict) -> None:
             if json_out:
                 print(json.dumps({"nodes": rows}, indent=1))
             else:
-                Console().print(_status_table(state["node"], rows))
+                tables.show(_status_table(state["node"], rows))
             return
         if watch < 0.1:
             fail(f"--watch needs at least 0.1 seconds, got {watch}")
@@ -61,6 +60,8 @@ def register(app: typer.Typer, state: dict) -> None:
                  stop: list[str] = typer.Option([], help="stop string (repeatable)"),
                  raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json")):
         """Stream a completion from the ring's head (the --node)."""
+        cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+        reach(state)
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       stop=tuple(stop), raw=raw)
         tokens, text, done = asyncio.run(_stream(state, prompt, None, kwargs, echo=not json_out))
@@ -73,57 +74,51 @@ def register(app: typer.Typer, state: dict) -> None:
     @app.command()
     @guarded
     def chat(max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0)):
-        """An interactive chat with the ring (empty line or Ctrl-D ends it)."""
+        """An interactive chat with the ring (empty line or Ctrl-D ends it; Ctrl-C stops an answer).
+
+        A failed turn prints its error and the chat goes on; the exit status is 1 if any turn failed."""
+        cli_args.generate_args("", max_tokens, temperature, 0, 1.0, None, [])
+        reach(state)
         messages: list[dict] = []
+        failed = False
         while True:
             try:
                 line = input("you> ").strip()
             except EOFError:
                 break
+            except UnicodeDecodeError:  # a UTF-8 terminal got other bytes
+                line = "\udcff"  # refused below, as under a C locale (surrogate-escaped bytes)
             if not line:
                 break
-            messages.append({"role": "user", "content": line})
-            sys.stdout.write("model> ")
-            _, text, _ = asyncio.run(_stream(state, "", messages, dict(max_tokens=max_tokens,
+            try:
+                check_text(line, "your message")
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                failed = True
+                continue
+            print("model> ", end="", flush=True)
+            turn = messages + [{"role": "user", "content": line}]
+            try:
+                _, text, _ = asyncio.run(_stream(state, "", turn, dict(max_tokens=max_tokens,
                                                                         temperature=temperature), echo=True))
-            print()
-            messages.append({"role": "assistant", "content": text})
+                messages = turn + [{"role": "assistant", "content": text}]
+                print()
+            except PrimaError as exc:  # the turn is dropped from the history; the chat goes on
+                print(flush=True)
+                print(f"error: {rpc_message(exc.code, exc.message)}", file=sys.stderr, flush=True)
+                failed = True
+            except KeyboardInterrupt:
+                print(" [stopped]", flush=True)
+        if failed:
+            raise typer.Exit(1)
 
-    @app.command()
-    @guarded
-    def up(local: int = typer.Option(3, "--local", help="nodes to start on this machine"),
-           model: Path = typer.Option(None, help="store directory (default: SmolLM2, imported if missing)"),
-           base_port: int = typer.Option(7000), windows: str = typer.Option(None, help="default: an even split"),
-           prompt: str = typer.Option("What is the capital of France?", help="a first question to answer")):
-        """Start a local ring of N nodes on loopback, assign windows, and answer one prompt."""
-        from prima_rpc.app.local_ring import launch
 
-        if local < 1:
-            fail("--local needs at least 1 node")
-        if model is None:
-            from tools.default_model import ensure_default_store
-
-            model = ensure_default_store()
-        local_ring = launch(model, local, base_port, token=state["token"])
-        addresses = local_ring.addresses
-        state["node"] = addresses[0]
-        sizes = [int(w) for w in windows.split(",")] if windows else None
-        nodes = _start(state, sizes or even_windows(ring.walk(addresses[0], state["token"])[0][1].n_layers, local))
-        print(f"ring ready: {len(nodes)} nodes on {', '.join(addresses)}; logs in {local_ring.log_dir}")
-        if prompt:
-            print(f"you> {prompt}\nmodel> ", end="")
-            asyncio.run(_stream(state, prompt, None, dict(max_tokens=64), echo=True))
-            print()
-        print(f"chat with: prima-ctl --node {addresses[0]} chat    stop with: prima-ctl --node {addresses[0]} down")
-
-    @app.command()
-    @guarded
-    def down():
-        """Stop every node of the ring."""
-        nodes = _walk(state)
-        for address, _ in nodes:
-            ring.shutdown(address, state["token"])
-        print(f"stopped {len(nodes)} nodes")
+def reach(state: dict) -> pb.NodeInfo:
+    """The --node's Info, or a one-line error: unreachable, or the token refused."""
+    try:
+        return ring.control(state["node"]).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+    except grpc.RpcError as exc:
+        fail(rpc_message(exc.code(), exc.details(), state["node"]))
 
 
 def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool], list[float]]:
@@ -155,9 +150,8 @@ def _walk(state: dict):
         fail(str(exc))
 
 
-def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None):
-    from prima_rpc.app.progress import bar
-
+def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None,
+           logs: Path | None = None):
     loaded: dict[str, tuple[int, int]] = {}
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
@@ -169,7 +163,7 @@ def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buf
             return ring.start(state["node"], sizes, state["token"], progress=report, members=members,
                               buffers=buffers)
         except ring.RingError as exc:
-            fail(str(exc))
+            fail(f"{exc} (logs in {logs})" if logs else str(exc))
 
 
 STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "frames", "active\nreqs",
@@ -238,17 +232,14 @@ def _row(address: str, info) -> dict:
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):
     tokens, text, done = [], [], None
-    async with PrimaClient(state["node"], state["token"]) as client:
-        try:
-            async for event in client.generate(prompt, messages=messages, **kwargs):
-                if isinstance(event, Token):
-                    tokens.append(event.token_id)
-                    text.append(event.text)
-                    if echo:
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
-                elif isinstance(event, Finished):
-                    done = event
-        except PrimaError as exc:
-            fail(str(exc))
+    async with PrimaClient(state["node"], state["token"]) as client:  # PrimaError: the caller says it
+        async for event in client.generate(prompt, messages=messages, **kwargs):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+                text.append(event.text)
+                if echo:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            elif isinstance(event, Finished):
+                done = event
     return tokens, "".join(text), done

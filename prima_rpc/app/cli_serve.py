@@ -6,10 +6,9 @@ import sys
 import structlog
 import typer
 
-from prima_rpc.app import ring
 from prima_rpc.app.cli_errors import fail, guarded
-from prima_rpc.channel import metadata
-from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.app.cli_ring import reach
+from prima_rpc.client import MAX_TOKENS
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -20,13 +19,16 @@ def register(app: typer.Typer, state: dict) -> None:
               max_tokens: int = typer.Option(1024, help="max_tokens for requests that give none")):
         """Serve /v1/chat/completions, /v1/completions and /v1/models over HTTP, forwarding to the head.
 
-        With --token, clients must send it as their API key (Authorization: Bearer TOKEN).
+        With a token ($PRIMA_TOKEN or --token-file), clients must send it as their API key (Authorization: Bearer
+        TOKEN).
         """
         from prima_rpc.app import openai_api  # aiohttp is needed by this command only
 
-        if max_tokens < 1:
-            fail(f"--max-tokens must be positive, got {max_tokens}")
-        info = ring.control(state["node"]).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+        if not 1 <= max_tokens <= MAX_TOKENS[1]:
+            fail(f"--max-tokens must be in [1, {MAX_TOKENS[1]}], got {max_tokens}")
+        if not 0 <= port <= 65535:
+            fail(f"--port must be in 0-65535, got {port}")
+        info = reach(state)
         if info.role != "head":
             print(f"warning: {state['node']} is a {info.role} node, not a head; requests fail until the ring is "
                   "started (prima-ctl start)", file=sys.stderr)
@@ -43,5 +45,8 @@ def register(app: typer.Typer, state: dict) -> None:
             run = uvloop.run
         except ImportError:  # Windows: the default loop
             run = asyncio.run
-        run(openai_api.serve(config, host, port, ready=ready))
+        try:
+            run(openai_api.serve(config, host, port, ready=ready))
+        except OSError as exc:
+            fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}; choose another --port")
         print("stopped", flush=True)

@@ -37,6 +37,11 @@ class ApiConfig:
     default_max_tokens: int = 1024  # for requests without max_tokens (the head reserves KV for all of them)
 
 
+def model_id(name: str) -> str:
+    """A model name as an id clients can put in a URL: no spaces."""
+    return "-".join(name.split()) or "none"
+
+
 def usage(done: Finished) -> dict:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens}
@@ -89,11 +94,10 @@ class Api:
             try:
                 info = await self.control.Info(pb.InfoRequest(), metadata=metadata(self.config.token), timeout=5)
             except grpc.aio.AioRpcError as exc:
-                failed = PrimaError(exc.code(), f"the head {self.config.head}: {exc.details()}")
-                raise ApiError.from_grpc(failed) from None
+                raise ApiError.from_grpc(PrimaError(exc.code(), exc.details()), self.config.head) from None
             if not info.model_name and not info.model_id:
                 return "none"
-            self._model = info.model_name or info.model_id[:16]
+            self._model = model_id(info.model_name or info.model_id[:16])
         return self._model
 
     def _model_card(self, name: str) -> dict:
@@ -103,11 +107,9 @@ class Api:
         return web.json_response({"object": "list", "data": [self._model_card(await self.model_name())]})
 
     async def model(self, request: web.Request) -> web.Response:
-        name = await self.model_name()
-        if request.match_info["model"] != name:
-            raise ApiError(404, f"The model '{request.match_info['model']}' does not exist; this ring serves "
-                           f"'{name}'.", "model", "model_not_found")
-        return web.json_response(self._model_card(name))
+        """Any name is the ring's model, as for completions (clients ask for "prima", "gpt-4o", ...)."""
+        await self.model_name()  # the head answers, or the same error as a completion would get
+        return web.json_response(self._model_card(request.match_info["model"]))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -203,6 +205,9 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except Exception as exc:  # a bug: still OpenAI's shape and one line; the traceback goes to the log
+        log.exception("internal error", path=request.path)
+        return ApiError(500, f"Internal error: {type(exc).__name__}: {' '.join(str(exc).split())}").response()
 
 
 def bearer_auth(token: str):

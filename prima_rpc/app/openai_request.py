@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import grpc
 from aiohttp import web
 
-from prima_rpc.client import PrimaError
+from prima_rpc.app.rpc_message import rpc_message
+from prima_rpc.client import MAX_STOP, MAX_TOKENS, TEMPERATURE, TOP_K, TOP_P, PrimaError, check_text
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -17,8 +18,6 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }  # any other status: 500
 
-MAX_INT32 = 2**31 - 1  # max_tokens is an int32 on the wire
-MAX_STOP = 16  # the head's limit on stop strings
 MAX_BODY_BYTES = 8 << 20  # the head takes prompts up to 1 Mi characters
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields whose effect the ring cannot give, and the values that ask for nothing.
@@ -38,8 +37,11 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     @classmethod
-    def from_grpc(cls, exc: PrimaError) -> "ApiError":
-        return cls(HTTP_STATUS.get(exc.code, 500), exc.message, code=exc.code.name.lower())
+    def from_grpc(cls, exc: PrimaError, address: str = "") -> "ApiError":
+        """The head's status as HTTP, with the message prima-ctl would print (address: the node called, when
+        the message does not name it)."""
+        return cls(HTTP_STATUS.get(exc.code, 500), rpc_message(exc.code, exc.message, address),
+                   code=exc.code.name.lower())
 
     def body(self) -> dict:
         kind = ("server_error" if self.status >= 500 else "rate_limit_error" if self.status == 429
@@ -102,13 +104,21 @@ def _number(body: dict, name: str, lo: float, hi: float, default: float) -> floa
     return float(value)
 
 
+def _utf8(value: str, param: str) -> str:
+    """JSON may carry lone surrogates ("\\udce9"), which are not text the head can take."""
+    try:
+        return check_text(value, "the text")
+    except ValueError as exc:
+        raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
+
+
 def _text(value, param: str) -> str:
     """A string, or OpenAI's content parts [{"type": "text", "text": ...}] joined by newlines."""
     if isinstance(value, str):
-        return value
+        return _utf8(value, param)
     if isinstance(value, list) and value and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
-        return "\n".join(p["text"] for p in value)
+        return _utf8("\n".join(p["text"] for p in value), param)
     raise ApiError(400, f"Invalid '{param}': expected a string or text content parts, got {_show(value)}.", param,
                    "invalid_type")
 
@@ -141,7 +151,7 @@ def _prompt(body: dict) -> str:
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, f"Invalid 'prompt': expected one non-empty string, got {_show(prompt)}.", "prompt",
                        "invalid_value")
-    return prompt
+    return _utf8(prompt, "prompt")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -151,7 +161,7 @@ def _stop(body: dict) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, f"Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them, got "
                        f"{_show(body.get('stop'))}.", "stop", "invalid_value")
-    return tuple(stop)
+    return tuple(_utf8(s, "stop") for s in stop)
 
 
 def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
@@ -173,15 +183,15 @@ def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise ApiError(400, "Invalid 'stream_options': an object {\"include_usage\": bool}, only with stream true.",
                        "stream_options", "invalid_value")
-    max_tokens = _integer(body, "max_completion_tokens", 1, MAX_INT32) or _integer(body, "max_tokens", 1, MAX_INT32)
-    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)  # OpenAI's default is 1: sampling
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
+    max_tokens = _integer(body, "max_completion_tokens", *MAX_TOKENS) or _integer(body, "max_tokens", *MAX_TOKENS)
+    temperature = _number(body, "temperature", *TEMPERATURE, 1.0)  # OpenAI's default is 1: sampling
+    top_p = _number(body, "top_p", *TOP_P, 1.0)
     seed = _integer(body, "seed", -(2**63), 2**64 - 1)
     return GenerateCall(
         chat=chat, prompt="" if chat else _prompt(body), messages=_messages(body) if chat else (),
         max_tokens=max_tokens or default_max_tokens,
         temperature=0.0 if top_p == 0.0 else temperature,  # top_p 0 keeps one token; on the wire 0 means off
-        top_p=top_p, top_k=_integer(body, "top_k", 0, MAX_INT32) or 0,
+        top_p=top_p, top_k=_integer(body, "top_k", *TOP_K) or 0,
         seed=None if seed is None else seed % 2**64, stop=_stop(body), stream=stream,
         include_usage=bool(options and options.get("include_usage")), model=model)
 
