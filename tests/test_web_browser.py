@@ -29,7 +29,7 @@ def page_url(rings):
     ring.start(local.addresses[0], [10, 10, 10])
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0],
-                               "--token", SECRET, "serve", "--port", str(port)],
+                               "serve", "--port", str(port)], env={**os.environ, "PRIMA_TOKEN": SECRET},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "serving" in server.stdout.readline()
