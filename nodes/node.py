@@ -260,8 +260,10 @@ class Node:
         if step is Step.COMPUTE:
             try:
                 w = await self._compute(w)
-            except ValueError as exc:
-                return await self._fail_request(w.request_id, Code.RESOURCE_EXHAUSTED, str(exc))
+            except Rejected as exc:
+                return await self._fail_request(w.request_id, exc.code, str(exc))
+            except ValueError as exc:  # positions or capacity that do not fit this request's KV cache
+                return await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
             if w.epoch != self.epoch:  # re-planned while computing: the result belongs to the old ring
                 return
             step = self.windows.step(w.next_layer)
@@ -303,7 +305,7 @@ class Node:
         for rid in [r for r in self.shard.caches if now - self.cache_used.get(r, 0.0) > CACHE_IDLE_S]:
             self.release(rid)
         if len(self.shard.caches) >= MAX_CACHES:
-            raise ValueError(f"this node already holds KV caches for {MAX_CACHES} requests")
+            raise Rejected(Code.RESOURCE_EXHAUSTED, f"this node already holds KV caches for {MAX_CACHES} requests")
 
     async def _fail_request(self, request_id: str, code: Code, message: str) -> None:
         """End a request everywhere: free its cache here and tell the head (an ERROR frame round the ring)."""
