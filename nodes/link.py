@@ -66,6 +66,8 @@ class RingLink:
     async def close(self) -> None:
         if self._call is not None:
             self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._call = None

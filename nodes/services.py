@@ -87,15 +87,18 @@ class ControlService(rpc.ControlServicer):
                         f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
         if len(request.head_address) > 255:
             await abort(context, Code.INVALID_ARGUMENT, "head_address: at most 255 characters")
-        task = loop.create_task(node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                            list(request.ring), buffer, request.head_address), name="assign")
-        while not (task.done() and updates.empty()):
-            getter = loop.create_task(updates.get())
-            await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield getter.result()
-            else:
-                getter.cancel()
+
+        async def load() -> None:
+            try:
+                await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
+                                  list(request.ring), buffer, request.head_address)
+            finally:  # after every progress update: the compute thread's callbacks were queued first
+                updates.put_nowait(None)
+
+        # The load goes on if the caller goes away: a half-loaded node is worse than an unwatched one.
+        task = loop.create_task(load(), name="assign")
+        while (update := await updates.get()) is not None:
+            yield update
         try:
             task.result()
         except Rejected as exc:
