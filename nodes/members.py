@@ -57,6 +57,9 @@ class Members:
                         busy=bool(self.owner.requests))
 
     def states(self) -> list[tuple[str, str]]:
+        """(address, state) of every member, the head first; none before a ring names the head."""
+        if not self.head:
+            return []
         return [(a, s.value) for a, s in recovery.member_states(self.view(), self.answers)]
 
     def link_down(self, request_id: str, message: str) -> None:

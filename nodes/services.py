@@ -79,14 +79,15 @@ class ControlService(rpc.ControlServicer):
 
         if not request.model_id:
             await abort(context, Code.INVALID_ARGUMENT, "model_id is required (the ring's model fingerprint)")
-        if len(request.ring) > 256 or any(len(a) > 255 for a in request.ring):
-            await abort(context, Code.INVALID_ARGUMENT, "ring: at most 256 addresses of up to 255 characters")
+        if len(request.ring) > 256 or not all(_is_address(a) for a in request.ring):
+            await abort(context, Code.INVALID_ARGUMENT, "ring: at most 256 addresses, each HOST:PORT")
         buffer = request.stream_buffer_layers
         if not 0 <= buffer <= MAX_BUFFER_LAYERS:  # also refuses NaN
             await abort(context, Code.INVALID_ARGUMENT,
                         f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
-        if len(request.head_address) > 255:
-            await abort(context, Code.INVALID_ARGUMENT, "head_address: at most 255 characters")
+        if request.head_address and not _is_address(request.head_address):
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
 
         async def load() -> None:
             try:
@@ -126,8 +127,7 @@ class ControlService(rpc.ControlServicer):
 
     async def SetPeer(self, request, context):
         peer = request.peer
-        port = peer.rpartition(":")[2]
-        if not PEER.fullmatch(peer) or not (0 < int(port) < 65536):
+        if not _is_address(peer):
             await abort(context, Code.INVALID_ARGUMENT, f"peer must be HOST:PORT, got {peer[:80]!r}")
         await self.node.set_peer(peer)
         return frames.SET_PEER_REPLY
@@ -181,6 +181,10 @@ class InferenceService(rpc.InferenceServicer):
     async def Cancel(self, request, context):
         head = self.node.head
         return frames.cancel_reply(head is not None and head.cancel(request.request_id))
+
+
+def _is_address(address: str) -> bool:
+    return bool(PEER.fullmatch(address)) and 0 < int(address.rpartition(":")[2]) < 65536
 
 
 def _finished(gen: Generation, request_id: str, start: float, stamps: list[float]) -> pb.Finished:

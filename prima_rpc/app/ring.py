@@ -51,14 +51,14 @@ def status(start: str, token: str | None = None, timeout: float = 5.0) -> list[t
     info = _info(start, token, timeout)
     if info is None:
         raise RingError(f"cannot reach node {start}")
-    head = start if info.role == "head" else info.head
+    head = start if info.members else info.head  # only a head lists members (also while it re-plans)
     if not head:  # not (yet) told by a head: look for one along the successors
         walked = _status_by_walk(start, info, token, timeout)
-        head = next((a for a, _, i in walked if i is not None and i.role == "head" and i.members), "")
+        head = next((a for a, _, i in walked if i is not None and i.members), "")
         if not head:
             return walked
     head_info = info if head == start else _info(head, token, timeout)
-    if head_info is None or head_info.role != "head" or not head_info.members:
+    if head_info is None or not head_info.members:
         return _status_by_walk(start, info, token, timeout)
     members = [(m.address, m.state) for m in head_info.members]  # the head first
     with ThreadPoolExecutor(min(16, len(members))) as pool:
