@@ -134,6 +134,10 @@ class Head:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the ring did not recover in time") from None
         if req.failure:
             raise req.failure
+        if self.node.shard is None:  # a re-plan failed and left the head without layers
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                                f"the ring has no working assignment ({self.node.last_error or 'see the head log'}); "
+                                "restart the lost node or run prima-ctl start")
 
     async def _replay(self, req: HeadRequest, request_id: str, gen: Generation) -> None:
         """After a re-plan: rebuild this request's KV caches on the new ring from its tokens so far."""

@@ -109,6 +109,7 @@ class Members:
         except REPLAN_ERRORS as exc:  # the requests end with the reason; the next round tries again
             message = f"lost node(s) {', '.join(d.lost)} and the survivors cannot take over: {_why(exc)}"
             node.log.error("recovery failed", error=message)
+            node.last_error = message
             self.members = d.survivors
             self.owner.fail_all(_unavailable(message))
         finally:

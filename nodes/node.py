@@ -124,7 +124,10 @@ class Node:
         self.log.info("assigned")
 
     async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
-        old, self.windows, self.shard, self.text = self.shard, None, None, None
+        # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
+        old, self.windows, self.shard = self.shard, None, None
+        if not windows.head:
+            self.text = None
         loop = asyncio.get_running_loop()
         if old is not None:  # stop its prefetcher and free its memory before loading the new one
             self.stats.stall_s += old.stall_s
@@ -136,7 +139,7 @@ class Node:
             buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype))
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
                 self.store, windows, self.dtype, progress, budget=budget, buffer=buffer, log=log))
-            if windows.head:
+            if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
 
