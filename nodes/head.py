@@ -1,19 +1,25 @@
-"""The head's side of a request: its generation loop, ring round trips, and replay after a re-plan."""
+"""The head: what only the ring's first node holds - its requests, their generation loops, replay after a
+re-plan, and the watch over its members (nodes/members.py)."""
+
+from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import grpc
 import torch
 
+from nodes import frames
 from nodes.generation import GenerateParams, Generation, TokenOut
-from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, Work
+from nodes.members import Members
+from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 
-
-class RequestFailed(Exception):
-    """A ring node reported an error for this request."""
+if TYPE_CHECKING:
+    from nodes.node import Node
 
 
 class RingChanged(Exception):
@@ -22,44 +28,60 @@ class RingChanged(Exception):
 
 @dataclass
 class HeadRequest:
-    """The head's side of one request: the hidden state or error the ring hands back."""
+    """The head's side of one request: the hidden state or failure the ring hands back."""
 
     waiter: asyncio.Future | None = None
-    error: str | None = None
-    cancelled: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: RequestFailed | None = None
 
     def deliver(self, hidden: torch.Tensor) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(hidden)
 
-    def fail(self, message: str) -> None:
-        self.error = message
+    def fail(self, failure: RequestFailed) -> None:
+        self.failure = self.failure or failure
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(RequestFailed(message))
+            self.waiter.set_exception(failure)
 
     def ring_changed(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(RingChanged())
 
 
-class HeadRole:
-    """Mixed into Node: what only the head does. Uses the node's queues, shard, pool and store."""
+class Head:
+    """Held by the node while it is the ring's head. Uses the node's shard, queues and compute thread."""
 
+    def __init__(self, node: Node, ring: list[str], fresh: bool):
+        self.node = node
+        self.requests: dict[str, HeadRequest] = {}
+        self.ring_ready = asyncio.Event()  # cleared while the ring is re-planned
+        self.ring_ready.set()
+        self.members = Members(self, node.cfg.token)
+        self.rewire(ring, fresh)
+
+    def rewire(self, ring: list[str], fresh: bool) -> None:
+        """ring: every member's address in ring order, the head's own first. fresh: from prima-ctl."""
+        if ring:
+            self.members.set_ring(ring[0], ring[1:], fresh)
+
+    @property
+    def address(self) -> str:
+        return self.members.head or self.node.address
+
+    # ------------------------------------------------------------------ requests
 
     async def generate(self, prompt_ids: list[int], params: GenerateParams,
                        request_id: str) -> AsyncIterator[TokenOut | Generation]:
         """Token events of one request, then the finished Generation itself."""
-        if self.role != "head":
-            raise Rejected("FAILED_PRECONDITION", f"this node is a {self.role}, not the ring's head")
         if len(self.requests) >= MAX_REQUESTS:
-            raise Rejected("RESOURCE_EXHAUSTED", f"the head serves at most {MAX_REQUESTS} requests at once")
+            raise Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the head serves at most {MAX_REQUESTS} requests")
         if request_id in self.requests:
-            raise Rejected("ALREADY_EXISTS", f"request id {request_id!r} is in use")
-        cfg = self.store.config
-        gen = Generation(prompt_ids, params, self.text, self.store.manifest.eos_token_ids, cfg.max_seq_len)
+            raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is in use")
+        node = self.node
+        gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
+                         node.store.config.max_seq_len)
         req = self.requests[request_id] = HeadRequest()
         try:
+            await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             while not gen.done:
                 ids, pos = gen.pending()
                 start = time.perf_counter()
@@ -68,48 +90,61 @@ class HeadRole:
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
-                logits = await asyncio.get_running_loop().run_in_executor(self.pool, self.shard.logits, hidden)
-                self.stats.last_token_ms = (time.perf_counter() - start) * 1e3
+                logits = await asyncio.get_running_loop().run_in_executor(node.pool, node.shard.logits, hidden)
+                node.stats.last_token_ms = (time.perf_counter() - start) * 1e3
                 yield gen.accept(logits)
             yield gen
         finally:
             del self.requests[request_id]
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
-            if self.shard is not None:
-                self._release(request_id)
+            if node.shard is not None:
+                node.release(request_id)
             try:
-                self.outbox.put_nowait(pb.Frame(request_id=request_id, kind=pb.RELEASE, epoch=self.epoch))
+                node.outbox.put_nowait(frames.release(request_id, node.epoch))
             except asyncio.QueueFull:
-                self.log.warning("release not sent: outbox full", request_id=request_id)
+                node.log.warning("release not sent: outbox full", request_id=request_id)
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks."""
+        node = self.node
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[offset:offset + PREFILL_CHUNK]
-            x = await loop.run_in_executor(self.pool, self.shard.embed, chunk)
+            x = await loop.run_in_executor(node.pool, node.shard.embed, chunk)
+            if req.failure:
+                raise req.failure
+            if not self.ring_ready.is_set():  # a re-plan began while embedding: this frame's epoch is over
+                raise RingChanged()
             req.waiter = loop.create_future()
-            await self.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=self.epoch))
+            await node.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=node.epoch))
             try:
-                hidden = await asyncio.wait_for(req.waiter, self.cfg.step_timeout)
+                hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
             except TimeoutError:
-                raise RequestFailed(f"no answer from the ring within {self.cfg.step_timeout:.0f} s "
+                raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                                    f"no answer from the ring within {node.cfg.step_timeout:.0f} s "
                                     "(a node may be down)") from None
         return hidden
+
+    async def _ring_ready(self, req: HeadRequest) -> None:
+        try:
+            await asyncio.wait_for(self.ring_ready.wait(), self.node.cfg.step_timeout)
+        except TimeoutError:
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the ring did not recover in time") from None
+        if req.failure:
+            raise req.failure
+        if self.node.shard is None:  # a re-plan failed and left the head without layers
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                                f"the ring has no working assignment ({self.node.last_error or 'see the head log'}); "
+                                "restart the lost node or run prima-ctl start")
 
     async def _replay(self, req: HeadRequest, request_id: str, gen: Generation) -> None:
         """After a re-plan: rebuild this request's KV caches on the new ring from its tokens so far."""
         while True:
-            try:
-                await asyncio.wait_for(self.ring_ready.wait(), self.cfg.step_timeout)
-            except TimeoutError:
-                raise RequestFailed("the ring did not recover in time") from None
-            if req.error:
-                raise RequestFailed(req.error)
+            await self._ring_ready(req)
             history = gen.prompt_ids + gen.tokens[:-1] if gen.tokens else []
-            self.log.info("replaying request on the new ring", request_id=request_id, tokens=len(history))
+            self.node.log.info("replaying request on the new ring", request_id=request_id, tokens=len(history))
             try:
                 if history:
                     await self._round_trip(req, request_id, history, 0, gen.capacity)
@@ -117,9 +152,30 @@ class HeadRole:
             except RingChanged:
                 continue
 
+    def known(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def deliver(self, request_id: str, hidden: torch.Tensor) -> None:
+        if (req := self.requests.get(request_id)) is not None:
+            req.deliver(hidden)
+
+    def fail(self, request_id: str, failure: RequestFailed) -> None:
+        if (req := self.requests.get(request_id)) is not None:
+            req.fail(failure)
+
+    def fail_all(self, failure: RequestFailed) -> None:
+        for req in self.requests.values():
+            req.fail(failure)
+
+    def ring_changed(self) -> None:
+        for req in self.requests.values():
+            req.ring_changed()
+
     def cancel(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None:
+        if request_id not in self.requests:
             return False
-        req.fail("cancelled")
+        self.fail(request_id, RequestCancelled())
         return True
+
+    async def close(self) -> None:
+        await self.members.close()

@@ -5,6 +5,7 @@ import asyncio
 import grpc
 import structlog
 
+from nodes import frames
 from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
@@ -59,12 +60,14 @@ class RingLink:
     async def ping(self, seq: int, timeout: float = 5.0) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._acks[seq] = fut
-        await self.send(pb.Frame(kind=pb.PING, seq=seq))
+        await self.send(frames.ping(seq))
         await asyncio.wait_for(fut, timeout)
 
     async def close(self) -> None:
         if self._call is not None:
             self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._call = None

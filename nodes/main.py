@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -15,8 +16,8 @@ from nodes import metrics
 from nodes.auth import TokenAuth
 from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
-from nodes.recovery import watch
 from nodes.services import ControlService, InferenceService, RingService
+from nodes.work import RequestFailed
 from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -77,23 +78,27 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
     ready(node.address)
     try:
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(node.compute_loop(), name="compute")
-            tasks.create_task(node.send_loop(), name="send")
-            tasks.create_task(watch(node), name="watch")
+            actor = tasks.create_task(node.run(), name="node")
             await stop.wait()
             # End in-flight requests with a clear status before the server stops taking calls.
-            for req in node.requests.values():
-                req.fail(f"{node.cfg.name or node.address} is shutting down")
+            if node.head is not None:
+                node.head.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                                                 f"{node.cfg.name or node.address} is shutting down"))
             await server.stop(grace=2)
-            raise asyncio.CancelledError  # leave the task group, cancelling the loops
-    except asyncio.CancelledError:
-        pass
+            actor.cancel()  # the node closes its link, channels and compute thread
     finally:
         await server.stop(grace=2)
         if exporter is not None:
             await exporter.cleanup()
-        await node.link.close()
-        node.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def fault_layer(text: str) -> int:
+    """Fault injection for tests: PRIMA_FAULT_LAYER=L makes the first compute of layer L raise (-1: off)."""
+    if not text:
+        return -1
+    if not text.isdigit():
+        raise typer.BadParameter(f"PRIMA_FAULT_LAYER must be a layer number, got {text[:20]!r}")
+    return int(text)
 
 
 def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: bool) -> grpc.ServerCredentials | None:
@@ -134,7 +139,7 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     if dtype not in ("float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
-                     token=token, dtype=dtype)
+                     token=token, dtype=dtype, fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

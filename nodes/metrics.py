@@ -8,6 +8,7 @@ Scrape `http://HOST:METRICS_PORT/metrics` (prima-node --metrics-port). The per-n
 import hmac
 from collections.abc import Iterator
 
+import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
@@ -44,8 +45,8 @@ def observe_finished(done: pb.Finished) -> None:
         TPOT.observe(done.tpot_ms / 1e3)
 
 
-def observe_error(code: str) -> None:
-    ERRORS.labels(code).inc()
+def observe_error(code: grpc.StatusCode) -> None:
+    ERRORS.labels(code.name).inc()
 
 
 class NodeCollector(Collector):

@@ -1,9 +1,9 @@
 """The node actor: frames in, windows computed on one compute thread, frames out to the successor.
 
-Tasks: the Ring service receives and validates frames into `inbox`; `compute_loop` runs them (torch
-work off the event loop on a single thread); `send_loop` writes `outbox` to the successor. Every
-request has at most one frame in flight, so queues longer than the request limit cannot deadlock
-the ring.
+State plus three named coroutines (`run`): the Ring service validates frames into `inbox`; "compute"
+runs them (torch work off the event loop on a single thread); "send" writes `outbox` to the successor;
+"watch" lets the head (only the head node holds a `Head`) probe its members. Every request has at most
+one frame in flight, so queues longer than the request limit cannot deadlock the ring.
 """
 
 import asyncio
@@ -13,23 +13,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import grpc
 import psutil
 import structlog
 import torch
 
+from nodes import frames
 from nodes.fused import layer_bytes
-from nodes.head import HeadRequest, HeadRole
+from nodes.head import Head
 from nodes.link import LinkDown, RingLink
+from nodes.members import PROBE_INTERVAL
 from nodes.routing import Step, Windows
 from nodes.shard import Shard, check_assignment
 from nodes.store import LayerStore
 from nodes.text import TextCodec
-from nodes.work import CACHE_IDLE_S, MAX_CACHES, MAX_ID, QUEUE, Rejected, Work
+from nodes.work import CACHE_IDLE_S, MAX_CACHES, MAX_ID, QUEUE, Rejected, RequestFailed, Work
 from prima_rpc import codec
 from prima_rpc.channel import MAX_MESSAGE_BYTES
 from prima_rpc.v1 import prima_pb2 as pb
 
 log = structlog.get_logger()
+Code = grpc.StatusCode
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     port: int = 0
@@ -41,6 +47,7 @@ class NodeConfig:
     token: str | None = None
     dtype: str = "float32"
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
+    fault_layer: int = -1  # fault injection for tests (PRIMA_FAULT_LAYER): the first compute of this layer raises
 
 
 @dataclass
@@ -52,7 +59,7 @@ class Stats:
     last_token_ms: float = 0.0
 
 
-class Node(HeadRole):
+class Node:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.node_id = uuid.uuid4().hex
@@ -62,23 +69,20 @@ class Node(HeadRole):
         self.windows: Windows | None = None
         self.shard: Shard | None = None
         self.text: TextCodec | None = None
+        self.head: Head | None = None  # only while this node is the ring's head
+        self.head_address = ""  # the ring's head, as the ring dials it (for status)
+        self.fetching = False  # loading windows
         self.last_error = ""
         self.peer = cfg.peer
         self.epoch = 0  # frames of another epoch (an older ring) are dropped
-        self.members: list[str] = []  # head: the other members' addresses in ring order, watched
-        self.ring_address = self.address  # head: how its predecessor dials it
-        self.original: list[str] = []  # head: the members as prima-ctl started them
-        self.lost: set[str] = set()  # head: members lost and not yet back
-        self.ring_ready = asyncio.Event()
-        self.ring_ready.set()
         self.inbox: asyncio.Queue[Work] = asyncio.Queue(QUEUE)
         self.outbox: asyncio.Queue[pb.Frame] = asyncio.Queue(QUEUE)
         self.link = RingLink(cfg.peer, cfg.token)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="compute")
-        self.requests: dict[str, HeadRequest] = {}
         self.cache_used: dict[str, float] = {}  # request id -> when its KV cache was last used
         self.stats = Stats()
         self.log = log.bind(node=cfg.name or self.address)
+        self._fault_layer = cfg.fault_layer
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -89,17 +93,41 @@ class Node(HeadRole):
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
-                     ring: list[str] = (), buffer_layers: float = 0.0) -> None:
+                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "") -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
         ring: (head) every member's address in ring order, its own first, watched for failures.
-        buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams."""
-        busy = self.requests or (self.shard and self.shard.caches)
+        buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
+        head_address: (members) the ring's head, as the ring dials it."""
+        busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
-            raise Rejected("FAILED_PRECONDITION", "requests are in flight; reassign when the ring is idle")
+            raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
         check_assignment(self.store, windows, model_id)
-        old, self.windows, self.shard, self.text = self.shard, None, None, None
+        self.fetching, self.epoch = True, epoch  # frames of the old ring are dropped from now on
+        try:
+            await self._load(windows, progress, buffer_layers)
+        finally:
+            self.fetching = False
+        if windows.head:
+            if self.head is None:
+                self.head = Head(self, list(ring), fresh=True)
+            else:
+                self.head.rewire(list(ring), fresh=not replan)
+            self.head_address = self.head.address
+        else:
+            old, self.head = self.head, None
+            if old is not None:
+                await old.close()
+            self.head_address = head_address
+        self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
+        self.log.info("assigned")
+
+    async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
+        # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
+        old, self.windows, self.shard = self.shard, None, None
+        if not windows.head:
+            self.text = None
         loop = asyncio.get_running_loop()
         if old is not None:  # stop its prefetcher and free its memory before loading the new one
             self.stats.stall_s += old.stall_s
@@ -111,37 +139,32 @@ class Node(HeadRole):
             buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype))
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
                 self.store, windows, self.dtype, progress, budget=budget, buffer=buffer, log=log))
-            if windows.head:
+            if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
-        self.windows, self.epoch = windows, epoch
-        if ring:
-            self.ring_address, self.members = ring[0], list(ring[1:])
-            if not replan:  # a fresh ring from prima-ctl: the order lost nodes rejoin in
-                self.original, self.lost = list(ring[1:]), set()
-        self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
-        self.log.info("assigned")
+        self.windows = windows
+
+    @property
+    def state(self) -> str:
+        return "fetching" if self.fetching else "up"
 
     def info(self) -> pb.NodeInfo:
         rss = psutil.Process().memory_info().rss
         stall = self.stats.stall_s + (self.shard.stall_s if self.shard else 0.0)
-        return pb.NodeInfo(
+        stats = frames.node_stats(
+            resident_bytes=self.shard.resident_bytes() if self.shard else 0,
+            disk_read_bytes=self.store.bytes_read if self.store else 0,
+            compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s, frames=self.stats.frames,
+            last_token_ms=self.stats.last_token_ms, rss_bytes=rss,
+            active_requests=len(self.shard.caches) if self.shard else 0)
+        return frames.node_info(
+            stats=stats, windows=self.windows.ranges if self.windows else (),
+            members=self.head.members.states() if self.head else (),
             name=self.cfg.name or self.address, address=self.address, peer=self.peer, role=self.role,
-            windows=[pb.LayerRange(start=a, stop=b) for a, b in (self.windows.ranges if self.windows else ())],
-            loaded=self.windows is not None,
-            n_layers=self.store.config.n_layers if self.store else 0,
+            loaded=self.windows is not None, n_layers=self.store.config.n_layers if self.store else 0,
             model_id=self.store.model_id if self.store else "",
             model_name=self.store.manifest.name if self.store else "",
             mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
-            node_id=self.node_id, error=self.last_error, epoch=self.epoch,
-            stats=pb.NodeStats(
-                resident_bytes=self.shard.resident_bytes() if self.shard else 0,
-                disk_read_bytes=self.store.bytes_read if self.store else 0,
-                compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s,
-                frames=self.stats.frames,
-                last_token_ms=self.stats.last_token_ms, rss_bytes=rss,
-                active_requests=len(self.shard.caches) if self.shard else 0,
-            ),
-        )
+            node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address)
 
     # ------------------------------------------------------------------ frames in
 
@@ -151,11 +174,11 @@ class Node(HeadRole):
         Structure is checked first; then frames of another epoch (an older ring, still in flight
         when the ring was re-planned) are dropped; then what only the current ring can judge."""
         if frame.kind not in (pb.FORWARD, pb.RELEASE, pb.ERROR):
-            raise Rejected("INVALID_ARGUMENT", f"unknown frame kind {frame.kind}")
+            raise Rejected(Code.INVALID_ARGUMENT, f"unknown frame kind {frame.kind}")
         if not (0 < len(frame.request_id) <= MAX_ID):
-            raise Rejected("INVALID_ARGUMENT", f"request_id must have 1..{MAX_ID} characters")
+            raise Rejected(Code.INVALID_ARGUMENT, f"request_id must have 1..{MAX_ID} characters")
         if self.windows is None:
-            raise Rejected("FAILED_PRECONDITION", "this node has no assignment yet (prima-ctl start)")
+            raise Rejected(Code.FAILED_PRECONDITION, "this node has no assignment yet (prima-ctl start)")
         hidden = self._checked_hidden(frame) if frame.kind == pb.FORWARD and not self.windows.relay else None
         if frame.epoch != self.epoch:
             self.log.debug("stale frame dropped", request_id=frame.request_id, epoch=frame.epoch)
@@ -163,7 +186,8 @@ class Node(HeadRole):
         if self.windows.relay:
             await self.outbox.put(frame)  # relays hold no model: forward unchanged
         elif frame.kind == pb.ERROR:
-            await self.inbox.put(Work(frame.request_id, pb.ERROR, error=frame.error[:1000], epoch=frame.epoch))
+            await self.inbox.put(Work(frame.request_id, pb.ERROR, error=frame.error[:1000],
+                                      code=frames.status_from_wire(frame.code), epoch=frame.epoch))
         elif frame.kind == pb.RELEASE:
             await self.inbox.put(Work(frame.request_id, pb.RELEASE, epoch=frame.epoch))
         else:
@@ -176,74 +200,88 @@ class Node(HeadRole):
         try:
             hidden = codec.decode(frame.hidden, max_bytes=MAX_MESSAGE_BYTES)
         except codec.CodecError as exc:
-            raise Rejected("INVALID_ARGUMENT", f"hidden: {exc}") from None
+            raise Rejected(Code.INVALID_ARGUMENT, f"hidden: {exc}") from None
         if hidden.dim() != 2 or hidden.shape[1] != cfg.hidden or hidden.shape[0] == 0:
-            raise Rejected("INVALID_ARGUMENT", f"hidden must be [tokens >= 1, {cfg.hidden}], got {list(hidden.shape)}")
+            raise Rejected(Code.INVALID_ARGUMENT,
+                           f"hidden must be [tokens >= 1, {cfg.hidden}], got {list(hidden.shape)}")
         return hidden
 
     def _check_in_ring(self, frame: pb.Frame, hidden: torch.Tensor) -> None:
         cfg = self.store.config
         why = self.windows.check_received(frame.next_layer)
         if why:
-            raise Rejected("INVALID_ARGUMENT", why)
+            raise Rejected(Code.INVALID_ARGUMENT, why)
         if frame.start_pos + hidden.shape[0] > cfg.max_seq_len:
-            raise Rejected("OUT_OF_RANGE", f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
+            raise Rejected(Code.OUT_OF_RANGE, f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
                                            f"context {cfg.max_seq_len}")
-        known = frame.request_id in self.shard.caches or frame.request_id in self.requests
+        known = frame.request_id in self.shard.caches or (self.head is not None and self.head.known(frame.request_id))
         if frame.start_pos > 0 and not known:
-            raise Rejected("NOT_FOUND", f"unknown request id {frame.request_id!r}")
+            raise Rejected(Code.NOT_FOUND, f"unknown request id {frame.request_id!r}")
 
     # ------------------------------------------------------------------ the loops
 
-    async def compute_loop(self) -> None:
+    async def run(self) -> None:
+        """The node's coroutines until cancelled; the link, channels and compute thread closed after."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._compute_loop(), name="compute")
+                tasks.create_task(self._send_loop(), name="send")
+                tasks.create_task(self._watch_loop(), name="watch")
+        finally:
+            if self.head is not None:
+                await self.head.close()
+            await self.link.close()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _compute_loop(self) -> None:
         while True:
             work = await self.inbox.get()
             try:
                 await self._handle(work)
-            except Exception:  # one bad request must not stop the node
+            except Exception as exc:  # one failed request must not stop the node; its head learns why at once
                 self.log.exception("frame failed", request_id=work.request_id)
+                await self._fail_request(work.request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     async def _handle(self, w: Work) -> None:
-        if w.epoch != self.epoch:  # queued before the ring was re-planned
+        if w.epoch != self.epoch or self.windows is None:  # queued before the ring was re-planned
             return
-        head = self.windows.head
+        head = self.head
         if w.kind == pb.RELEASE:
-            self._release(w.request_id)
-            if not head:
-                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.RELEASE, epoch=w.epoch))
+            self.release(w.request_id)
+            if head is None:
+                await self.outbox.put(frames.release(w.request_id, w.epoch))
             return
         if w.kind == pb.ERROR:
-            if head:
-                if w.request_id in self.requests:
-                    self.requests[w.request_id].fail(w.error)
+            if head is not None:
+                head.fail(w.request_id, RequestFailed(w.code, w.error))
             else:
-                await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.ERROR, error=w.error, epoch=w.epoch))
+                await self.outbox.put(frames.error(w.request_id, w.code, w.error, w.epoch))
             return
-        if head and w.request_id not in self.requests:
+        if head is not None and not head.known(w.request_id):
             return  # a request that ended (or never existed): never give it a KV cache here
         step = self.windows.step(w.next_layer)
         if step is Step.COMPUTE:
             try:
                 w = await self._compute(w)
-            except ValueError as exc:
-                return await self._fail_request(w.request_id, str(exc))
+            except Rejected as exc:
+                return await self._fail_request(w.request_id, exc.code, str(exc))
+            except ValueError as exc:  # positions or capacity that do not fit this request's KV cache
+                return await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
             if w.epoch != self.epoch:  # re-planned while computing: the result belongs to the old ring
                 return
             step = self.windows.step(w.next_layer)
         if step is Step.DELIVER:
-            req = self.requests.get(w.request_id)
-            if req is not None:
-                req.deliver(w.hidden)
+            if head is not None:
+                head.deliver(w.request_id, w.hidden)
             return
-        await self.outbox.put(pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos,
-                                       next_layer=w.next_layer, capacity=w.capacity, hidden=codec.encode(w.hidden),
-                                       epoch=w.epoch))
+        await self.outbox.put(frames.forward(w))
 
     async def _compute(self, w: Work) -> Work:
         if w.request_id not in self.shard.caches:
             self._make_room()
         cache = self.shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
         self.cache_used[w.request_id] = time.monotonic()
+        self._inject_fault(w.next_layer)
         start = time.perf_counter()
         hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
             self.pool, self.shard.compute, w.hidden, cache, w.start_pos, w.next_layer)
@@ -251,7 +289,14 @@ class Node(HeadRole):
         self.stats.frames += 1
         return replace(w, hidden=hidden, next_layer=next_layer)
 
-    def _release(self, request_id: str) -> None:
+    def _inject_fault(self, next_layer: int) -> None:
+        """Fault injection for tests: the first compute that runs cfg.fault_layer raises, once."""
+        layer = self._fault_layer
+        if layer >= 0 and any(a <= layer < b for a, b in self.windows.run_from(next_layer)):
+            self._fault_layer = -1
+            raise RuntimeError(f"fault injected at layer {layer}")
+
+    def release(self, request_id: str) -> None:
         self.shard.release(request_id)
         self.cache_used.pop(request_id, None)
 
@@ -261,21 +306,22 @@ class Node(HeadRole):
             return
         now = time.monotonic()
         for rid in [r for r in self.shard.caches if now - self.cache_used.get(r, 0.0) > CACHE_IDLE_S]:
-            self._release(rid)
+            self.release(rid)
         if len(self.shard.caches) >= MAX_CACHES:
-            raise ValueError(f"this node already holds KV caches for {MAX_CACHES} requests")
+            raise Rejected(Code.RESOURCE_EXHAUSTED, f"this node already holds KV caches for {MAX_CACHES} requests")
 
-    async def _fail_request(self, request_id: str, message: str) -> None:
+    async def _fail_request(self, request_id: str, code: Code, message: str) -> None:
+        """End a request everywhere: free its cache here and tell the head (an ERROR frame round the ring)."""
         message = f"{self.cfg.name or self.address}: {message}"
         self.log.warning("request failed", request_id=request_id, error=message)
-        self._release(request_id)
-        if self.windows.head:
-            if request_id in self.requests:
-                self.requests[request_id].fail(message)
-        else:
-            await self.outbox.put(pb.Frame(request_id=request_id, kind=pb.ERROR, error=message, epoch=self.epoch))
+        if self.shard is not None:
+            self.release(request_id)
+        if self.head is not None:
+            self.head.fail(request_id, RequestFailed(code, message))
+        elif self.windows is not None:
+            await self.outbox.put(frames.error(request_id, code, message, self.epoch))
 
-    async def send_loop(self) -> None:
+    async def _send_loop(self) -> None:
         while True:
             frame = await self.outbox.get()
             start = time.perf_counter()
@@ -284,12 +330,21 @@ class Node(HeadRole):
             except LinkDown as exc:
                 self.last_error = str(exc)
                 self.log.warning("link down", error=str(exc))
-                if frame.request_id in self.requests:
-                    self.requests[frame.request_id].fail(str(exc))
+                if self.head is not None and self.head.known(frame.request_id):
+                    self.head.members.link_down(frame.request_id, str(exc))
             self.stats.link_s += time.perf_counter() - start
 
-    def set_peer(self, peer: str) -> None:
+    async def _watch_loop(self) -> None:
+        """The head probes its members every second (members.py); other nodes only wait to become it."""
+        while True:
+            head = self.head
+            if head is None:
+                await asyncio.sleep(PROBE_INTERVAL)
+            else:
+                await head.members.round()
+
+    async def set_peer(self, peer: str) -> None:
         if peer != self.peer:
             old, self.peer = self.link, peer
             self.link = RingLink(peer, self.cfg.token)
-            asyncio.get_running_loop().create_task(old.close(), name="close-link")
+            await old.close()

@@ -1,128 +1,120 @@
-"""The head's watch over its ring: detect a lost node within seconds, re-plan on the survivors, resume.
+"""What the head does about its members: pure decisions from a frozen snapshot, tested with tables.
 
-While requests are in flight the head probes every member (Control.Info, short deadline). When one
-does not answer, it rewires the survivors round the lost node (Control.SetPeer), assigns them new
-windows under a new epoch (frames of the old ring are dropped everywhere), and the waiting requests
-replay their tokens on the new ring. If the survivors cannot hold the model, the requests end with
-UNAVAILABLE naming the lost node.
+The head probes every member each second (nodes/watch.py performs the effects). A member that
+misses enough probes in a row is routed around: the survivors are rewired and re-planned under a
+new epoch, and waiting requests replay. A lost member that answers again rejoins in its old place
+once the ring is idle. Nothing here does I/O.
 """
 
-import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
 
-import grpc
-import structlog
-
-from nodes.routing import Windows
-from prima_rpc.channel import aio_channel, metadata
-from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
 from solver.plan import even_windows, layer_ranges
 
-log = structlog.get_logger()
-PROBE_TIMEOUT = 2.0
+MISSES_IDLE = 2  # an idle ring waits for a second miss: a loaded machine may answer one probe late
+MISSES_BUSY = 1  # requests wait on the ring: the first miss counts
 
 
-class Members:
-    """Async Control stubs to the other ring members, by address."""
-
-    def __init__(self, token: str | None):
-        self.md = metadata(token)
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def control(self, address: str) -> rpc.ControlStub:
-        if address not in self._channels:
-            self._channels[address] = aio_channel(address)
-        return rpc.ControlStub(self._channels[address])
-
-    async def info(self, address: str) -> pb.NodeInfo:
-        return await self.control(address).Info(pb.InfoRequest(), metadata=self.md, timeout=PROBE_TIMEOUT)
+class MemberState(Enum):
+    UP = "up"
+    LOST = "lost"
+    REJOINING = "rejoining"  # lost, answers again, not yet re-planned in
 
 
-async def watch(node, interval: float = 1.0) -> None:
-    members = Members(node.cfg.token)
-    while True:
-        await asyncio.sleep(interval)
-        if node.role != "head":
-            continue
-        if node.requests and node.members:
-            await check_members(node, members)
-        elif node.lost and not node.requests:
-            await check_rejoin(node, members)
+@dataclass(frozen=True)
+class Probe:
+    """One member's answer to a probe (None: it did not answer)."""
+
+    answered: bool
+    holds_model: bool = False  # has the ring's model, so it can take layers
 
 
-async def check_members(node, members: Members) -> None:
-    ring = list(node.members)
-    answers = await asyncio.gather(*(members.info(a) for a in ring), return_exceptions=True)
-    lost = [a for a, r in zip(ring, answers) if isinstance(r, BaseException)]
+@dataclass(frozen=True)
+class RingView:
+    """The head's snapshot of its ring."""
+
+    head: str  # as its predecessor dials it
+    members: tuple[str, ...]  # the ring now, in order, without the head
+    original: tuple[str, ...]  # the ring as prima-ctl started it (the order lost members rejoin in)
+    lost: frozenset[str]
+    misses: tuple[tuple[str, int], ...] = ()  # consecutive unanswered probes per address
+    busy: bool = False  # requests are in flight
+
+
+@dataclass(frozen=True)
+class Keep:
+    pass
+
+
+@dataclass(frozen=True)
+class RouteAround:
+    lost: tuple[str, ...]
+    survivors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    back: tuple[str, ...]
+    order: tuple[str, ...]  # the new ring without the head
+
+
+Decision = Keep | RouteAround | Rejoin
+
+
+def probed(view: RingView) -> tuple[str, ...]:
+    """Whom the head probes this round: its members, then the lost ones (to see them come back)."""
+    return view.members + tuple(sorted(view.lost - set(view.members)))
+
+
+def tally(misses: Mapping[str, int], answers: Mapping[str, Probe]) -> tuple[tuple[str, int], ...]:
+    """Consecutive misses after this round's answers; an answer resets the count."""
+    return tuple((a, 0 if p.answered else misses.get(a, 0) + 1) for a, p in answers.items())
+
+
+def decide(view: RingView, answers: Mapping[str, Probe]) -> Decision:
+    misses = dict(view.misses)
+    threshold = MISSES_BUSY if view.busy else MISSES_IDLE
+    lost = tuple(a for a in view.members if misses.get(a, 0) >= threshold)
     if lost:
-        alive = [(a, r) for a, r in zip(ring, answers) if not isinstance(r, BaseException)]
-        await recover(node, members, alive, lost)
+        return RouteAround(lost, tuple(a for a in view.members if a not in lost))
+    back = tuple(a for a in sorted(view.lost) if answers.get(a, Probe(False)).answered)
+    if back and not view.busy:
+        order = tuple(a for a in view.original if a not in view.lost or a in back)
+        if all(answers.get(a, Probe(False)).answered for a in order):
+            return Rejoin(back, order)
+    return Keep()
 
 
-async def check_rejoin(node, members: Members) -> None:
-    """A lost node that answers again (restarted, not yet assigned) is wired back in its old place."""
-    lost = sorted(node.lost)
-    answers = await asyncio.gather(*(members.info(a) for a in lost), return_exceptions=True)
-    back = {a for a, r in zip(lost, answers) if not isinstance(r, BaseException) and r.role == "idle"}
-    if not back:
-        return
-    order = [a for a in node.original if a not in node.lost or a in back]
-    infos = await asyncio.gather(*(members.info(a) for a in order), return_exceptions=True)
-    if any(isinstance(r, BaseException) for r in infos):
-        return  # someone else went missing meanwhile: try again next round
-    node.log.info("lost nodes are back: re-planning with them", back=sorted(back))
-    node.ring_ready.clear()
-    try:
-        await replan(node, members, list(zip(order, infos)))
-        node.lost -= back
-    except Exception as exc:  # the ring stays as it was; the next round tries again
-        node.log.warning("rejoin failed", error=str(exc))
-    finally:
-        node.ring_ready.set()
+def member_states(view: RingView, answers: Mapping[str, Probe]) -> list[tuple[str, MemberState]]:
+    """Every member in ring order, the head first, lost ones in their original place."""
+    order = list(view.original) or list(view.members)
+    order += [a for a in view.members if a not in order]
+    out = [(view.head, MemberState.UP)]
+    for a in order:
+        if a not in view.lost:
+            out.append((a, MemberState.UP))
+        elif answers.get(a, Probe(False)).answered:
+            out.append((a, MemberState.REJOINING))
+        else:
+            out.append((a, MemberState.LOST))
+    return out
 
 
-async def recover(node, members: Members, survivors: list[tuple[str, pb.NodeInfo]], lost: list[str]) -> None:
-    node.lost |= set(lost)
-    node.log.warning("ring members lost: re-planning on the survivors", lost=lost,
-                     survivors=[a for a, _ in survivors])
-    node.ring_ready.clear()
-    for req in node.requests.values():
-        req.ring_changed()
-    try:
-        await replan(node, members, survivors)
-    except Exception as exc:  # every failure here ends the requests with the reason
-        message = f"lost node(s) {', '.join(lost)} and the survivors cannot take over: {exc}"
-        node.log.error("recovery failed", error=message)
-        node.members = [a for a, _ in survivors]
-        for req in node.requests.values():
-            req.fail(message)
-    finally:
-        node.ring_ready.set()
+@dataclass(frozen=True)
+class Replan:
+    """A new ring: who follows whom and which layers each holds (an even split over model holders)."""
+
+    peers: tuple[tuple[str, str], ...]  # (member, its new successor), the head first
+    ranges: tuple[tuple[tuple[int, int], ...], ...]  # per ring position, the head first; () = relay
 
 
-async def replan(node, members: Members, survivors: list[tuple[str, pb.NodeInfo]]) -> None:
-    """Rewire and re-assign: an even split over the survivors with a model; the rest relay."""
-    n_layers = node.store.config.n_layers
-    holders = [a for a, info in survivors if info.n_layers == n_layers and info.model_id == node.store.model_id]
+def replan(head: str, members: Mapping[str, Probe], n_layers: int) -> Replan:
+    """members: the new ring without the head, in order (dict order), with their probes."""
+    ring = [head, *members]
+    holders = [a for a, p in members.items() if p.holds_model]
     sizes = even_windows(n_layers, 1 + len(holders))  # the head first
-    windows = [sizes[0]] + [sizes[1 + holders.index(a)] if a in holders else 0 for a, _ in survivors]
+    windows = [sizes[0]] + [sizes[1 + holders.index(a)] if a in holders else 0 for a in members]
     ranges = layer_ranges(windows, n_layers)
-    epoch = node.epoch + 1
-    addresses = [node.ring_address] + [a for a, _ in survivors]
-    for i, (address, _) in enumerate(survivors):  # each survivor's successor is the next survivor
-        await members.control(address).SetPeer(pb.SetPeerRequest(peer=addresses[(i + 2) % len(addresses)]),
-                                                metadata=members.md, timeout=PROBE_TIMEOUT)
-    node.set_peer(addresses[1 % len(addresses)])
-
-    async def assign(address: str, own: list[tuple[int, int]]) -> None:
-        req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in own], head=False,
-                               model_id=node.store.model_id, ring_layers=n_layers, epoch=epoch, replan=True)
-        async for _ in members.control(address).Assign(req, metadata=members.md, timeout=120):
-            pass
-
-    remote = [assign(a, r) for (a, _), r in zip(survivors, ranges[1:])]
-    head = node.assign(Windows(tuple(ranges[0]), n_layers, True), node.store.model_id, lambda *a: None,
-                       epoch=epoch, replan=True, ring=addresses)
-    await asyncio.gather(head, *remote)
-    node.log.info("ring re-planned", windows=windows, epoch=epoch)
-
+    peers = tuple((a, ring[(i + 1) % len(ring)]) for i, a in enumerate(ring))
+    return Replan(peers, tuple(tuple(r) for r in ranges))

@@ -9,10 +9,9 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
-from nodes import metrics
+from nodes import frames, metrics
 from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
-from nodes.head import RequestFailed
 from nodes.link import LinkDown
 from nodes.node import Node
 from nodes.prefetch import MAX_BUFFER_LAYERS
@@ -20,16 +19,17 @@ from nodes.profiler import profile_device
 from nodes.routing import Windows
 from nodes.sampling import SamplingParams
 from nodes.text import PromptError
-from nodes.work import Rejected, Work
+from nodes.work import Rejected, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 MAX_PROMPT_CHARS = 1 << 20
 PEER = re.compile(r"(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")  # host:port or [v6]:port
+Code = grpc.StatusCode
 
 
-async def abort(context, code: str, message: str):
-    await context.abort(getattr(grpc.StatusCode, code), message)
+async def abort(context, code: grpc.StatusCode, message: str):
+    await context.abort(code, message)
 
 
 class RingService(rpc.RingServicer):
@@ -40,11 +40,11 @@ class RingService(rpc.RingServicer):
         try:
             async for frame in request_iterator:
                 if frame.kind == pb.PING:
-                    yield pb.Ack(seq=frame.seq)
+                    yield frames.ack(frame.seq)
                 else:
                     await self._accept(frame, context)
         except DecodeError:
-            await abort(context, "INVALID_ARGUMENT", "not a valid prima.v1.Frame")
+            await abort(context, Code.INVALID_ARGUMENT, "not a valid prima.v1.Frame")
 
     async def _accept(self, frame: pb.Frame, context) -> None:
         try:
@@ -52,7 +52,8 @@ class RingService(rpc.RingServicer):
         except Rejected as exc:
             # The predecessor re-opens the stream; the head learns of the request's failure.
             if self.node.windows is not None and frame.request_id and frame.kind == pb.FORWARD:
-                await self.node.inbox.put(Work(frame.request_id[:128], pb.ERROR, error=str(exc), epoch=frame.epoch))
+                await self.node.inbox.put(Work(frame.request_id[:128], pb.ERROR, error=str(exc), code=exc.code,
+                                               epoch=frame.epoch))
             await abort(context, exc.code, str(exc))
 
 
@@ -68,67 +69,72 @@ class ControlService(rpc.ControlServicer):
         try:
             windows = Windows(tuple((r.start, r.stop) for r in request.windows), request.ring_layers, request.head)
         except ValueError as exc:
-            await abort(context, "INVALID_ARGUMENT", str(exc))
+            await abort(context, Code.INVALID_ARGUMENT, str(exc))
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
 
         def progress(done: int, total: int, unit: str) -> None:
-            update = pb.LoadProgress(done_bytes=done, total_bytes=total, unit=unit)
+            update = frames.load_progress(done, total, unit)
             loop.call_soon_threadsafe(updates.put_nowait, update)
 
         if not request.model_id:
-            await abort(context, "INVALID_ARGUMENT", "model_id is required (the ring's model fingerprint)")
-        if len(request.ring) > 256 or any(len(a) > 255 for a in request.ring):
-            await abort(context, "INVALID_ARGUMENT", "ring: at most 256 addresses of up to 255 characters")
+            await abort(context, Code.INVALID_ARGUMENT, "model_id is required (the ring's model fingerprint)")
+        if len(request.ring) > 256 or not all(_is_address(a) for a in request.ring):
+            await abort(context, Code.INVALID_ARGUMENT, "ring: at most 256 addresses, each HOST:PORT")
         buffer = request.stream_buffer_layers
         if not 0 <= buffer <= MAX_BUFFER_LAYERS:  # also refuses NaN
-            await abort(context, "INVALID_ARGUMENT",
+            await abort(context, Code.INVALID_ARGUMENT,
                         f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
-        task = loop.create_task(node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                            list(request.ring), buffer), name="assign")
-        while not (task.done() and updates.empty()):
-            getter = loop.create_task(updates.get())
-            await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield getter.result()
-            else:
-                getter.cancel()
+        if request.head_address and not _is_address(request.head_address):
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
+
+        async def load() -> None:
+            try:
+                await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
+                                  list(request.ring), buffer, request.head_address)
+            finally:  # after every progress update: the compute thread's callbacks were queued first
+                updates.put_nowait(None)
+
+        # The load goes on if the caller goes away: a half-loaded node is worse than an unwatched one.
+        task = loop.create_task(load(), name="assign")
+        while (update := await updates.get()) is not None:
+            yield update
         try:
             task.result()
         except Rejected as exc:
             await abort(context, exc.code, str(exc))
         except (StoreError, ValueError) as exc:
             node.last_error = str(exc)
-            await abort(context, "FAILED_PRECONDITION", str(exc))
-        yield pb.LoadProgress(ready=True)
+            await abort(context, Code.FAILED_PRECONDITION, str(exc))
+        yield frames.loaded()
 
     async def Profile(self, request, context):
         node = self.node
-        if node.requests or (node.shard and node.shard.caches):
-            await abort(context, "FAILED_PRECONDITION", "requests are in flight; profile an idle ring")
+        if (node.head and node.head.requests) or (node.shard and node.shard.caches):
+            await abort(context, Code.FAILED_PRECONDITION, "requests are in flight; profile an idle ring")
         try:
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
                                         node.link if node.peer else None, dtype=node.cfg.dtype,
                                         refresh=request.refresh, is_head=node.role == "head",
                                         mem_budget=node.cfg.mem_budget)
         except LinkDown as exc:
-            await abort(context, "UNAVAILABLE", str(exc))
+            await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:
-            await abort(context, "FAILED_PRECONDITION", f"profiling failed: {exc}")
+            await abort(context, Code.FAILED_PRECONDITION, f"profiling failed: {exc}")
         manifest = (node.cfg.model / MANIFEST).read_text() if node.cfg.model else ""
-        return pb.ProfileReply(json=json.dumps(prof.to_json()), manifest=manifest)
+        return frames.profile_reply(json.dumps(prof.to_json()), manifest)
 
     async def SetPeer(self, request, context):
         peer = request.peer
-        port = peer.rpartition(":")[2]
-        if not PEER.fullmatch(peer) or not (0 < int(port) < 65536):
-            await abort(context, "INVALID_ARGUMENT", f"peer must be HOST:PORT, got {peer[:80]!r}")
-        self.node.set_peer(peer)
-        return pb.SetPeerReply()
+        if not _is_address(peer):
+            await abort(context, Code.INVALID_ARGUMENT, f"peer must be HOST:PORT, got {peer[:80]!r}")
+        await self.node.set_peer(peer)
+        return frames.SET_PEER_REPLY
 
     async def Shutdown(self, request, context):
         self.stop.set()
-        return pb.ShutdownReply()
+        return frames.SHUTDOWN_REPLY
 
 
 class InferenceService(rpc.InferenceServicer):
@@ -145,40 +151,43 @@ class InferenceService(rpc.InferenceServicer):
             chars = len(request.prompt) + sum(len(m.content) + len(m.role) for m in request.messages)
             if chars > MAX_PROMPT_CHARS or len(request.request_id) > 128:
                 raise ValueError(f"prompt over {MAX_PROMPT_CHARS} characters or request_id over 128")
-            if node.text is None:
-                raise Rejected("FAILED_PRECONDITION", f"this node is a {node.role}, not the ring's head")
+            head = node.head
+            if head is None or node.text is None:
+                raise Rejected(Code.FAILED_PRECONDITION, f"this node is a {node.role}, not the ring's head")
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
             prompt_ids = node.text.prompt_ids(request.prompt, messages or None, request.raw)
             request_id = request.request_id or uuid.uuid4().hex
             start = time.perf_counter()
             stamps = []
-            async for out in node.generate(prompt_ids, params, request_id):
+            async for out in head.generate(prompt_ids, params, request_id):
                 if isinstance(out, Generation):
                     finished = _finished(out, request_id, start, stamps)
                     metrics.observe_finished(finished)
-                    yield pb.GenerateEvent(finished=finished)
+                    yield frames.finished_event(finished)
                 else:
                     stamps.append(time.perf_counter())
                     metrics.observe_token()
-                    yield pb.GenerateEvent(token=pb.TokenEvent(token_id=out.token_id, text=out.text, index=out.index,
-                                                               elapsed_ms=(stamps[-1] - start) * 1e3))
+                    yield frames.token_event(out.token_id, out.text, out.index, (stamps[-1] - start) * 1e3)
         except Rejected as exc:
             metrics.observe_error(exc.code)
             await abort(context, exc.code, str(exc))
         except (PromptError, ValueError) as exc:
-            metrics.observe_error("INVALID_ARGUMENT")
-            await abort(context, "INVALID_ARGUMENT", str(exc))
-        except RequestFailed as exc:
-            code = "CANCELLED" if str(exc) == "cancelled" else "UNAVAILABLE"
-            metrics.observe_error(code)
-            await abort(context, code, str(exc))
+            metrics.observe_error(Code.INVALID_ARGUMENT)
+            await abort(context, Code.INVALID_ARGUMENT, str(exc))
+        except RequestFailed as exc:  # RequestCancelled carries CANCELLED
+            metrics.observe_error(exc.code)
+            await abort(context, exc.code, str(exc))
 
     async def Cancel(self, request, context):
-        return pb.CancelReply(found=self.node.cancel(request.request_id))
+        head = self.node.head
+        return frames.cancel_reply(head is not None and head.cancel(request.request_id))
+
+
+def _is_address(address: str) -> bool:
+    return bool(PEER.fullmatch(address)) and 0 < int(address.rpartition(":")[2]) < 65536
 
 
 def _finished(gen: Generation, request_id: str, start: float, stamps: list[float]) -> pb.Finished:
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
-    return pb.Finished(finish_reason=gen.finish_reason, prompt_tokens=len(gen.prompt_ids),
-                       completion_tokens=len(gen.tokens), request_id=request_id,
-                       ttft_ms=(stamps[0] - start) * 1e3 if stamps else 0.0, tpot_ms=tpot * 1e3)
+    return frames.finished(gen.finish_reason, len(gen.prompt_ids), len(gen.tokens), request_id,
+                           (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3)

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 MAX_REQUESTS = 64
@@ -13,11 +14,26 @@ MAX_ID = 128
 
 
 class Rejected(Exception):
-    """A request or frame refused before use; `code` is the gRPC status name."""
+    """A request or frame refused before use, with the gRPC status it is answered with."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
+
+
+class RequestFailed(Exception):
+    """A request ended before it finished, with the gRPC status its client gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class RequestCancelled(RequestFailed):
+    """The client cancelled the request."""
+
+    def __init__(self):
+        super().__init__(grpc.StatusCode.CANCELLED, "cancelled")
 
 
 @dataclass
@@ -29,4 +45,5 @@ class Work:
     capacity: int = 0
     hidden: torch.Tensor | None = None
     error: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN  # ERROR: the status the head ends the request with
     epoch: int = 0

@@ -40,9 +40,12 @@ def register(app: typer.Typer, state: dict) -> None:
     def status(json_out: bool = typer.Option(False, "--json", help="print JSON (with --watch: one line per refresh)"),
                watch: float = typer.Option(None, "--watch", metavar="SECONDS",
                                            help="refresh every SECONDS until Ctrl-C")):
-        """Every node in ring order: address, role, windows, memory, timings."""
+        """Every member in ring order with its state (up, lost, rejoining, fetching): role, windows, memory, timings."""
         if watch is None:
-            rows = [_row(address, info) for address, info in _walk(state)]
+            try:
+                rows = [status_row(*member) for member in ring.status(state["node"], state["token"])]
+            except ring.RingError as exc:
+                fail(str(exc))
             if json_out:
                 print(json.dumps({"nodes": rows}, indent=1))
             else:
@@ -171,8 +174,10 @@ STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB
 
 
 def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
-    """One row per node in ring order (red: it reports an error). Fits 100 columns; numbers are never cut."""
-    cells = [[f"{r['name']}\n[dim]{r['address']}[/dim]" if r["name"] else r["address"], r["role"],
+    """One row per node in ring order (red: lost, or it reports an error). Fits 100 columns; numbers are never cut."""
+    cells = [[f"{r['name']}\n[dim]{r['address']}[/dim]" if r["name"] else r["address"],
+              r["role"] if r["state"] == "up" else r["state"].upper() if r["state"] == "lost"
+              else f"{r['role']}\n{r['state']}",
               "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
               f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
               f"{r['disk_read_bytes'] / 2**20:.0f}", str(r["frames"]), str(r["active_requests"]),
@@ -187,7 +192,7 @@ def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
         else:
             table.add_column(col, justify="right", min_width=max([len(c[j]) for c in cells] + [4]))
     for r, row in zip(rows, cells):
-        table.add_row(*row, style="red" if r["error"] else None)
+        table.add_row(*row, style="red" if r["error"] or r["state"] == "lost" else None)
     return table
 
 
@@ -199,7 +204,7 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
 
     def snapshot():
         try:
-            return [_row(address, info) for address, info in ring.walk(state["node"], state["token"])], ""
+            return [status_row(*member) for member in ring.status(state["node"], state["token"])], ""
         except ring.RingError as exc:
             return None, str(exc)
 
@@ -221,9 +226,12 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
         pass
 
 
-def _row(address: str, info) -> dict:
+def status_row(address: str, member_state: str, info) -> dict:
+    """A member's JSON row; a member that does not answer has only its address and state."""
+    if info is None:
+        info = ring.pb.NodeInfo(role="unknown", error="does not answer")
     s = info.stats
-    return {"address": address, "name": info.name, "role": info.role, "peer": info.peer,
+    return {"address": address, "state": member_state, "name": info.name, "role": info.role, "peer": info.peer,
             "windows": [[r.start, r.stop] for r in info.windows], "loaded": info.loaded, "model": info.model_name,
             "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,

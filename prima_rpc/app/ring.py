@@ -43,6 +43,56 @@ def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tup
     raise RingError(f"no ring closes within {MAX_RING} nodes")
 
 
+def status(start: str, token: str | None = None, timeout: float = 5.0) -> list[tuple[str, str, pb.NodeInfo | None]]:
+    """(address, state, info or None if it does not answer) of every member in ring order, the head first.
+
+    The head's view when a head is found (it knows the lost members and their places); else the
+    successors from `start`, ending at the first node that does not answer (marked lost)."""
+    info = _info(start, token, timeout)
+    if info is None:
+        raise RingError(f"cannot reach node {start}")
+    head = start if info.members else info.head  # only a head lists members (also while it re-plans)
+    if not head:  # not (yet) told by a head: look for one along the successors
+        walked = _status_by_walk(start, info, token, timeout)
+        head = next((a for a, _, i in walked if i is not None and i.members), "")
+        if not head:
+            return walked
+    head_info = info if head == start else _info(head, token, timeout)
+    if head_info is None or not head_info.members:
+        return _status_by_walk(start, info, token, timeout)
+    members = [(m.address, m.state) for m in head_info.members]  # the head first
+    with ThreadPoolExecutor(min(16, len(members))) as pool:
+        infos = [head_info] + list(pool.map(lambda m: _info(m[0], token, timeout), members[1:]))
+    out = []
+    for (address, state), member in zip(members, infos):
+        if member is None:
+            state = "lost"
+        elif state == "up" and member.state == "fetching":
+            state = "fetching"
+        out.append((address, state, member))
+    return out
+
+
+def _status_by_walk(start: str, info: pb.NodeInfo, token: str | None,
+                    timeout: float) -> list[tuple[str, str, pb.NodeInfo | None]]:
+    out, seen, address = [], set(), start
+    while info is not None and info.node_id not in seen and len(out) < MAX_RING:
+        seen.add(info.node_id)
+        out.append((address, info.state or "up", info))
+        address = info.peer
+        info = _info(address, token, timeout)
+    if info is None:
+        out.append((address, "lost", None))
+    return out
+
+
+def _info(address: str, token: str | None, timeout: float) -> pb.NodeInfo | None:
+    try:
+        return control(address).Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+    except grpc.RpcError:
+        return None
+
+
 def start(head: str, windows: list[int], token: str | None = None,
           progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None,
           members: list[bool] | None = None, buffers: list[float] | None = None) -> list[tuple[str, pb.NodeInfo]]:
@@ -76,7 +126,7 @@ def start(head: str, windows: list[int], token: str | None = None,
         req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges[i]], head=(i == 0),
                                model_id=head_info.model_id, ring_layers=head_info.n_layers, epoch=epoch,
                                ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
-                               stream_buffer_layers=buffers[i])
+                               head_address=ring[-1][1].peer, stream_buffer_layers=buffers[i])
         try:
             for update in control(address).Assign(req, metadata=metadata(token)):
                 progress(address, update)

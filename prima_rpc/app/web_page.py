@@ -16,14 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 from aiohttp import web
 
 from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, predict
-from prima_rpc.app.cli_ring import _row as status_row  # the one shape of a node's status, shared with the CLI
-from prima_rpc.channel import metadata
-from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.app.cli_ring import status_row  # the one shape of a node's status, shared with the CLI
 
 STATIC = Path(__file__).parent / "static"
 
@@ -34,16 +31,12 @@ def is_public(request: web.Request) -> bool:
 
 
 def walk_rows(head: str, token: str | None) -> dict:
-    """{"nodes": [...], "error": str | None}: on a broken ring, the head alone (when it answers) and the error."""
+    """{"nodes": [...], "error": str | None}: every member in ring order with its state (lost ones marked);
+    only when the asked node itself does not answer, no nodes and the error."""
     try:
-        return {"nodes": [status_row(a, info) for a, info in ring.walk(head, token)], "error": None}
+        return {"nodes": [status_row(*member) for member in ring.status(head, token)], "error": None}
     except ring.RingError as exc:
-        error = str(exc)
-    try:  # the walk's error names the node it could not reach; the head alone still says what it holds
-        info = ring.control(head).Info(pb.InfoRequest(), metadata=metadata(token), timeout=5)
-        return {"nodes": [status_row(head, info)], "error": error}
-    except grpc.RpcError:  # the head itself is down; the walk's message says so
-        return {"nodes": [], "error": error}
+        return {"nodes": [], "error": str(exc)}
 
 
 def timeline_png(plan: dict) -> str:

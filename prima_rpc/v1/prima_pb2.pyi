@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_OK: _ClassVar[StatusCode]
+    STATUS_CANCELLED: _ClassVar[StatusCode]
+    STATUS_UNKNOWN: _ClassVar[StatusCode]
+    STATUS_INVALID_ARGUMENT: _ClassVar[StatusCode]
+    STATUS_DEADLINE_EXCEEDED: _ClassVar[StatusCode]
+    STATUS_NOT_FOUND: _ClassVar[StatusCode]
+    STATUS_ALREADY_EXISTS: _ClassVar[StatusCode]
+    STATUS_PERMISSION_DENIED: _ClassVar[StatusCode]
+    STATUS_RESOURCE_EXHAUSTED: _ClassVar[StatusCode]
+    STATUS_FAILED_PRECONDITION: _ClassVar[StatusCode]
+    STATUS_ABORTED: _ClassVar[StatusCode]
+    STATUS_OUT_OF_RANGE: _ClassVar[StatusCode]
+    STATUS_UNIMPLEMENTED: _ClassVar[StatusCode]
+    STATUS_INTERNAL: _ClassVar[StatusCode]
+    STATUS_UNAVAILABLE: _ClassVar[StatusCode]
+    STATUS_DATA_LOSS: _ClassVar[StatusCode]
+    STATUS_UNAUTHENTICATED: _ClassVar[StatusCode]
+
 class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FRAME_KIND_UNSPECIFIED: _ClassVar[FrameKind]
@@ -14,6 +34,23 @@ class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RELEASE: _ClassVar[FrameKind]
     ERROR: _ClassVar[FrameKind]
     PING: _ClassVar[FrameKind]
+STATUS_OK: StatusCode
+STATUS_CANCELLED: StatusCode
+STATUS_UNKNOWN: StatusCode
+STATUS_INVALID_ARGUMENT: StatusCode
+STATUS_DEADLINE_EXCEEDED: StatusCode
+STATUS_NOT_FOUND: StatusCode
+STATUS_ALREADY_EXISTS: StatusCode
+STATUS_PERMISSION_DENIED: StatusCode
+STATUS_RESOURCE_EXHAUSTED: StatusCode
+STATUS_FAILED_PRECONDITION: StatusCode
+STATUS_ABORTED: StatusCode
+STATUS_OUT_OF_RANGE: StatusCode
+STATUS_UNIMPLEMENTED: StatusCode
+STATUS_INTERNAL: StatusCode
+STATUS_UNAVAILABLE: StatusCode
+STATUS_DATA_LOSS: StatusCode
+STATUS_UNAUTHENTICATED: StatusCode
 FRAME_KIND_UNSPECIFIED: FrameKind
 FORWARD: FrameKind
 RELEASE: FrameKind
@@ -39,7 +76,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +86,7 @@ class Frame(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -58,7 +96,8 @@ class Frame(_message.Message):
     error: str
     seq: int
     epoch: int
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    code: StatusCode
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -93,7 +132,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +147,9 @@ class NodeInfo(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -122,10 +164,21 @@ class NodeInfo(_message.Message):
     node_id: str
     error: str
     epoch: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    state: str
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    head: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("address", "state")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    state: str
+    def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +187,7 @@ class AssignRequest(_message.Message):
     REPLAN_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
     STREAM_BUFFER_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
     head: bool
     model_id: str
@@ -142,7 +196,8 @@ class AssignRequest(_message.Message):
     replan: bool
     ring: _containers.RepeatedScalarFieldContainer[str]
     stream_buffer_layers: float
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ...) -> None: ...
+    head_address: str
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready")

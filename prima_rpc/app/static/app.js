@@ -213,9 +213,10 @@ function layerMap(windows, nLayers) {
 }
 
 function nodeItem(node, nLayers) {
-  const li = el("li", `node ${node.role}${node.error ? " failed" : ""}`);
+  const li = el("li", `node ${node.role}${node.error || node.state === "lost" ? " failed" : ""}`);
   const head = el("div", "node-head");
   head.append(el("strong", "", node.name || node.address), el("span", `role ${node.role}`, node.role));
+  if (node.state && node.state !== "up") head.append(el("span", "role state", node.state));
   li.append(head, el("div", "address muted", node.address));
   const ranges = node.windows.map(([a, b]) => `[${a},${b})`).join(" ");
   li.append(el("div", "windows", ranges ? `layers ${ranges}` : "no layers"));
