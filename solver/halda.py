@@ -2,8 +2,9 @@
 
 # For a fixed k (W = L/k) the TPOT of cost_model is linear in the ILP's variables, so Halda
 # enumerates the divisors k of L, solves one ILP each and keeps the best plan. Equation numbers
-# follow DESIGN §2.2 / prima.cpp: (6) objective, (7) 0 <= n <= w, (8) sum w = W, (28)-(33) RAM
-# rows of the sets M1-M4, (35)-(37) VRAM rows.
+# are those of prima.cpp's paper (ICLR 2026): (6) objective, (7) 0 <= n <= w, (8) sum w = W,
+# (28)-(33) RAM rows of the sets M1-M4, (35)-(37) VRAM rows. A device's own rows are written beside
+# its terms in cost_model.device_rows.
 #
 # Where this differs from prima.cpp, and why:
 # - Sets are chosen inside the ILP instead of by prima.cpp's iterate-and-calibrate loop. M1/M3
@@ -38,7 +39,7 @@ from functools import lru_cache
 
 import mip
 
-from solver.cost_model import DeviceCosts, Instance, device_costs, evaluate, kappa, serial_compute
+from solver.cost_model import DeviceCosts, Instance, device_costs, device_rows, evaluate, kappa
 from solver.plan import Infeasible, Plan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
@@ -115,50 +116,15 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     x_hop = [talk] + x[1:]
 
     model += mip.xsum(w) == W, "eq8_window_sum"
-    P = [k / unit * (cs[m].alpha * w[m] + (cs[m].beta * n[m] if isinstance(n[m], mip.Var) else 0.0))
-         for m in Ms]  # compute seconds per token, in units
-    turns = list(P)  # per device: its turns per token, in units (a streaming device's are a variable)
     for m in Ms:
         c = cs[m]
-        cpu_w = w[m] if c.uma else w[m] - n[m]  # layers per window held in RAM
         if isinstance(n[m], mip.Var):
             model += n[m] <= w[m], f"eq7_n_le_w({m})"
         if isinstance(x[m], mip.Var):  # device selection: layers only on ring members
             model += w[m] <= max(cap[m], 0) * x[m], f"ring({m})"
         elif not select and c.ram_layers + c.gpu_cap // k >= 1:
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
-        if c.uma:
-            model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
-        if c.forced_fit:  # (31)-(33) M4 forced: disk too slow to offload to
-            model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
-            continue
-        y = model.add_var(f"y({m})", lb=0.0)  # disk seconds per token, in units
-        if c.uma:  # w = w4 + w2: M4 (z = 0, the share fits) or M2 (z = 1, (29): a = alpha + b/disk)
-            z = model.add_var(f"z({m})", var_type=mip.BINARY)
-            w4 = model.add_var(f"w4({m})", var_type=mip.INTEGER, lb=0, ub=c.ram_layers // k)
-            w2 = model.add_var(f"w2({m})", var_type=mip.INTEGER, lb=0, ub=W)
-            model += w[m] == w4 + w2, f"uma_split({m})"
-            model += w4 <= (c.ram_layers // k) * (1 - z), f"eq31_fit({m})"
-            model += w2 <= W * z, f"m2_on({m})"
-            model += w2 >= (c.ram_layers // k + 1) * z, f"m2_short({m})"  # short means over the fit
-            model += y >= k * c.b / c.disk / unit * w2, f"eq29_m2({m})"  # the whole share re-read
-            model += T >= P[m] + y, f"eq6_prefetch({m})"  # its loads outlast the ring round
-        else:  # M1/M3 ((28)/(30): a = alpha + b'/disk, b = beta - b'/disk, minus what RAM keeps) or M4
-            model += y >= (k * c.b_prime * (w[m] - n[m]) - c.ram) / c.disk / unit, f"eq30_m3({m})"
-            o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
-            model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
-            e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
-            model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
-            h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
-            model += h <= e, f"gap_fill({m})"
-            v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
-            model += v >= y + e - k * h, f"inline({m})"
-            zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
-            copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
-            model += zt >= P[m] + copy, f"turn_compute({m})"
-            model += zt >= v + serial_compute(c, k) / unit * o, f"turn_reads({m})"
-            model += T >= zt + k * c.hop / unit * x_hop[m] + k * h, f"cycle({m})"  # k gaps long enough
-            turns[m] = zt
+    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit) for m in Ms]  # and their rows
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)

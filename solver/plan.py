@@ -94,7 +94,6 @@ def build_plan(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list
         devs.append(DevicePlan(
             name=c.name, role=role, window=wm, gpu_layers=nm, set_label=br.labels[i],
             memory_bytes=memory_bytes(c, k, wm, nm, extra if c.is_head else 0) if r else 0,
-            predicted_s=(max(br.compute_s[i], br.disk_s[i]) if prefetch else br.compute_s[i] + br.disk_s[i])
-            + br.hop_s[i] + (br.kappa_s if i == 0 else 0.0),
+            predicted_s=br.busy_s[i],
             buffer_layers=br.buffer_bytes[i] / c.b))
     return Plan(k, tuple(devs), br.tpot_s, solve_ms, strategy)

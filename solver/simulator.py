@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import Instance, device_costs, evaluate, kappa, layer_time
+from solver.cost_model import Instance, device_costs, evaluate, layer_time
 from solver.pipeline import makespan, phase_transition
 from solver.plan import Plan
 
@@ -36,7 +36,7 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
     k, w, n, ring = plan.k, plan.windows, plan.gpu_layers, plan.in_ring
     br = evaluate(inst, k, w, n, ring, prefetch=prefetch)
     cs, m_ = device_costs(inst), inst.model
-    kap = kappa(inst)
+    kap = br.kappa_s
 
     # TTFT: the prompt's P tokens go round together: compute becomes FLOP-bound, hops carry P
     # activations, disk loads are paid once, and only the last token hits the output layer.
@@ -59,7 +59,7 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
     # then the head), stage time = its busy time per token (each token pays its loads), links =
     # its k hops; gRPC streams overlap sends with compute, hence "async". Conservative.
     members = [i for i in list(range(1, len(cs))) + [0] if ring[i]]
-    tau = [beside(br.compute_s[i], br.disk_s[i]) + (kap if i == 0 else 0.0) for i in members]
+    tau = [br.stage_s[i] for i in members]
     d_links = [br.hop_s[i] for i in members]
     span = makespan(tau, d_links, concurrency, "async")
     busy = {cs[members[s]].name: t + d_links[s] for s, t in enumerate(tau)}

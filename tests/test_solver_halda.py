@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from solver.cost_model import Instance, device_costs, evaluate, fits, window_ok
+from solver.cost_model import Instance, allowed, device_costs, evaluate, fits
 from solver.exhaustive import exhaustive
 from solver.halda import halda
 from solver.model_profile import ModelProfile
@@ -24,7 +24,7 @@ def check_rows(inst: Instance, plan) -> None:
     for c, d, dev in zip(cs, plan.devices, inst.devices):
         assert 0 <= d.gpu_layers <= d.window  # (7)
         assert k * d.gpu_layers * c.b_prime <= (min(dev.vram_free, max(c.ram, 0)) if c.uma else dev.vram_free)
-        assert window_ok(c, d.window, d.gpu_layers)  # a Metal window fits in RAM (its prefetch premise)
+        assert allowed(c, k, d.window, d.gpu_layers)  # a Metal window fits in RAM (its prefetch premise)
         if c.forced_fit or d.set_label == "M4":
             assert fits(c, k, d.window, d.gpu_layers)  # M4 rows: the whole share fits
         if d.role in ("removed", "relay"):
