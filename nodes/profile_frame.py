@@ -1,4 +1,4 @@
-"""The software cost of one ring hop on this device, measured in-process.
+"""The software cost of one ring hop, and of the head's own per-token work, on this device, measured in-process.
 
 Between the network and the compute, a node takes a frame apart and builds the next one: tensor
 encode, protobuf serialise and parse, tensor decode, the inbox queue, a round trip through the compute
@@ -43,5 +43,43 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
             out = await loop.run_in_executor(pool, torch.clone, hidden_in)
             await outbox.put(pb.Frame(request_id=frame.request_id, kind=pb.FORWARD, hidden=codec.encode(out)))
             await outbox.get()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[20:])
+
+
+def measure_token_overhead(vocab: int, hidden: int, dtype: torch.dtype = torch.float32, text=None,
+                           rounds: int = ROUNDS) -> float:
+    """Median seconds of the head's own work per token besides its layers and output layer, as the head does
+    it (nodes/head.py): the embedding and the logits each handed through the compute thread, the waiter the
+    ring's answer resolves, greedy sampling over the vocabulary, detokenising (text: a nodes.text.TextCodec,
+    when the store has a tokenizer) and the token's Generate event serialised for the client's stream."""
+    if vocab < 1 or hidden < 1 or rounds < 1:
+        raise ValueError(f"vocab, hidden and rounds must be >= 1, got {vocab}, {hidden}, {rounds}")
+    return asyncio.run(_measure_token(vocab, hidden, dtype, text, rounds))
+
+
+async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, rounds: int) -> float:
+    from nodes.sampling import Sampler, SamplingParams  # the head's own
+    from nodes.text import StreamDecoder
+
+    loop = asyncio.get_running_loop()
+    table = torch.randn(256, hidden).to(dtype)  # a lookup costs the same in a vocabulary-sized table
+    logits = torch.randn(vocab)
+    sample = Sampler(SamplingParams())
+    decoder = StreamDecoder(text) if text is not None else None
+    ids = torch.randint(0, min(vocab, 32000), (rounds + 20,)).tolist()
+    times = []
+    with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
+        for i in range(rounds + 20):  # the first 20 warm up
+            start = time.perf_counter()
+            x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
+            waiter = loop.create_future()
+            loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
+            await waiter
+            out = await loop.run_in_executor(pool, torch.clone, logits)
+            token = sample(out)
+            piece = decoder.push(ids[i]) if decoder is not None else ""
+            pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
+                                                 elapsed_ms=start)).SerializeToString()
             times.append(time.perf_counter() - start)
     return statistics.median(times[20:])

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class Instance:
     must_stay: frozenset[str] = field(default_factory=frozenset)  # devices the ring cannot route around
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", tuple(self.devices))  # hashable: costs are cached per instance
+        object.__setattr__(self, "devices", tuple(self.devices))
         if not self.devices:
             raise ValueError("an instance needs at least one device")
         if not self.devices[0].is_head or any(d.is_head for d in self.devices[1:]):
@@ -66,6 +66,10 @@ class Instance:
         object.__setattr__(self, "must_stay", frozenset(self.must_stay))
         if self.n_ctx == 0:
             object.__setattr__(self, "n_ctx", min(DEFAULT_CTX, self.model.max_seq_len))
+
+    @cached_property  # the instance is frozen; Halda asks for its costs many times
+    def costs(self) -> tuple[DeviceCosts, ...]:
+        return _device_costs(self)
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,9 @@ def layer_time(flops: float, nbytes: float, flop_rate: float, bandwidth: float) 
 
 
 def device_costs(inst: Instance) -> list[DeviceCosts]:
-    return list(_device_costs(inst))
+    return list(inst.costs)
 
 
-@lru_cache(maxsize=64)  # instances are frozen; Halda asks for the same costs many times
 def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
     m = inst.model
     b = m.layer_bytes_max
@@ -127,9 +130,10 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
 
 
 def kappa(inst: Instance) -> float:
-    """Per-token constant: the head's output projection on its CPU (embedding lookup is one row)."""
+    """Per-token constant: the head's output projection on its CPU (embedding lookup is one row) and its own
+    work around it (token_s: hand-offs to its compute thread, sampling, detokenising, the token's event)."""
     head, m = inst.devices[0], inst.model
-    return layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
+    return layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth) + head.token_s
 
 
 # ------------------------------------------------------------------ one device's terms
@@ -138,8 +142,13 @@ def kappa(inst: Instance) -> float:
 # rows of the same terms (Halda). A new term is one edit in this section.
 
 
-def fits(c: DeviceCosts, k: int, w: int, n: int) -> bool:
-    """Whether the device's whole share stays in memory (prima.cpp's M4)."""
+def compute_time(c: DeviceCosts, k: int, w, n):
+    """Seconds per token computing w layers a round, n of them on the GPU (ints or numpy arrays)."""
+    return k * (c.alpha * (w - n) + (c.gpu * n if c.gpu_cap else 0.0))  # no GPU: n is 0
+
+
+def fits(c: DeviceCosts, k: int, w, n):
+    """Whether the device's whole share stays in memory (prima.cpp's M4; ints or numpy arrays)."""
     resident = k * w if c.uma else k * (w - n)
     return resident <= c.ram_layers
 
@@ -171,7 +180,7 @@ class Terms:
 
 def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) -> Terms:
     """A device's compute and reads per token with w layers a round (n of them on its GPU), k rounds."""
-    P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0))
+    P = compute_time(c, k, w, n)
     if fits(c, k, w, n):
         return Terms("M4", P, None, turn=P)
     if c.uma:  # macOS+Metal under pressure evicts the whole share (M2): re-read every token, hidden when
@@ -209,17 +218,19 @@ def stream_turn(d, b, s, k: int, P, ovf, G):
     return np.where(ok, turn, np.inf), buf, h
 
 
-def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float):
+def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
+                may_offload: bool = True):
     """Halda's rows for device m (mip variables w, n; hop_on: 1 when it talks; T: the cycle bound, all in
     units of `unit` seconds): the terms of `device_terms` and `stream_turn` in linear form. Returns its turns
-    per token (an expression or a variable). Equation numbers: prima.cpp's paper, as in halda.py."""
+    per token (an expression or a variable). may_offload=False: only plans where its share fits are wanted
+    (any other costs more than the caller's bound). Equation numbers: prima.cpp's paper, as in halda.py."""
     import mip  # only Halda builds rows: the rest of the cost model needs no solver
 
     P = k / unit * (c.alpha * w + (c.beta * n if isinstance(n, mip.Var) else 0.0))
     cpu_w = w if c.uma else w - n  # layers per window held in RAM
     if c.uma:
         model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
-    if c.forced_fit:  # (31)-(33) M4 forced: disk too slow to offload to
+    if c.forced_fit or not may_offload:  # (31)-(33) M4 forced: disk too slow to offload to (or too slow to win)
         model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
         return P
     y = model.add_var(f"y({m})", lb=0.0)  # disk seconds per token
@@ -253,6 +264,17 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
 
 
 # ------------------------------------------------------------------ a whole assignment
+
+
+def offload_floor(c: DeviceCosts) -> float:
+    """Least cycle (TPOT - kappa) of the device in any state where it reads from disk (any k): its first
+    share that does not fit, computed (P_m) or read past its memory with one layer of buffer (D_m, s_m)."""
+    if c.forced_fit or c.ram_layers < 0:
+        return math.inf
+    s = c.ram_layers + 1
+    if c.uma:
+        return s * (min(c.alpha, c.gpu) + c.b / c.disk)
+    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + c.serial)
 
 
 def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[float], kap: float,

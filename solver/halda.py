@@ -31,15 +31,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import mip
+import numpy as np
 
-from solver.cost_model import DeviceCosts, Instance, device_costs, device_rows, evaluate, kappa
+from solver.cost_model import (
+    DeviceCosts,
+    Instance,
+    compute_time,
+    device_costs,
+    device_rows,
+    evaluate,
+    fits,
+    kappa,
+    offload_floor,
+)
 from solver.plan import Infeasible, Plan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
@@ -47,16 +56,9 @@ __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "div
 EPS = 1e-9  # relative: plans closer than this are ties
 
 
-@lru_cache(maxsize=1)
 def solver_name() -> str:
-    """HiGHS when python-mip can load it (prima.cpp uses HiGHS), else CBC."""
-    if importlib.util.find_spec("highspy") is None:  # skip mip's noisy failed load
-        return mip.CBC
-    try:
-        mip.Model(solver_name=mip.HIGHS)
-        return mip.HIGHS
-    except Exception:  # python-mip raises FileNotFoundError/ImportError variants when HiGHS is absent
-        return mip.CBC
+    """CBC: HiGHS through python-mip (highspy + highsbox) measured 3-5x slower on these ILPs (issue 18)."""
+    return mip.CBC
 
 
 def divisors(n: int) -> list[int]:
@@ -93,8 +95,11 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     model.cuts = 0  # these ILPs are tiny: CBC's cut rounds cost more than they prune (2-5x here)
     model.max_mip_gap, model.max_mip_gap_abs = 1e-9, 1e-12  # exact: tests compare with enumeration
 
-    # Window caps: memory (a window fits in RAM + VRAM) and time (P_m <= T < bound_s).
-    cap = [min(W, c.ram_layers + c.gpu_cap // k) if c.uma or c.forced_fit or c.ram_layers < 0 else W for c in cs]
+    # Window caps: memory (a window fits in RAM + VRAM; the share, where the device must fit: when its disk is
+    # too slow to offload to, or reading from it would cost more than bound_s) and time (P_m <= T < bound_s).
+    fit = [must_fit(c, bound_s) for c in cs]
+    cap = [min(W, c.ram_layers // k + (0 if c.uma else c.gpu_cap // k)) if f else
+           min(W, c.ram_layers + c.gpu_cap // k) if c.uma else W for c, f in zip(cs, fit)]
     if math.isfinite(bound_s):
         cap = [min(u, int(bound_s * (1 + EPS) / (k * min(c.alpha, c.gpu)))) for u, c in zip(cap, cs)]
     w = [model.add_var(f"w({m})", var_type=mip.INTEGER, lb=0, ub=max(cap[m], 0)) for m in Ms]
@@ -124,7 +129,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += w[m] <= max(cap[m], 0) * x[m], f"ring({m})"
         elif not select and c.ram_layers + c.gpu_cap // k >= 1:
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
-    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit) for m in Ms]  # and their rows
+    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m]) for m in Ms]
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
@@ -161,44 +166,80 @@ def _tpot(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], sel
     return br.tpot_s if br else math.inf
 
 
-def _incumbents(inst: Instance, cs: list[DeviceCosts], select: bool):
-    """Cheap k = 1 plans whose TPOT becomes the solver's cutoff: everything on one device, and
-    a greedy fill of the fastest memory (GPU, then RAM) without offloading."""
-    L, M = inst.model.n_layers, len(cs)
-    cands = []
-    for m in range(M) if select else ([0] if M == 1 else []):
-        w = [L if i == m else 0 for i in range(M)]
-        cands.append((w, [min(L, cs[m].gpu_cap) if i == m else 0 for i in range(M)]))
-    if select:
-        blocks = []  # (seconds per layer, device, layers, on GPU)
-        for m, c in enumerate(cs):
-            gpu = min(c.gpu_cap, max(c.ram_layers, 0)) if c.uma else c.gpu_cap
-            blocks += [(c.gpu, m, gpu, True), (c.alpha, m, max(c.ram_layers, 0) - (gpu if c.uma else 0), False)]
-        w, n, left = [0] * M, [0] * M, L
-        for _, m, size, on_gpu in sorted(blocks):
-            take = min(size, left)
-            w[m] += take
-            n[m] += take if on_gpu else 0
-            left -= take
-        if left == 0:
-            cands.append((w, n))
-    best, best_sol = math.inf, None
-    for w, n in cands:
-        x = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
-        val = _tpot(inst, 1, w, n, x, select)
-        if val < best:
-            best, best_sol = val, (w, n, x)
-    return best, best_sol
+def must_fit(c: DeviceCosts, bound_s: float) -> bool:
+    """Whether every wanted plan keeps the device's whole share in memory: its disk is too slow to offload to,
+    or reading from it costs at least bound_s (TPOT - kappa) in any plan (cost_model.offload_floor)."""
+    return c.forced_fit or c.ram_layers < 0 or offload_floor(c) >= bound_s
 
 
-def _offload_floor(c: DeviceCosts) -> float:
-    """Least cycle (TPOT - kappa) of device m in any state where it offloads to disk (any k)."""
-    if c.forced_fit or c.ram_layers < 0:
-        return math.inf
-    s = c.ram_layers + 1  # first share that no longer fits
-    if c.uma:
-        return s * (min(c.alpha, c.gpu) + c.b / c.disk)
-    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + c.serial)  # compute; reads + serial
+def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
+    """(T, w, n, x): the least TPOT - kappa over the plans for this k in which every share fits its device's
+    memory, exactly; None when there is none. Nothing is read from disk, so T is the sum of the members' compute
+    and hops (cost_model.compute_time, fits): separable, a DP over devices in ring order solves it (O(M W^2)).
+
+    Halda takes it where the bounds leave no device room to offload: there the ILP's optimum is this one."""
+    ws, ns = np.arange(W + 1)[:, None], np.arange(W + 1)[None, :]
+    shift = np.arange(W + 1)[:, None] - np.arange(W + 1)[None, :]  # [s, w]: layers left for the others
+    valid = shift >= 0
+    shift = np.where(valid, shift, 0)
+
+    def options(c: DeviceCosts) -> tuple[np.ndarray, np.ndarray]:
+        """Least compute per window w (inf: none fits) and its GPU layers."""
+        n = ns[:, : min(W, c.gpu_cap // k) + 1]
+        P = np.where((n <= ws) & fits(c, k, ws, n) & (c.ram >= 0), compute_time(c, k, ws, n), np.inf)
+        best = P.argmin(axis=1)
+        cost = P[np.arange(W + 1), best]
+        if not select and c.ram_layers + c.gpu_cap // k >= 1:
+            cost[0] = np.inf  # prima.cpp without selection: every device that can compute does
+        return cost, best
+
+    # dp[t][s]: least compute + hops of the devices so far holding s layers; t: whether one of them stays.
+    dp = np.full((2, W + 1), np.inf)
+    dp[0, 0] = 0.0
+    steps = []
+    for c in cs[1:]:
+        cost, best_n = options(c)
+        leaves = select and c.routable
+        stay = cost + k * c.hop  # a member pays its hop (a relay too: w = 0 when it cannot leave)
+        if leaves:
+            stay[0] = np.inf  # with no layers it leaves the ring
+        prev = np.minimum(dp[0], dp[1])
+        cand = np.where(valid, prev[shift] + stay[None, :], np.inf)  # [s, w]
+        w_at = cand.argmin(axis=1)
+        joined = cand[np.arange(W + 1), w_at]
+        new = np.full((2, W + 1), np.inf)
+        new[0] = dp[0] if leaves else np.inf
+        new[1] = np.minimum(joined, dp[1]) if leaves else joined
+        # how each new[1][s] was reached: (w, from t) staying, or (-1, 1) leaving
+        rest = np.arange(W + 1) - w_at
+        from_t = np.where(dp[0][rest] <= dp[1][rest], 0, 1)
+        took_stay = joined <= (dp[1] if leaves else np.inf)
+        steps.append((w_at, best_n, from_t, took_stay))
+        dp = new
+    head = cs[0]
+    cost0, n0 = options(head)
+    total = np.full((2, W + 1), np.inf)  # [t, w0]
+    for t in (0, 1):
+        total[t] = dp[t][W - np.arange(W + 1)] + cost0 + (k * head.hop if t else 0.0)
+    t, w0 = np.unravel_index(np.argmin(total), total.shape)
+    if not np.isfinite(total[t, w0]):
+        return None
+    T = float(total[t, w0])
+    w, n, x = [int(w0)], [int(n0[w0])], [True]
+    s = W - int(w0)
+    back = []
+    for w_at, best_n, from_t, took_stay in reversed(steps):
+        if t == 1 and took_stay[s]:
+            wm = int(w_at[s])
+            back.append((wm, int(best_n[wm]), True))
+            s, t = s - wm, int(from_t[s])
+        else:  # it left the ring (t unchanged)
+            back.append((0, 0, False))
+    for wm, nm, xm in reversed(back):
+        w.append(wm)
+        n.append(nm)
+        x.append(xm)
+    return T, w, n, x
 
 
 def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:
@@ -214,21 +255,25 @@ def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:
     r_min = min(min(c.alpha, c.gpu if c.gpu_cap else math.inf) for c in cs)
     fixed = [c for c in cs if not (select and c.routable)]
     hop_fixed = sum(c.hop for c in fixed) if len(fixed) >= 2 else 0.0
-    offload_min = kap + min(_offload_floor(c) for c in cs)
-    best, best_sol = _incumbents(inst, cs, select)
-    best_k, opt1 = 1, math.inf
+    offload_min = kap + min(offload_floor(c) for c in cs)
+    # Incumbent: the best k = 1 plan in which nothing is read from disk (exact, by DP). A k > 1 plan where
+    # nothing offloads maps to a k = 1 plan with (k - 1) fewer hop rounds, so it cannot beat this one.
+    best, best_k, best_sol = math.inf, 1, None
+    fit1 = fitting_optimum(cs, 1, L, select)
+    if fit1 is not None:
+        best_sol = fit1[1:]
+        best = _tpot(inst, 1, *best_sol, select)
     for k in divisors(L):
-        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; and a
-        # k-plan where nothing offloads maps to a k=1 plan with (k-1) fewer hop rounds, so for
-        # k > 1 only plans that offload (>= offload_min) can beat the k=1 optimum.
+        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; for k > 1 only plans
+        # that offload (>= offload_min) can beat the fitting optimum; and where the bound leaves no device
+        # room to offload, the fitting optimum is the optimum.
         if kap + L * r_min + k * hop_fixed >= best * (1 - EPS):
             break  # this bound grows with k
-        if k > 1 and min(opt1 + (k - 1) * hop_fixed, offload_min) >= best * (1 - EPS):
-            continue
+        if math.isfinite(best) and (offload_min >= best * (1 - EPS)
+                                    or all(must_fit(c, best - kap) for c in cs)):
+            break  # no k offloads in a better plan
         sol = solve(build_model(inst, k, select, best - kap), (best - kap) * (1 + EPS))
         val = _tpot(inst, k, *sol, select) if sol else math.inf
-        if k == 1:
-            opt1 = min(val, best)
         if val < best * (1 - EPS):
             best, best_k, best_sol = val, k, sol
     ms = (time.perf_counter() - t0) * 1e3

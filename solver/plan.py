@@ -88,12 +88,13 @@ def build_plan(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list
         in_ring = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
     br = evaluate(inst, k, w, n, in_ring, prefetch=prefetch)
     extra = inst.model.head_extra_bytes
+    busy = br.busy_s
     devs = []
     for i, (c, wm, nm, r) in enumerate(zip(cs, w, n, in_ring)):
         role = "head" if i == 0 else ("removed" if not r else ("worker" if wm else "relay"))
         devs.append(DevicePlan(
             name=c.name, role=role, window=wm, gpu_layers=nm, set_label=br.labels[i],
             memory_bytes=memory_bytes(c, k, wm, nm, extra if c.is_head else 0) if r else 0,
-            predicted_s=br.busy_s[i],
+            predicted_s=busy[i],
             buffer_layers=br.buffer_bytes[i] / c.b))
     return Plan(k, tuple(devs), br.tpot_s, solve_ms, strategy)
