@@ -49,7 +49,7 @@ from solver.cost_model import (
     kappa,
     offload_floor,
 )
-from solver.plan import Infeasible, Plan, build_plan, layer_ranges
+from solver.plan import Infeasible, RingPlan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
 
@@ -156,7 +156,7 @@ def _in_ring(cs: list[DeviceCosts], w: list[int], x: list[bool], select: bool) -
 
 
 def extract_plan(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], solve_ms: float,
-                 select: bool = True) -> Plan:
+                 select: bool = True) -> RingPlan:
     in_ring = _in_ring(device_costs(inst), w, x, select)
     return build_plan(inst, k, w, n, in_ring, solve_ms, "halda" if select else "halda-noselect")
 
@@ -242,7 +242,7 @@ def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
     return T, w, n, x
 
 
-def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:
+def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:
     """Best plan over all k dividing L; select=False keeps every device (prima.cpp's Halda
     before device selection)."""
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from solver.cost_model import Instance, device_costs, evaluate, layer_time
 from solver.pipeline import makespan, phase_transition
-from solver.plan import Plan
+from solver.plan import RingPlan
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Prediction:
     serial_loads: tuple[str, ...]  # devices with loads prefetch cannot hide (on the ring's critical path)
 
 
-def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
+def simulate(plan: RingPlan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
              prefetch: bool = True) -> Prediction:
     """prefetch=True: PRP, a device reads ahead into its stream buffer while the rest of the ring works and
     beside its own compute (cost_model: turns max(P_m, I_m)). prefetch=False: every load is serialised
@@ -33,7 +33,7 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
         raise ValueError(f"prompt_tokens and concurrency must be >= 1, got {prompt_tokens}, {concurrency}")
     if [d.name for d in plan.devices] != [d.name for d in inst.devices]:
         raise ValueError("the plan's devices do not match the profiles (names / ring order)")
-    k, w, n, ring = plan.k, plan.windows, plan.gpu_layers, plan.in_ring
+    k, w, n, ring = plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring
     br = evaluate(inst, k, w, n, ring, prefetch=prefetch)
     cs, m_ = device_costs(inst), inst.model
     kap = br.kappa_s

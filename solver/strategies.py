@@ -9,13 +9,13 @@ from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
 from solver.model_profile import ModelProfile
-from solver.plan import Infeasible, Plan
+from solver.plan import Infeasible, RingPlan
 from solver.profiles import DeviceProfile, load_profiles
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
 
-def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) -> dict:
+def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = None) -> dict:
     """breakdown (the cost model's terms of this plan) adds per-token timings, which `--timeline` draws:
     output_ms (the head's per-token constant), ring_ms, terms_ms, and per device compute_ms, disk_ms, inline_ms,
     serial_ms, turn_ms, cycle_ms, link_ms and loads_hidden."""
@@ -64,4 +64,4 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
-    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring))
+    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))

@@ -19,7 +19,7 @@ from tools.synth import synth
 def check_rows(inst: Instance, plan) -> None:
     """The plan obeys every row of the LDA: (7), (8), RAM/VRAM, windows, roles."""
     L, cs = inst.model.n_layers, device_costs(inst)
-    k, w = plan.k, plan.windows
+    k, w = plan.k, plan.window_sizes
     assert k * sum(w) == L  # (8)
     for c, d, dev in zip(cs, plan.devices, inst.devices):
         assert 0 <= d.gpu_layers <= d.window  # (7)
@@ -70,7 +70,7 @@ def test_rows_hold_on_random_clusters(name, count, seed):
     inst = Instance(devs, preset(name), must_stay=frozenset({devs[-1].name}))
     plan = halda(inst)
     check_rows(inst, plan)
-    br = evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring, strict=True)
+    br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring, strict=True)
     assert br is not None and br.tpot_s == pytest.approx(plan.predicted_tpot_s)
 
 

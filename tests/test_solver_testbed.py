@@ -9,7 +9,7 @@ import pytest
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Instance, evaluate
 from solver.halda import halda
-from solver.plan import Plan
+from solver.plan import RingPlan
 from solver.presets import preset
 from solver.profiles import load_profiles
 from solver.simulator import simulate
@@ -19,7 +19,7 @@ TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d
 DEVS = load_profiles(TESTBED)
 
 
-def roles(plan: Plan) -> dict[str, tuple[str, int, int]]:
+def roles(plan: RingPlan) -> dict[str, tuple[str, int, int]]:
     return {d.name: (d.role, d.window, d.gpu_layers) for d in plan.devices}
 
 

@@ -31,7 +31,7 @@ from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
-from solver.plan import Plan, build_plan
+from solver.plan import RingPlan, build_plan
 from solver.profiles import devices_from_json
 from tools.default_model import ensure_default_store
 
@@ -47,7 +47,7 @@ async def tpot(head: str, tokens: int) -> float:
                 return event.tpot_ms
 
 
-def predict(devices, manifest: dict, windows: list[int]) -> Plan:
+def predict(devices, manifest: dict, windows: list[int]) -> RingPlan:
     """The cost model's plan for exactly these windows (with its stream buffers)."""
     model = ModelProfile.from_manifest(manifest)
     inst = Instance(devices, model, n_ctx=KV_RESERVE_TOKENS)  # the KV room a node's budget keeps
