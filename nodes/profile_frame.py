@@ -3,7 +3,9 @@
 Between the network and the compute, a node takes a frame apart and builds the next one: tensor
 encode, protobuf serialise and parse, tensor decode, the inbox queue, a round trip through the compute
 thread, the outbox queue. The PING round trip of the link probe covers the transport only; this
-covers the rest, on this device's CPU (it adds up over the k M hops of a token).
+covers the rest, on this device's CPU (it adds up over the k M hops of a token). The head, once per
+token, also hands the embedding and the logits through its compute thread, samples, detokenises and
+sends the token's event, and runs the output layer: measured here too.
 """
 
 import asyncio
@@ -83,3 +85,26 @@ async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, roun
                                                  elapsed_ms=start)).SerializeToString()
             times.append(time.perf_counter() - start)
     return statistics.median(times[20:])
+
+
+def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
+    """Median seconds of the store's final norm and output projection for one token (0.0 without weights):
+    a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on."""
+    from nodes.model import Head
+    from nodes.store import LayerStore
+
+    store = LayerStore(store_dir)
+    if store.manifest.manifest_only:
+        return 0.0
+    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    head = Head.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
+    x = torch.randn(1, cfg.hidden).to(torch_dtype)
+    times: list[float] = []
+    with torch.inference_mode():
+        head.logits(x, cfg.norm_eps)  # warm-up
+        deadline = time.perf_counter() + budget_s
+        while time.perf_counter() < deadline or len(times) < 5:
+            start = time.perf_counter()
+            head.logits(x, cfg.norm_eps)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)

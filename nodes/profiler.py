@@ -19,6 +19,7 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
   token_s                  the head's own work per token on this device: the embedding and logits handed
                            through the compute thread, the ring's answer on the event loop, sampling,
                            detokenising (with a store's tokenizer) and the token's Generate event
+  output_s                 with a store's weights: its final norm and output projection for one token
   link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
@@ -59,7 +60,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_disk import measure_disk
-from nodes.profile_frame import measure_frame_overhead, measure_token_overhead
+from nodes.profile_frame import measure_frame_overhead, measure_output_layer, measure_token_overhead
 from nodes.profile_host import available_ram, gpu_info, os_kind
 from nodes.profile_model import measure_decode_layer
 from nodes.store import LayerStore
@@ -169,6 +170,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
         frame_s=measure_frame_overhead(hidden, getattr(torch, dtype)),
         token_s=measure_token_overhead(vocab, hidden, getattr(torch, dtype), _text(store)),
+        output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,

@@ -130,10 +130,12 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
 
 
 def kappa(inst: Instance) -> float:
-    """Per-token constant: the head's output projection on its CPU (embedding lookup is one row) and its own
-    work around it (token_s: hand-offs to its compute thread, sampling, detokenising, the token's event)."""
+    """Per-token constant: the head's output projection on its CPU (measured, output_s, or its roofline; the
+    embedding lookup is one row) and its own work around it (token_s: hand-offs to its compute thread,
+    sampling, detokenising, the token's event)."""
     head, m = inst.devices[0], inst.model
-    return layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth) + head.token_s
+    output = head.output_s or layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
+    return output + head.token_s
 
 
 # ------------------------------------------------------------------ one device's terms
