@@ -65,12 +65,16 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
         ring.start(local.addresses[0], shapes[0])
         profiles, manifest = profile_ring(local.addresses[0], None, refresh=True)
         devices = devices_from_json(profiles)
+        print("profiled (ms): " + "; ".join(f"{d.name} hop {d.frame_s * 1e3:.2f} + link {d.link_latency_s * 1e3:.2f}, "
+                                           f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}"
+                                           for d in devices), flush=True)
         for windows in shapes:
             plan = predict(devices, manifest, windows)
             ring.start(local.addresses[0], windows, buffers=[d.buffer_layers for d in plan.devices])
             asyncio.run(tpot(local.addresses[0], 4))  # warm-up
             measured = statistics.median(asyncio.run(tpot(local.addresses[0], tokens)) for _ in range(repeats))
             rows.append((windows, plan.predicted_tpot_s * 1e3, measured))
+            print(f"{windows}: predicted {plan.predicted_tpot_s * 1e3:.1f} ms, measured {measured:.1f} ms", flush=True)
     finally:
         local.stop()
     return rows
