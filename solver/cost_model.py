@@ -268,15 +268,17 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
 # ------------------------------------------------------------------ a whole assignment
 
 
-def offload_floor(c: DeviceCosts) -> float:
-    """Least cycle (TPOT - kappa) of the device in any state where it reads from disk (any k): its first
-    share that does not fit, computed (P_m) or read past its memory with one layer of buffer (D_m, s_m)."""
+def offload_floor(c: DeviceCosts, k: int = 1) -> float:
+    """Least cycle (TPOT - kappa) of the device in any k-round plan where it reads from disk: its first share
+    that does not fit, computed (P_m), or read past its memory with one layer of buffer beside the compute its
+    reads cannot overlap (D_m, s_m), and, off the head, its k hops (device_rows' cycle row). Grows with k."""
     if c.forced_fit or c.ram_layers < 0:
         return math.inf
     s = c.ram_layers + 1
     if c.uma:
         return s * (min(c.alpha, c.gpu) + c.b / c.disk)
-    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + c.serial)
+    hops = 0.0 if c.is_head else k * c.hop  # the head's hop is paid only when it talks
+    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + k * c.serial) + hops
 
 
 def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[float], kap: float,

@@ -97,7 +97,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
 
     # Window caps: memory (a window fits in RAM + VRAM; the share, where the device must fit: when its disk is
     # too slow to offload to, or reading from it would cost more than bound_s) and time (P_m <= T < bound_s).
-    fit = [must_fit(c, bound_s) for c in cs]
+    fit = [must_fit(c, bound_s, k) for c in cs]
     cap = [min(W, c.ram_layers // k + (0 if c.uma else c.gpu_cap // k)) if f else
            min(W, c.ram_layers + c.gpu_cap // k) if c.uma else W for c, f in zip(cs, fit)]
     if math.isfinite(bound_s):
@@ -166,10 +166,10 @@ def _tpot(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], sel
     return br.tpot_s if br else math.inf
 
 
-def must_fit(c: DeviceCosts, bound_s: float) -> bool:
-    """Whether every wanted plan keeps the device's whole share in memory: its disk is too slow to offload to,
-    or reading from it costs at least bound_s (TPOT - kappa) in any plan (cost_model.offload_floor)."""
-    return c.forced_fit or c.ram_layers < 0 or offload_floor(c) >= bound_s
+def must_fit(c: DeviceCosts, bound_s: float, k: int = 1) -> bool:
+    """Whether every wanted k-round plan keeps the device's whole share in memory: its disk is too slow to
+    offload to, or reading from it costs at least bound_s (TPOT - kappa) in any plan (cost_model.offload_floor)."""
+    return c.forced_fit or c.ram_layers < 0 or offload_floor(c, k) >= bound_s
 
 
 def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
@@ -255,7 +255,6 @@ def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:
     r_min = min(min(c.alpha, c.gpu if c.gpu_cap else math.inf) for c in cs)
     fixed = [c for c in cs if not (select and c.routable)]
     hop_fixed = sum(c.hop for c in fixed) if len(fixed) >= 2 else 0.0
-    offload_min = kap + min(offload_floor(c) for c in cs)
     # Incumbent: the best k = 1 plan in which nothing is read from disk (exact, by DP). A k > 1 plan where
     # nothing offloads maps to a k = 1 plan with (k - 1) fewer hop rounds, so it cannot beat this one.
     best, best_k, best_sol = math.inf, 1, None
@@ -264,14 +263,13 @@ def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:
         best_sol = fit1[1:]
         best = _tpot(inst, 1, *best_sol, select)
     for k in divisors(L):
-        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; for k > 1 only plans
-        # that offload (>= offload_min) can beat the fitting optimum; and where the bound leaves no device
-        # room to offload, the fitting optimum is the optimum.
+        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; and only plans that
+        # offload can beat the fitting optimum, each at least its offloading device's floor, which grows with
+        # k: where the bound leaves no device room to offload, the best plan so far is the optimum.
         if kap + L * r_min + k * hop_fixed >= best * (1 - EPS):
             break  # this bound grows with k
-        if math.isfinite(best) and (offload_min >= best * (1 - EPS)
-                                    or all(must_fit(c, best - kap) for c in cs)):
-            break  # no k offloads in a better plan
+        if math.isfinite(best) and all(must_fit(c, (best - kap) * (1 - EPS), k) for c in cs):
+            break  # no device can offload in a better plan, at this k or any larger one
         sol = solve(build_model(inst, k, select, best - kap), (best - kap) * (1 + EPS))
         val = _tpot(inst, k, *sol, select) if sol else math.inf
         if val < best * (1 - EPS):
