@@ -48,6 +48,7 @@ from solver.cost_model import (
     fits,
     kappa,
     offload_floor,
+    reads_floor,
 )
 from solver.plan import Infeasible, RingPlan, build_plan, layer_ranges
 
@@ -270,6 +271,8 @@ def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:
             break  # this bound grows with k
         if math.isfinite(best) and all(must_fit(c, (best - kap) * (1 - EPS), k) for c in cs):
             break  # no device can offload in a better plan, at this k or any larger one
+        if kap + reads_floor(cs, k, L) >= best * (1 - EPS):
+            break  # what memory cannot hold takes longer to read (grows with k)
         sol = solve(build_model(inst, k, select, best - kap), (best - kap) * (1 + EPS))
         val = _tpot(inst, k, *sol, select) if sol else math.inf
         if val < best * (1 - EPS):
