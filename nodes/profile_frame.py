@@ -18,7 +18,8 @@ import torch
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 
-ROUNDS = 300
+ROUNDS = 100
+IDLE_S = 0.003  # each round starts after this long of quiet: in the ring the next frame finds the threads idle
 
 
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
@@ -36,6 +37,7 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
     times = []
     with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
         for i in range(rounds + 20):  # the first 20 warm up
+            await asyncio.sleep(IDLE_S)
             start = time.perf_counter()
             wire = pb.Frame(request_id="profile", kind=pb.FORWARD, start_pos=i, next_layer=1,
                             hidden=codec.encode(x)).SerializeToString()
@@ -73,6 +75,7 @@ async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, roun
     times = []
     with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
         for i in range(rounds + 20):  # the first 20 warm up
+            await asyncio.sleep(IDLE_S)
             start = time.perf_counter()
             x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
             waiter = loop.create_future()

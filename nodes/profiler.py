@@ -7,7 +7,8 @@ few seconds and runs off the event loop; the link part ~20 PINGs and a few large
 
 Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline):
   cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak;
-                           with a store, the CPU's is calibrated on one real decoder layer in decode
+                           with a store, the CPU's is calibrated on decode steps through the node's own
+                           Shard over the store's first layers (nodes/profile_compute.py)
   ram_bandwidth            CPU memory read bandwidth (with a store: the layer's bytes / its decode time);
                            vram_bandwidth the GPU's
   disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
@@ -20,7 +21,8 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            through the compute thread, the ring's answer on the event loop, sampling,
                            detokenising (with a store's tokenizer) and the token's Generate event
   output_s                 with a store's weights: its final norm and output projection for one token
-  link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
+  link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
+                           ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
 Cache file ($PRIMA_HOME/profile-<name>.json unless told), plain JSON written atomically:
@@ -59,10 +61,10 @@ from nodes.diskio import emulated_rate
 from nodes.link import LinkDown, RingLink
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
+from nodes.profile_compute import measure_node_layers
 from nodes.profile_disk import measure_disk
 from nodes.profile_frame import measure_frame_overhead, measure_output_layer, measure_token_overhead
 from nodes.profile_host import available_ram, gpu_info, os_kind
-from nodes.profile_model import measure_decode_layer
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 from prima_rpc import codec
@@ -72,9 +74,10 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/3"  # /3: token_s measured (an older cache is measured again)
+FORMAT = "prima-profile/3"  # /3: token_s, output_s, rates from the node's path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
+IDLE_S = 0.01  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
 PAD_BYTES = 1 << 20  # padding per throughput frame
 MIN_TRANSFER_S = 0.05  # the throughput probe doubles its frames until a burst takes this long
 MAX_TRANSFER_BYTES = 64 << 20
@@ -109,6 +112,7 @@ async def measure_link(link: RingLink, *, pings: int = PINGS, pad_bytes: int = P
         await link.ping(next(seqs), timeout)
     rtts = []
     for _ in range(pings):
+        await asyncio.sleep(IDLE_S)  # back-to-back PINGs find the peer awake; a ring's frames do not
         start = time.perf_counter()
         await link.ping(next(seqs), timeout)
         rtts.append(time.perf_counter() - start)
@@ -156,8 +160,8 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     disk = measure_disk(disk_dir)
     ram = available_ram(kind)
     has_gpu = gpu_rates is not None
-    # With a store, the CPU rates are calibrated on one real decoder layer (see profile_model).
-    decode = measure_decode_layer(store_dir, dtype) if store_dir else None
+    # With a store, the CPU rates are calibrated on the node's own compute path (see profile_compute).
+    decode = measure_node_layers(store_dir, dtype) if store_dir else None
     store = LayerStore(store_dir) if store_dir else None
     hidden = store.config.hidden if store else DEFAULT_HIDDEN
     vocab = store.config.vocab if store else DEFAULT_VOCAB
