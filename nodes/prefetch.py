@@ -59,7 +59,7 @@ def aligned(n: int) -> int:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MemoryPlan:
     """How a node holds its layers under a budget."""
 
     order: tuple[int, ...]  # the node's layers in visit order
@@ -152,7 +152,7 @@ def partial_units(unit_bytes: dict[str, int], need: int) -> tuple[str, ...]:
 
 
 def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, fixed_bytes: int, budget: int,
-                prefetch: bool, buffer: int = 0) -> Plan:
+                prefetch: bool, buffer: int = 0) -> MemoryPlan:
     """Resident units and the stream buffer for `budget` bytes (0: unlimited).
 
     Everything that fits stays resident. Otherwise a buffer of `buffer` bytes (0: DEPTH + 1 layers; at
@@ -164,7 +164,7 @@ def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, 
     plan = dict(order=tuple(order), prefetch=prefetch, requested=budget, unit_bytes=dict(unit_bytes),
                 small_bytes=small_bytes, fixed_bytes=fixed_bytes)
     if budget <= 0 or n == 0 or fixed_bytes + n * (matrices + small_bytes) <= budget:
-        return Plan(streamed=(), buffer=0, budget=budget if budget > 0 else 0, **plan)
+        return MemoryPlan(streamed=(), buffer=0, budget=budget if budget > 0 else 0, **plan)
     if not prefetch:
         buffer = matrices
     buffer = max(aligned(buffer or (DEPTH + 1) * matrices), matrices)
@@ -182,7 +182,7 @@ def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, 
         (extra,) = set(placement(windows[i], counts[i] + 1, lead)) - set(placement(windows[i], counts[i], lead))
         units[extra] = partial_units(unit_bytes, rest)
     streamed = tuple((layer, units[layer]) for layer in order if layer in units)
-    out = Plan(streamed=streamed, buffer=buffer, budget=budget, **plan)
+    out = MemoryPlan(streamed=streamed, buffer=buffer, budget=budget, **plan)
     return replace(out, budget=max(budget, fixed_bytes + out.weight_bytes))
 
 
@@ -229,7 +229,7 @@ class Piece:
 class Prefetcher:
     """Streams the plan's streamed units through its buffer; acquire/release come from the compute thread."""
 
-    def __init__(self, store: LayerStore, plan: Plan, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, store: LayerStore, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype):
         assert plan.streamed and plan.buffer > 0, plan
         self.store, self.plan, self.cfg, self.dtype = store, plan, cfg, dtype
         self.shapes = unit_shapes(cfg)

@@ -1,9 +1,11 @@
-"""The software cost of one ring hop on this device, measured in-process.
+"""The software cost of one ring hop, and of the head's own per-token work, on this device, measured in-process.
 
 Between the network and the compute, a node takes a frame apart and builds the next one: tensor
 encode, protobuf serialise and parse, tensor decode, the inbox queue, a round trip through the compute
 thread, the outbox queue. The PING round trip of the link probe covers the transport only; this
-covers the rest, on this device's CPU (it adds up over the k M hops of a token).
+covers the rest, on this device's CPU (it adds up over the k M hops of a token). The head, once per
+token, also hands the embedding and the logits through its compute thread, samples, detokenises and
+sends the token's event, and runs the output layer: measured here too.
 """
 
 import asyncio
@@ -16,7 +18,8 @@ import torch
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 
-ROUNDS = 300
+ROUNDS = 100
+IDLE_S = 0.003  # each round starts after this long of quiet: in the ring the next frame finds the threads idle
 
 
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
@@ -34,6 +37,7 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
     times = []
     with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
         for i in range(rounds + 20):  # the first 20 warm up
+            await asyncio.sleep(IDLE_S)
             start = time.perf_counter()
             wire = pb.Frame(request_id="profile", kind=pb.FORWARD, start_pos=i, next_layer=1,
                             hidden=codec.encode(x)).SerializeToString()
@@ -45,3 +49,65 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
             await outbox.get()
             times.append(time.perf_counter() - start)
     return statistics.median(times[20:])
+
+
+def measure_token_overhead(vocab: int, hidden: int, dtype: torch.dtype = torch.float32, text=None,
+                           rounds: int = ROUNDS) -> float:
+    """Median seconds of the head's own work per token besides its layers and output layer, as the head does
+    it (nodes/head.py): the embedding and the logits each handed through the compute thread, the waiter the
+    ring's answer resolves, greedy sampling over the vocabulary, detokenising (text: a nodes.text.TextCodec,
+    when the store has a tokenizer) and the token's Generate event serialised for the client's stream."""
+    if vocab < 1 or hidden < 1 or rounds < 1:
+        raise ValueError(f"vocab, hidden and rounds must be >= 1, got {vocab}, {hidden}, {rounds}")
+    return asyncio.run(_measure_token(vocab, hidden, dtype, text, rounds))
+
+
+async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, rounds: int) -> float:
+    from nodes.sampling import Sampler, SamplingParams  # the head's own
+    from nodes.text import StreamDecoder
+
+    loop = asyncio.get_running_loop()
+    table = torch.randn(256, hidden).to(dtype)  # a lookup costs the same in a vocabulary-sized table
+    logits = torch.randn(vocab)
+    sample = Sampler(SamplingParams())
+    decoder = StreamDecoder(text) if text is not None else None
+    ids = torch.randint(0, min(vocab, 32000), (rounds + 20,)).tolist()
+    times = []
+    with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
+        for i in range(rounds + 20):  # the first 20 warm up
+            await asyncio.sleep(IDLE_S)
+            start = time.perf_counter()
+            x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
+            waiter = loop.create_future()
+            loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
+            await waiter
+            out = await loop.run_in_executor(pool, torch.clone, logits)
+            token = sample(out)
+            piece = decoder.push(ids[i]) if decoder is not None else ""
+            pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
+                                                 elapsed_ms=start)).SerializeToString()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[20:])
+
+
+def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
+    """Median seconds of the store's final norm and output projection for one token (0.0 without weights):
+    a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on."""
+    from nodes.model import Head
+    from nodes.store import LayerStore
+
+    store = LayerStore(store_dir)
+    if store.manifest.manifest_only:
+        return 0.0
+    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    head = Head.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
+    x = torch.randn(1, cfg.hidden).to(torch_dtype)
+    times: list[float] = []
+    with torch.inference_mode():
+        head.logits(x, cfg.norm_eps)  # warm-up
+        deadline = time.perf_counter() + budget_s
+        while time.perf_counter() < deadline or len(times) < 5:
+            start = time.perf_counter()
+            head.logits(x, cfg.norm_eps)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -7,7 +7,8 @@ few seconds and runs off the event loop; the link part ~20 PINGs and a few large
 
 Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline):
   cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak;
-                           with a store, the CPU's is calibrated on one real decoder layer in decode
+                           with a store, the CPU's is calibrated on decode steps through the node's own
+                           Shard over the store's first layers (nodes/profile_compute.py)
   ram_bandwidth            CPU memory read bandwidth (with a store: the layer's bytes / its decode time);
                            vram_bandwidth the GPU's
   disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
@@ -16,7 +17,12 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            nodes.prefetch.DEFAULT_FRACTION of it) and disk_seq_read at $PRIMA_DISK_MBPS
   frame_s                  the software cost of one hop on this device: a frame encoded, parsed,
                            decoded and handed through the node's queue and compute thread (in-process)
-  link_latency_s           one hop = median PING round trip / 2; link_bandwidth from PINGs that
+  token_s                  the head's own work per token on this device: the embedding and logits handed
+                           through the compute thread, the ring's answer on the event loop, sampling,
+                           detokenising (with a store's tokenizer) and the token's Generate event
+  output_s                 with a store's weights: its final norm and output projection for one token
+  link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
+                           ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
 Cache file ($PRIMA_HOME/profile-<name>.json unless told), plain JSON written atomically:
@@ -50,15 +56,17 @@ from pathlib import Path
 import structlog
 import torch
 
+from nodes.config import StoreError
 from nodes.diskio import emulated_rate
 from nodes.link import LinkDown, RingLink
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
+from nodes.profile_compute import measure_node_layers
 from nodes.profile_disk import measure_disk
-from nodes.profile_frame import measure_frame_overhead
+from nodes.profile_frame import measure_frame_overhead, measure_output_layer, measure_token_overhead
 from nodes.profile_host import available_ram, gpu_info, os_kind
-from nodes.profile_model import measure_decode_layer
 from nodes.store import LayerStore
+from nodes.text import TextCodec
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 from solver.profiles import DeviceProfile
@@ -66,14 +74,16 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/2"  # /2: frame_s measured (a /1 cache is measured again)
+FORMAT = "prima-profile/3"  # /3: token_s, output_s, rates from the node's path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
+IDLE_S = 0.01  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
 PAD_BYTES = 1 << 20  # padding per throughput frame
 MIN_TRANSFER_S = 0.05  # the throughput probe doubles its frames until a burst takes this long
 MAX_TRANSFER_BYTES = 64 << 20
 LINK_FIELDS = ("link_latency_s", "link_bandwidth")
 DEFAULT_HIDDEN = 4096  # activation width the frame probe uses without a store
+DEFAULT_VOCAB = 128256  # vocabulary the token probe samples from without a store
 NO_LINK_BANDWIDTH = 1e12  # B/s written when there is no successor (DeviceProfile needs > 0): a hop costs ~0
 
 
@@ -102,6 +112,7 @@ async def measure_link(link: RingLink, *, pings: int = PINGS, pad_bytes: int = P
         await link.ping(next(seqs), timeout)
     rtts = []
     for _ in range(pings):
+        await asyncio.sleep(IDLE_S)  # back-to-back PINGs find the peer awake; a ring's frames do not
         start = time.perf_counter()
         await link.ping(next(seqs), timeout)
         rtts.append(time.perf_counter() - start)
@@ -149,9 +160,11 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     disk = measure_disk(disk_dir)
     ram = available_ram(kind)
     has_gpu = gpu_rates is not None
-    # With a store, the CPU rates are calibrated on one real decoder layer (see profile_model).
-    decode = measure_decode_layer(store_dir, dtype) if store_dir else None
-    hidden = LayerStore(store_dir).config.hidden if store_dir else DEFAULT_HIDDEN
+    # With a store, the CPU rates are calibrated on the node's own compute path (see profile_compute).
+    decode = measure_node_layers(store_dir, dtype) if store_dir else None
+    store = LayerStore(store_dir) if store_dir else None
+    hidden = store.config.hidden if store else DEFAULT_HIDDEN
+    vocab = store.config.vocab if store else DEFAULT_VOCAB
     cpu_flops = decode["flops_rate"] if decode else cpu.gemv
     ram_bandwidth = decode["bytes_rate"] if decode else ram_bandwidth
     fields = dict(
@@ -160,6 +173,8 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         vram_bandwidth=vram_bandwidth if has_gpu else 0.0,
         disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
         frame_s=measure_frame_overhead(hidden, getattr(torch, dtype)),
+        token_s=measure_token_overhead(vocab, hidden, getattr(torch, dtype), _text(store)),
+        output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
@@ -167,6 +182,14 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
                    decode_layer=decode, torch_threads=torch.get_num_threads(),
                    local_s=time.perf_counter() - start)
     return fields, details
+
+
+def _text(store: LayerStore | None) -> TextCodec | None:
+    """The store's tokenizer for the token probe's detokenising (None: no store, or none in it)."""
+    try:
+        return TextCodec(store.manifest, store.tokenizer_path()) if store else None
+    except StoreError:
+        return None
 
 
 # ------------------------------------------------------------------ the cache

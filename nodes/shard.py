@@ -26,7 +26,7 @@ from nodes.fused import (
     unit_targets,
 )
 from nodes.model import STAGES, Head, KVCache, Layer, Rope, attention_stage, down_stage, gate_up_stage, layer_forward
-from nodes.prefetch import KV_RESERVE_TOKENS, Plan, Prefetcher, aligned, default_budget, plan_memory, prefetch_depth
+from nodes.prefetch import KV_RESERVE_TOKENS, Prefetcher, aligned, default_budget, plan_memory, prefetch_depth
 from nodes.routing import Windows
 from nodes.store import LayerStore
 
@@ -49,7 +49,7 @@ class Shard:
         units = {u: aligned(torch.Size(shape).numel() * dtype.itemsize) for u, shape in unit_shapes(cfg).items()}
         matrices = sum(torch.Size(shape).numel() for shape in unit_shapes(cfg).values()) * dtype.itemsize
         small = layer_bytes(cfg, dtype) - matrices  # norms and biases
-        self.plan: Plan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
+        self.plan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
         # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
         head = head_bytes(cfg, dtype) if windows.head else 0
         self.kv_room = self.plan.budget - self.plan.weight_bytes - head if self.plan.budget else None

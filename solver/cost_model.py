@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
+
+import numpy as np
 
 from solver.model_profile import ModelProfile
 from solver.profiles import DeviceProfile
@@ -48,7 +50,7 @@ class Instance:
     must_stay: frozenset[str] = field(default_factory=frozenset)  # devices the ring cannot route around
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", tuple(self.devices))  # hashable: costs are cached per instance
+        object.__setattr__(self, "devices", tuple(self.devices))
         if not self.devices:
             raise ValueError("an instance needs at least one device")
         if not self.devices[0].is_head or any(d.is_head for d in self.devices[1:]):
@@ -64,6 +66,10 @@ class Instance:
         object.__setattr__(self, "must_stay", frozenset(self.must_stay))
         if self.n_ctx == 0:
             object.__setattr__(self, "n_ctx", min(DEFAULT_CTX, self.model.max_seq_len))
+
+    @cached_property  # the instance is frozen; Halda asks for its costs many times
+    def costs(self) -> tuple[DeviceCosts, ...]:
+        return _device_costs(self)
 
 
 @dataclass(frozen=True)
@@ -97,10 +103,9 @@ def layer_time(flops: float, nbytes: float, flop_rate: float, bandwidth: float) 
 
 
 def device_costs(inst: Instance) -> list[DeviceCosts]:
-    return list(_device_costs(inst))
+    return list(inst.costs)
 
 
-@lru_cache(maxsize=64)  # instances are frozen; Halda asks for the same costs many times
 def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
     m = inst.model
     b = m.layer_bytes_max
@@ -125,120 +130,201 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
 
 
 def kappa(inst: Instance) -> float:
-    """Per-token constant: the head's output projection on its CPU (embedding lookup is one row)."""
+    """Per-token constant: the head's output projection on its CPU (measured, output_s, or its roofline; the
+    embedding lookup is one row) and its own work around it (token_s: hand-offs to its compute thread,
+    sampling, detokenising, the token's event)."""
     head, m = inst.devices[0], inst.model
-    return layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
+    output = head.output_s or layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
+    return output + head.token_s
 
 
-def set_label(c: DeviceCosts, k: int, w: int, n: int) -> str:
-    """prima.cpp's device sets: M4 fits; short devices are M1 (macOS CPU), M2 (Metal), M3 (others)."""
-    if fits(c, k, w, n):
-        return "M4"
-    return "M2" if c.uma else ("M1" if c.macos else "M3")
+# ------------------------------------------------------------------ one device's terms
+# Everything a device costs per token is written here once: `device_terms` and `stream_turn` in numbers
+# (evaluate, the exhaustive oracle, plan reports and the timeline read them), `device_rows` as the ILP's
+# rows of the same terms (Halda). A new term is one edit in this section.
 
 
-def fits(c: DeviceCosts, k: int, w: int, n: int) -> bool:
+def compute_time(c: DeviceCosts, k: int, w, n):
+    """Seconds per token computing w layers a round, n of them on the GPU (ints or numpy arrays)."""
+    return k * (c.alpha * (w - n) + (c.gpu * n if c.gpu_cap else 0.0))  # no GPU: n is 0
+
+
+def fits(c: DeviceCosts, k: int, w, n):
+    """Whether the device's whole share stays in memory (prima.cpp's M4; ints or numpy arrays)."""
     resident = k * w if c.uma else k * (w - n)
     return resident <= c.ram_layers
-
-
-def window_ok(c: DeviceCosts, w: int, n: int) -> bool:
-    """Whether the window may be this long: a node streams any window through its buffers, but a Metal
-    Mac's mmap'd share must keep one window in memory or its prefetch evicts itself."""
-    return window_fits(c, w, n) if c.uma else c.ram >= 0
 
 
 def window_fits(c: DeviceCosts, w: int, n: int) -> bool:
     return (w if c.uma else w - n) <= c.ram_layers
 
 
-def overflow_bytes(c: DeviceCosts, k: int, w: int, n: int) -> int:
-    """Bytes of a non-Metal share its memory cannot keep (0 when it fits)."""
-    return 0 if fits(c, k, w, n) or c.uma else k * (w - n) * c.b_prime - c.ram
+def allowed(c: DeviceCosts, k: int, w: int, n: int) -> bool:
+    """Halda's rows: the head holds its embedding and output; a Metal Mac's mmap'd share keeps one window in
+    memory (or its prefetch evicts itself; other nodes stream any window through their buffers); a disk too
+    slow to offload to must not be read from."""
+    if c.ram < 0 or (c.uma and not window_fits(c, w, n)):
+        return False
+    return not c.forced_fit or fits(c, k, w, n)
 
 
-def streams(c: DeviceCosts, k: int, w: int, n: int) -> bool:
-    """Whether the device reads layers through a stream buffer (short, and not a Metal Mac)."""
-    return not c.uma and not fits(c, k, w, n)
+@dataclass(frozen=True)
+class Terms:
+    """One device's terms per token for (k, w, n), before a streaming device's buffer is chosen."""
+    label: str  # prima.cpp's set: M4 fits; short devices are M1 (macOS CPU), M2 (Metal), M3 (others)
+    compute: float  # P_m: its layers (and, streaming with prefetch, copying its reads into the buffer)
+    overflow: float | None  # O_m bytes when it streams through a buffer the plan sizes (prefetch), else None
+    reads: float = 0.0  # D_m when it does not (a Metal share re-read, or loads on demand through one layer)
+    inline: float = 0.0  # I_m: of those, the reads in its own turns
+    turn: float = 0.0  # z_m: compute beside (with prefetch) or after (on demand) those reads
+    cycle: float = 0.0  # a Metal share's re-reads: P_m + D_m must fit in TPOT - kappa (0: no such bound)
 
 
-def disk_time(c: DeviceCosts, k: int, w: int, n: int, buffer: float) -> float:
-    """Bytes read from disk per token / disk speed; buffer: the stream buffer's bytes."""
+def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) -> Terms:
+    """A device's compute and reads per token with w layers a round (n of them on its GPU), k rounds."""
+    P = compute_time(c, k, w, n)
     if fits(c, k, w, n):
-        return 0.0
-    if c.uma:
-        return k * w * c.b / c.disk  # macOS+Metal under pressure evicts the whole share (M2)
-    return (overflow_bytes(c, k, w, n) + buffer) / c.disk
+        return Terms("M4", P, None, turn=P)
+    if c.uma:  # macOS+Metal under pressure evicts the whole share (M2): re-read every token, hidden when
+        D = k * w * c.b / c.disk  # one window fits (read ahead while the ring works)
+        inline = 0.0 if prefetch and window_fits(c, w, n) else D
+        return Terms("M2", P, None, D, inline, max(P, inline) if prefetch else P + inline, P + D)
+    label = "M1" if c.macos else "M3"
+    ovf = k * (w - n) * c.b_prime - c.ram  # bytes of the share its memory cannot keep
+    if not prefetch:  # loads on demand through a one-layer buffer, waiting for each read (the copy inside)
+        D = (ovf + c.b) / c.disk
+        return Terms(label, P, None, D, D, P + D)
+    # The reader copies its overflow and one layer into the buffer, sharing the cores with the compute.
+    return Terms(label, P + (ovf + c.b) * c.copy, float(ovf))
 
 
-def inline_disk_time(c: DeviceCosts, k: int, w: int, n: int, buffer: float, prefetch: bool = True) -> float:
-    """The part of disk_time read during the device's own turns, when its k gaps each fill the buffer
-    (evaluate also caps what a gap hides by its length)."""
-    d = disk_time(c, k, w, n, buffer)
-    if not prefetch:
-        return d
-    if c.uma:
-        return 0.0 if window_fits(c, w, n) else d
-    return max(0.0, d - k * buffer / c.disk)
-
-
-def stream_copy(c: DeviceCosts, k: int, w: int, n: int) -> float:
-    """Compute time a streaming device loses per token to copying what it reads (its overflow and one
-    layer) into its buffer: the reader's memmove shares the cores and memory with the compute."""
-    return (overflow_bytes(c, k, w, n) + c.b) * c.copy if streams(c, k, w, n) else 0.0
-
-
-def serial_compute(c: DeviceCosts, k: int) -> float:
-    """A streaming device's compute per token that its turns' reads cannot overlap: in each round the
-    attention stage of its first layer (its reads resume once that frees part of the full buffer) and the
-    down projection of its last (computed after its read)."""
-    return k * c.serial
-
-
-def stream_turn(c: DeviceCosts, k: int, P: float, ovf: float, G: float) -> tuple[float, float, float] | None:
-    """(turns, stream buffer bytes, bytes each gap hides) of a streaming device with compute P and overflow
-    ovf bytes a token whose cycle may last G seconds (TPOT - kappa - its hops); None when it cannot fit.
+def stream_turn(d, b, s, k: int, P, ovf, G):
+    """(turns, stream buffer bytes, bytes each gap hides) of streaming devices (numpy-broadcast over devices
+    or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
+    token, a cycle that may last G seconds (TPOT - kappa - its hops); turns are inf where it cannot fit.
 
     Each of its k gaps hides h bytes (its buffer B >= max(one layer, h) fills while the ring works), the
-    turns read the rest beside the compute: z = max(P, (ovf + B - k h)/d + s), s = serial_compute. The cycle
-    is z + k h/d = max(P + k h/d, (ovf + B)/d + s), so the most a gap may hide is
+    turns read the rest beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is
+    z + k h/d = max(P + k h/d, (ovf + B)/d + s), so the most a gap may hide is
     h = min((G - P) d/k, (G - s) d - ovf), and buffer beyond the h at which the turn is compute bound only
     adds reads."""
-    d, b, s = c.disk, c.b, serial_compute(c, k)
-    h = min((G - P) * d / k, (G - s) * d - ovf)
-    if h < 0 or (ovf + b) / d + s > G:
-        return None
+    h = np.minimum((G - P) * d / k, (G - s) * d - ovf)
+    ok = (h >= 0) & ((ovf + b) / d + s <= G)
     # the least h past which hiding more gains nothing: reads (ovf + max(b, h) - k h)/d down to P - s (or 0)
-    room = max(P - s, 0.0) * d
-    if ovf + b - k * b <= room:
-        enough = (ovf + b - room) / k
-    else:  # past one layer each byte of h hides k - 1 net (none when k = 1)
-        enough = b if k == 1 else (ovf - room) / (k - 1)
-    h = min(h, max(enough, 0.0))
-    buf = max(b, h)
-    return max(P, max(0.0, ovf + buf - k * h) / d + s), buf, h
+    room = np.maximum(P - s, 0.0) * d
+    enough = np.where(ovf + b - k * b <= room, (ovf + b - room) / k,  # past one layer each byte of h hides
+                      b if k == 1 else (ovf - room) / max(k - 1, 1))  # k - 1 net (none when k = 1)
+    h = np.minimum(h, np.maximum(enough, 0.0))
+    buf = np.maximum(b, h)
+    turn = np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s)
+    return np.where(ok, turn, np.inf), buf, h
 
 
-def best_buffers(P: list[float], ovf: list[float | None], hops: list[float], cs: list[DeviceCosts], k: int,
-                 kap: float, base: float) -> tuple[float, list[float], list[float]]:
-    """Least TPOT over the streaming devices' buffers, those buffers and the bytes each gap hides (0 where
-    ovf is None).
-    hops: each device's own hops per token; base: kappa + all hops + the turns of the devices that do
-    not stream. Feasibility in T is monotone (every row loosens as T grows), so bisection finds it."""
-    idx = [m for m, o in enumerate(ovf) if o is not None]
+def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
+                may_offload: bool = True):
+    """Halda's rows for device m (mip variables w, n; hop_on: 1 when it talks; T: the cycle bound, all in
+    units of `unit` seconds): the terms of `device_terms` and `stream_turn` in linear form. Returns its turns
+    per token (an expression or a variable). may_offload=False: only plans where its share fits are wanted
+    (any other costs more than the caller's bound). Equation numbers: prima.cpp's paper, as in halda.py."""
+    import mip  # only Halda builds rows: the rest of the cost model needs no solver
 
-    def turns(T: float) -> list[tuple[float, float, float]] | None:
-        out = []
-        for m in idx:
-            st = stream_turn(cs[m], k, P[m], ovf[m], T - kap - hops[m])
-            if st is None:
-                return None
-            out.append(st)
-        return out
+    P = k / unit * (c.alpha * w + (c.beta * n if isinstance(n, mip.Var) else 0.0))
+    cpu_w = w if c.uma else w - n  # layers per window held in RAM
+    if c.uma:
+        model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
+    if c.forced_fit or not may_offload:  # (31)-(33) M4 forced: disk too slow to offload to (or too slow to win)
+        model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
+        return P
+    y = model.add_var(f"y({m})", lb=0.0)  # disk seconds per token
+    if c.uma:  # w = w4 + w2: M4 (z = 0, the share fits) or M2 (z = 1, (29): a = alpha + b/disk)
+        z = model.add_var(f"z({m})", var_type=mip.BINARY)
+        w4 = model.add_var(f"w4({m})", var_type=mip.INTEGER, lb=0, ub=c.ram_layers // k)
+        w2 = model.add_var(f"w2({m})", var_type=mip.INTEGER, lb=0, ub=W)
+        model += w == w4 + w2, f"uma_split({m})"
+        model += w4 <= (c.ram_layers // k) * (1 - z), f"eq31_fit({m})"
+        model += w2 <= W * z, f"m2_on({m})"
+        model += w2 >= (c.ram_layers // k + 1) * z, f"m2_short({m})"  # short means over the fit
+        model += y >= k * c.b / c.disk / unit * w2, f"eq29_m2({m})"  # the whole share re-read
+        model += T >= P + y, f"eq6_prefetch({m})"  # Terms.cycle: its loads outlast the ring round
+        return P
+    # M1/M3 ((28)/(30): a = alpha + b'/disk, b = beta - b'/disk, minus what RAM keeps) or M4
+    model += y >= (k * c.b_prime * (w - n) - c.ram) / c.disk / unit, f"eq30_m3({m})"
+    o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
+    model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
+    e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
+    model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
+    h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
+    model += h <= e, f"gap_fill({m})"
+    v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
+    model += v >= y + e - k * h, f"inline({m})"
+    zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
+    copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
+    model += zt >= P + copy, f"turn_compute({m})"
+    model += zt >= v + k * c.serial / unit * o, f"turn_reads({m})"
+    model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
+    return zt
+
+
+# ------------------------------------------------------------------ a whole assignment
+
+
+def offload_floor(c: DeviceCosts, k: int = 1) -> float:
+    """Least cycle (TPOT - kappa) of the device in any k-round plan where it reads from disk: its first share
+    that does not fit, computed (P_m), or read past its memory with one layer of buffer beside the compute its
+    reads cannot overlap (D_m, s_m), and, off the head, its k hops (device_rows' cycle row). Grows with k."""
+    if c.forced_fit or c.ram_layers < 0:
+        return math.inf
+    s = c.ram_layers + 1
+    if c.uma:
+        return s * (min(c.alpha, c.gpu) + c.b / c.disk)
+    hops = 0.0 if c.is_head else k * c.hop  # the head's hop is paid only when it talks
+    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + k * c.serial) + hops
+
+
+def reads_floor(cs: list[DeviceCosts], k: int, L: int) -> float:
+    """Least cycle (TPOT - kappa) of any k-round plan for L layers from its reads alone: what all memories
+    (RAM, and VRAM off Metal) cannot hold, O = L b' - sum(memory), is read every token, device m reading
+    o_m of it in a cycle of at least (o_m + b)/d_m + k s_m (+ k hops off the head; Metal re-reads its share,
+    at least o_m b/b' bytes); the least t with sum_m of what m can read by t >= O (0 when all fits). Grows
+    with k."""
+    need = L * cs[0].b_prime - sum(max(c.ram, 0) + (0 if c.uma else c.gpu_cap * c.b_prime) for c in cs)
+    if need <= 0:
+        return 0.0
+    readers = [(c.disk * c.b_prime / c.b, 0.0, 0.0) if c.uma else
+               (c.disk, k * c.serial + (0.0 if c.is_head else k * c.hop), c.b)
+               for c in cs if not c.forced_fit]  # (B/s, fixed s, buffer bytes)
+    if not readers:
+        return math.inf
+
+    def readable(t: float) -> float:
+        return sum(max(0.0, (t - fixed) * d - buf) for d, fixed, buf in readers)
+
+    lo, hi = 0.0, 1.0
+    while readable(hi) < need:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if readable(mid) < need else (lo, mid)
+    return lo
+
+
+def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[float], kap: float,
+                 base: float) -> tuple[float, list[float], list[float]]:
+    """Least TPOT over the streaming devices' buffers, those buffers and the bytes each gap hides (0 for the
+    others). hops: each device's own hops per token; base: kappa + all hops + the turns of the devices that
+    do not stream. Feasibility in T is monotone (every row loosens as T grows), so bisection finds it."""
+    idx = [m for m, t in enumerate(terms) if t.overflow is not None]
+    bufs, hidden = [0.0] * len(cs), [0.0] * len(cs)
+    if not idx:
+        return base, bufs, hidden
+    d, b, s = (np.array([f(cs[m]) for m in idx], dtype=float)
+               for f in (lambda c: c.disk, lambda c: c.b, lambda c: k * c.serial))
+    P = np.array([terms[m].compute for m in idx])
+    ovf = np.array([terms[m].overflow for m in idx])
+    own = kap + np.array([hops[m] for m in idx])
 
     def ok(T: float) -> bool:
-        z = turns(T)
-        return z is not None and base + sum(t for t, _, _ in z) <= T
+        return base + float(stream_turn(d, b, s, k, P, ovf, T - own)[0].sum()) <= T
 
     lo, hi = base, base + 1.0
     while not ok(hi):  # every row holds once T is large enough
@@ -248,9 +334,9 @@ def best_buffers(P: list[float], ovf: list[float | None], hops: list[float], cs:
             break
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    bufs, hidden = [0.0] * len(P), [0.0] * len(P)
-    for m, (_, buf, h) in zip(idx, turns(hi) or []):
-        bufs[m], hidden[m] = buf, h
+    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own)
+    for j, m in enumerate(idx):
+        bufs[m], hidden[m] = float(buf[j]), float(h[j])
     return hi, bufs, hidden
 
 
@@ -263,24 +349,40 @@ def memory_bytes(c: DeviceCosts, k: int, w: int, n: int, extra: int) -> int:
 
 @dataclass(frozen=True)
 class Breakdown:
+    """The cost model's terms of one assignment, per token (device tuples in ring order, head first).
+    TPOT = max(ring_s, max cycle_s); ring_s = kappa + sum(turn_s) + sum(hop_s)."""
     tpot_s: float
     compute_s: tuple[float, ...]  # P_m
     disk_s: tuple[float, ...]  # D_m
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
     inline_s: tuple[float, ...]  # I_m: the reads in the device's own turns (beside its compute when prefetching)
-    buffer_bytes: tuple[int, ...]  # B_m: the stream buffer of each streaming device (0: it does not stream)
     serial_s: tuple[float, ...]  # s_m: compute its turns' reads cannot overlap (streaming devices, else 0)
+    turn_s: tuple[float, ...]  # z_m: its turns, compute and the reads it cannot hide
+    cycle_s: tuple[float, ...]  # kappa + its turns, hops and the gaps its reads ahead need (0: no reads)
+    buffer_bytes: tuple[int, ...]  # B_m: the stream buffer of each streaming device (0: it does not stream)
     labels: tuple[str, ...]
     ring_s: float  # kappa + the turns + hops
     kappa_s: float
     prefetch: bool = True
 
     @property
-    def turn_s(self) -> tuple[float, ...]:
-        """z_m: a device's turns per token, compute and the reads it cannot hide (side by side with prefetch)."""
-        if self.prefetch:
-            return tuple(max(p, i + s) for p, i, s in zip(self.compute_s, self.inline_s, self.serial_s))
-        return tuple(p + i for p, i in zip(self.compute_s, self.inline_s))
+    def stage_s(self) -> tuple[float, ...]:
+        """A device's busy time per token but its hops: compute beside its reads (after them on demand),
+        and the head's constant."""
+        both = (max(p, x) if self.prefetch else p + x for p, x in zip(self.compute_s, self.disk_s))
+        return tuple(t + (self.kappa_s if m == 0 else 0.0) for m, t in enumerate(both))
+
+    @property
+    def busy_s(self) -> tuple[float, ...]:
+        return tuple(t + h for t, h in zip(self.stage_s, self.hop_s))
+
+    @property
+    def terms_s(self) -> dict[str, float]:
+        """TPOT as a sum: compute, reads (what outlasts the compute they run beside), hops, head (kappa) and
+        wait (a device's cycle longer than the ring's round)."""
+        compute = sum(self.compute_s)
+        return {"compute": compute, "reads": sum(self.turn_s) - compute, "hops": sum(self.hop_s),
+                "head": self.kappa_s, "wait": self.tpot_s - self.ring_s}
 
 
 def check_assignment(inst: Instance, k: int, w: list[int], n: list[int]) -> None:
@@ -305,36 +407,32 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
     if in_ring is None:
         in_ring = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
     talks = sum(in_ring) >= 2  # a ring of one device sends nothing over the network
-    P, H, ovf, lab = [], [], [], []
+    terms = []
     for c, wm, nm, r in zip(cs, w, n, in_ring):
         if wm and not r:
             raise ValueError(f"{c.name} holds layers but is not in the ring")
-        if strict and (c.ram < 0 or not window_ok(c, wm, nm) or (c.forced_fit and not fits(c, k, wm, nm))):
+        if strict and not allowed(c, k, wm, nm):
             return None
-        copy = stream_copy(c, k, wm, nm) if prefetch else 0.0  # on demand, the copy is inside the wait for a read
-        P.append(k * (c.alpha * (wm - nm) + (c.gpu * nm if nm else 0.0)) + copy)
-        H.append(k * c.hop if r and talks else 0.0)
-        ovf.append(float(overflow_bytes(c, k, wm, nm)) if prefetch and streams(c, k, wm, nm) else None)
-        lab.append(set_label(c, k, wm, nm) if r else "-")
+        terms.append(device_terms(c, k, wm, nm, prefetch))
+    H = [k * c.hop if r and talks else 0.0 for c, r in zip(cs, in_ring)]
     kap = kappa(inst)
-    fixed = []  # turns of the devices best_buffers does not size a buffer for
-    for m, c in enumerate(cs):
-        if ovf[m] is not None:
-            fixed.append(0.0)
-        elif prefetch:  # fits, or a Metal Mac whose re-reads hide when one window fits
-            fixed.append(max(P[m], inline_disk_time(c, k, w[m], n[m], 0.0)))
-        else:  # loads on demand through a one-layer buffer, waiting for each read
-            fixed.append(P[m] + disk_time(c, k, w[m], n[m], c.b))
-    tpot, buf, hidden = best_buffers(P, ovf, H, cs, k, kap, kap + sum(H) + sum(fixed))
-    if not prefetch:
-        buf = [float(c.b) if streams(c, k, wm, nm) else 0.0 for c, wm, nm in zip(cs, w, n)]
-    D = [disk_time(c, k, wm, nm, bm) for c, wm, nm, bm in zip(cs, w, n, buf)]
-    inline = [max(0.0, d - k * h / c.disk) if o is not None else inline_disk_time(c, k, wm, nm, bm, prefetch)
-              for c, wm, nm, bm, d, h, o in zip(cs, w, n, buf, D, hidden, ovf)]
-    serial = [serial_compute(c, k) if o is not None else 0.0 for c, o in zip(cs, ovf)]
-    turn = [max(p, i + s) if prefetch else p + i for p, i, s in zip(P, inline, serial)]
+    tpot, buf, hidden = best_buffers(cs, k, terms, H, kap, kap + sum(H) + sum(t.turn for t in terms))
+    D, inline, serial, turn, cycle = [], [], [], [], []
+    for c, t, bm, h, hm in zip(cs, terms, buf, hidden, H):
+        if t.overflow is None:
+            D.append(t.reads)
+            inline.append(t.inline)
+            serial.append(0.0)
+            turn.append(t.turn)
+            cycle.append(kap + t.cycle if t.cycle else 0.0)
+        else:  # the stream_turn it was sized by
+            D.append((t.overflow + bm) / c.disk)
+            inline.append(max(0.0, D[-1] - k * h / c.disk))
+            serial.append(k * c.serial)
+            turn.append(max(t.compute, inline[-1] + serial[-1]))
+            cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
-    metal = [kap + p + d for c, p, d in zip(cs, P, D) if c.uma and d > 0]  # its re-reads outlast the ring
-    tpot = max([tpot, ring] + metal)
-    return Breakdown(tpot, tuple(P), tuple(D), tuple(H), tuple(inline), tuple(int(round(b)) for b in buf),
-                     tuple(serial), tuple(lab), ring, kap, prefetch)
+    tpot = max([tpot, ring] + cycle)
+    return Breakdown(tpot, tuple(t.compute for t in terms), tuple(D), tuple(H), tuple(inline), tuple(serial),
+                     tuple(turn), tuple(cycle), tuple(int(round(b)) for b in buf),
+                     tuple(t.label if r else "-" for t, r in zip(terms, in_ring)), ring, kap, prefetch)

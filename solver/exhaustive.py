@@ -1,7 +1,7 @@
 """Exhaustive search over every (k, w, n) of the cost model: the test oracle for Halda on small instances.
 
 Independent of the ILP: for a candidate TPOT T, each device option (w, n) has a least turn time
-(hiding in its gaps what their length allows, cost_model.stream_turn) or is impossible; a dynamic
+(cost_model.device_terms, and stream_turn hiding in its gaps what their length allows) or is impossible; a dynamic
 program over devices then finds the least ring round over all assignments with sum w = W. T is
 feasible when that round fits in T, which only gets easier as T grows, so bisection on T gives the
 exact optimum, and the DP's choices at it the assignment.
@@ -14,19 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost_model import (
-    Instance,
-    device_costs,
-    disk_time,
-    fits,
-    kappa,
-    overflow_bytes,
-    serial_compute,
-    stream_copy,
-    streams,
-    window_fits,
-    window_ok,
-)
+from solver.cost_model import Instance, allowed, device_costs, device_terms, kappa, stream_turn
 from solver.halda import divisors
 
 INF = math.inf
@@ -59,15 +47,12 @@ def _options(c, k: int, W: int, select: bool) -> _Options | None:
         if not select and able and w == 0:
             continue
         for n in range(min(w, c.gpu_cap // k) + 1):
-            if not window_ok(c, w, n) or (c.forced_fit and not fits(c, k, w, n)):
+            if not allowed(c, k, w, n):
                 continue
-            P = k * (c.alpha * (w - n) + (c.gpu * n if n else 0.0)) + stream_copy(c, k, w, n)
-            if streams(c, k, w, n):
-                rows.append((w, n, P, float(overflow_bytes(c, k, w, n)), np.nan, 0.0))
-            else:
-                D = disk_time(c, k, w, n, 0.0)
-                hidden = not c.uma or window_fits(c, w, n)
-                rows.append((w, n, P, np.nan, max(P, 0.0 if hidden else D), P + D if D > 0 else 0.0))
+            t = device_terms(c, k, w, n)
+            streaming = t.overflow is not None
+            rows.append((w, n, t.compute, t.overflow if streaming else np.nan, np.nan if streaming else t.turn,
+                         t.cycle))
     if not rows:
         return None
     a = np.array(rows, dtype=float)
@@ -75,22 +60,11 @@ def _options(c, k: int, W: int, select: bool) -> _Options | None:
 
 
 def _turns(c, k: int, opt: _Options, Tk: float, hop: float) -> np.ndarray:
-    """Least turn per option at TPOT - kappa = Tk with its own hops `hop`; inf where impossible
-    (cost_model.gap_buffer, vectorised)."""
-    d, P, ovf, G = c.disk, opt.P, opt.ovf, Tk - hop
-    stream = ~np.isnan(ovf)
-    z = np.where(stream, np.inf, opt.fixed_turn)
-    z = np.where((~stream) & (opt.metal_row > Tk), np.inf, z)  # a Metal share's re-reads outlast T
-    if stream.any():  # cost_model.stream_turn
-        Ps, ovfs, b, sc = P[stream], ovf[stream], c.b, serial_compute(c, k)
-        h = np.minimum((G - Ps) * d / k, (G - sc) * d - ovfs)
-        ok = (h >= 0) & ((ovfs + b) / d + sc <= G)
-        room = np.maximum(Ps - sc, 0.0) * d
-        enough = np.where(ovfs + b - k * b <= room, (ovfs + b - room) / k,
-                          b if k == 1 else (ovfs - room) / max(k - 1, 1))
-        h = np.minimum(h, np.maximum(enough, 0.0))
-        turn = np.maximum(Ps, np.maximum(0.0, ovfs + np.maximum(b, h) - k * h) / d + sc)
-        z[stream] = np.where(ok, turn, np.inf)
+    """Least turn per option at TPOT - kappa = Tk with its own hops `hop`; inf where impossible."""
+    stream = ~np.isnan(opt.ovf)
+    z = np.where(stream | (opt.metal_row > Tk), np.inf, opt.fixed_turn)  # a Metal share's re-reads outlast T
+    if stream.any():
+        z[stream] = stream_turn(c.disk, c.b, k * c.serial, k, opt.P[stream], opt.ovf[stream], Tk - hop)[0]
     return z
 
 

@@ -2,8 +2,9 @@
 
 # For a fixed k (W = L/k) the TPOT of cost_model is linear in the ILP's variables, so Halda
 # enumerates the divisors k of L, solves one ILP each and keeps the best plan. Equation numbers
-# follow DESIGN §2.2 / prima.cpp: (6) objective, (7) 0 <= n <= w, (8) sum w = W, (28)-(33) RAM
-# rows of the sets M1-M4, (35)-(37) VRAM rows.
+# are those of prima.cpp's paper (ICLR 2026): (6) objective, (7) 0 <= n <= w, (8) sum w = W,
+# (28)-(33) RAM rows of the sets M1-M4, (35)-(37) VRAM rows. A device's own rows are written beside
+# its terms in cost_model.device_rows.
 #
 # Where this differs from prima.cpp, and why:
 # - Sets are chosen inside the ILP instead of by prima.cpp's iterate-and-calibrate loop. M1/M3
@@ -27,35 +28,47 @@
 #   gap hides h_m <= e_m, what they cannot, v_m >= y_m + e_m - k h_m, is read beside its compute,
 #   turn_m >= P_m, v_m + s_m o_m (s_m: the compute its reads cannot overlap); and its cycle, turns +
 #   hops + k gaps of h_m, bounds T.
+# - Exact and fast (issue 18): no ILP is solved that cannot win. First the best k = 1 plan in which
+#   every share fits in memory, by a DP over devices (nothing is read, so TPOT is a sum of per-device
+#   terms: fitting_optimum); a k > 1 plan that reads nothing cannot beat it. Then only a plan where
+#   some device reads from disk can win, and that device's cycle is at least its offload floor, which
+#   grows with k; where no device's floor is below the best so far, that is the optimum (on D1-D4
+#   clusters of 32 and 64 devices, no ILP at all). Otherwise one ILP per k, with the best plan so far as
+#   its cutoff, no offload rows for devices whose floor is past it, and the k loop ends when the
+#   floors, or the reads of what no memory holds (reads_floor), outlast the best plan. HiGHS through
+#   python-mip measured 3-5x slower than CBC on these ILPs, so CBC it is.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import mip
+import numpy as np
 
-from solver.cost_model import DeviceCosts, Instance, device_costs, evaluate, kappa, serial_compute
-from solver.plan import Infeasible, Plan, build_plan, layer_ranges
+from solver.cost_model import (
+    DeviceCosts,
+    Instance,
+    compute_time,
+    device_costs,
+    device_rows,
+    evaluate,
+    fits,
+    kappa,
+    offload_floor,
+    reads_floor,
+)
+from solver.plan import Infeasible, RingPlan, build_plan, layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
 
 EPS = 1e-9  # relative: plans closer than this are ties
 
 
-@lru_cache(maxsize=1)
 def solver_name() -> str:
-    """HiGHS when python-mip can load it (prima.cpp uses HiGHS), else CBC."""
-    if importlib.util.find_spec("highspy") is None:  # skip mip's noisy failed load
-        return mip.CBC
-    try:
-        mip.Model(solver_name=mip.HIGHS)
-        return mip.HIGHS
-    except Exception:  # python-mip raises FileNotFoundError/ImportError variants when HiGHS is absent
-        return mip.CBC
+    """CBC: HiGHS through python-mip (highspy + highsbox) measured 3-5x slower on these ILPs (issue 18)."""
+    return mip.CBC
 
 
 def divisors(n: int) -> list[int]:
@@ -92,8 +105,11 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     model.cuts = 0  # these ILPs are tiny: CBC's cut rounds cost more than they prune (2-5x here)
     model.max_mip_gap, model.max_mip_gap_abs = 1e-9, 1e-12  # exact: tests compare with enumeration
 
-    # Window caps: memory (a window fits in RAM + VRAM) and time (P_m <= T < bound_s).
-    cap = [min(W, c.ram_layers + c.gpu_cap // k) if c.uma or c.forced_fit or c.ram_layers < 0 else W for c in cs]
+    # Window caps: memory (a window fits in RAM + VRAM; the share, where the device must fit: when its disk is
+    # too slow to offload to, or reading from it would cost more than bound_s) and time (P_m <= T < bound_s).
+    fit = [must_fit(c, bound_s, k) for c in cs]
+    cap = [min(W, c.ram_layers // k + (0 if c.uma else c.gpu_cap // k)) if f else
+           min(W, c.ram_layers + c.gpu_cap // k) if c.uma else W for c, f in zip(cs, fit)]
     if math.isfinite(bound_s):
         cap = [min(u, int(bound_s * (1 + EPS) / (k * min(c.alpha, c.gpu)))) for u, c in zip(cap, cs)]
     w = [model.add_var(f"w({m})", var_type=mip.INTEGER, lb=0, ub=max(cap[m], 0)) for m in Ms]
@@ -115,50 +131,15 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     x_hop = [talk] + x[1:]
 
     model += mip.xsum(w) == W, "eq8_window_sum"
-    P = [k / unit * (cs[m].alpha * w[m] + (cs[m].beta * n[m] if isinstance(n[m], mip.Var) else 0.0))
-         for m in Ms]  # compute seconds per token, in units
-    turns = list(P)  # per device: its turns per token, in units (a streaming device's are a variable)
     for m in Ms:
         c = cs[m]
-        cpu_w = w[m] if c.uma else w[m] - n[m]  # layers per window held in RAM
         if isinstance(n[m], mip.Var):
             model += n[m] <= w[m], f"eq7_n_le_w({m})"
         if isinstance(x[m], mip.Var):  # device selection: layers only on ring members
             model += w[m] <= max(cap[m], 0) * x[m], f"ring({m})"
         elif not select and c.ram_layers + c.gpu_cap // k >= 1:
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
-        if c.uma:
-            model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
-        if c.forced_fit:  # (31)-(33) M4 forced: disk too slow to offload to
-            model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
-            continue
-        y = model.add_var(f"y({m})", lb=0.0)  # disk seconds per token, in units
-        if c.uma:  # w = w4 + w2: M4 (z = 0, the share fits) or M2 (z = 1, (29): a = alpha + b/disk)
-            z = model.add_var(f"z({m})", var_type=mip.BINARY)
-            w4 = model.add_var(f"w4({m})", var_type=mip.INTEGER, lb=0, ub=c.ram_layers // k)
-            w2 = model.add_var(f"w2({m})", var_type=mip.INTEGER, lb=0, ub=W)
-            model += w[m] == w4 + w2, f"uma_split({m})"
-            model += w4 <= (c.ram_layers // k) * (1 - z), f"eq31_fit({m})"
-            model += w2 <= W * z, f"m2_on({m})"
-            model += w2 >= (c.ram_layers // k + 1) * z, f"m2_short({m})"  # short means over the fit
-            model += y >= k * c.b / c.disk / unit * w2, f"eq29_m2({m})"  # the whole share re-read
-            model += T >= P[m] + y, f"eq6_prefetch({m})"  # its loads outlast the ring round
-        else:  # M1/M3 ((28)/(30): a = alpha + b'/disk, b = beta - b'/disk, minus what RAM keeps) or M4
-            model += y >= (k * c.b_prime * (w[m] - n[m]) - c.ram) / c.disk / unit, f"eq30_m3({m})"
-            o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
-            model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
-            e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
-            model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
-            h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
-            model += h <= e, f"gap_fill({m})"
-            v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
-            model += v >= y + e - k * h, f"inline({m})"
-            zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
-            copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
-            model += zt >= P[m] + copy, f"turn_compute({m})"
-            model += zt >= v + serial_compute(c, k) / unit * o, f"turn_reads({m})"
-            model += T >= zt + k * c.hop / unit * x_hop[m] + k * h, f"cycle({m})"  # k gaps long enough
-            turns[m] = zt
+    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m]) for m in Ms]
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
@@ -185,7 +166,7 @@ def _in_ring(cs: list[DeviceCosts], w: list[int], x: list[bool], select: bool) -
 
 
 def extract_plan(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], solve_ms: float,
-                 select: bool = True) -> Plan:
+                 select: bool = True) -> RingPlan:
     in_ring = _in_ring(device_costs(inst), w, x, select)
     return build_plan(inst, k, w, n, in_ring, solve_ms, "halda" if select else "halda-noselect")
 
@@ -195,47 +176,83 @@ def _tpot(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], sel
     return br.tpot_s if br else math.inf
 
 
-def _incumbents(inst: Instance, cs: list[DeviceCosts], select: bool):
-    """Cheap k = 1 plans whose TPOT becomes the solver's cutoff: everything on one device, and
-    a greedy fill of the fastest memory (GPU, then RAM) without offloading."""
-    L, M = inst.model.n_layers, len(cs)
-    cands = []
-    for m in range(M) if select else ([0] if M == 1 else []):
-        w = [L if i == m else 0 for i in range(M)]
-        cands.append((w, [min(L, cs[m].gpu_cap) if i == m else 0 for i in range(M)]))
-    if select:
-        blocks = []  # (seconds per layer, device, layers, on GPU)
-        for m, c in enumerate(cs):
-            gpu = min(c.gpu_cap, max(c.ram_layers, 0)) if c.uma else c.gpu_cap
-            blocks += [(c.gpu, m, gpu, True), (c.alpha, m, max(c.ram_layers, 0) - (gpu if c.uma else 0), False)]
-        w, n, left = [0] * M, [0] * M, L
-        for _, m, size, on_gpu in sorted(blocks):
-            take = min(size, left)
-            w[m] += take
-            n[m] += take if on_gpu else 0
-            left -= take
-        if left == 0:
-            cands.append((w, n))
-    best, best_sol = math.inf, None
-    for w, n in cands:
-        x = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
-        val = _tpot(inst, 1, w, n, x, select)
-        if val < best:
-            best, best_sol = val, (w, n, x)
-    return best, best_sol
+def must_fit(c: DeviceCosts, bound_s: float, k: int = 1) -> bool:
+    """Whether every wanted k-round plan keeps the device's whole share in memory: its disk is too slow to
+    offload to, or reading from it costs at least bound_s (TPOT - kappa) in any plan (cost_model.offload_floor)."""
+    return c.forced_fit or c.ram_layers < 0 or offload_floor(c, k) >= bound_s
 
 
-def _offload_floor(c: DeviceCosts) -> float:
-    """Least cycle (TPOT - kappa) of device m in any state where it offloads to disk (any k)."""
-    if c.forced_fit or c.ram_layers < 0:
-        return math.inf
-    s = c.ram_layers + 1  # first share that no longer fits
-    if c.uma:
-        return s * (min(c.alpha, c.gpu) + c.b / c.disk)
-    return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + c.serial)  # compute; reads + serial
+def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
+    """(T, w, n, x): the least TPOT - kappa over the plans for this k in which every share fits its device's
+    memory, exactly; None when there is none. Nothing is read from disk, so T is the sum of the members' compute
+    and hops (cost_model.compute_time, fits): separable, a DP over devices in ring order solves it (O(M W^2)).
+
+    Halda takes it where the bounds leave no device room to offload: there the ILP's optimum is this one."""
+    ws, ns = np.arange(W + 1)[:, None], np.arange(W + 1)[None, :]
+    shift = np.arange(W + 1)[:, None] - np.arange(W + 1)[None, :]  # [s, w]: layers left for the others
+    valid = shift >= 0
+    shift = np.where(valid, shift, 0)
+
+    def options(c: DeviceCosts) -> tuple[np.ndarray, np.ndarray]:
+        """Least compute per window w (inf: none fits) and its GPU layers."""
+        n = ns[:, : min(W, c.gpu_cap // k) + 1]
+        P = np.where((n <= ws) & fits(c, k, ws, n) & (c.ram >= 0), compute_time(c, k, ws, n), np.inf)
+        best = P.argmin(axis=1)
+        cost = P[np.arange(W + 1), best]
+        if not select and c.ram_layers + c.gpu_cap // k >= 1:
+            cost[0] = np.inf  # prima.cpp without selection: every device that can compute does
+        return cost, best
+
+    # dp[t][s]: least compute + hops of the devices so far holding s layers; t: whether one of them stays.
+    dp = np.full((2, W + 1), np.inf)
+    dp[0, 0] = 0.0
+    steps = []
+    for c in cs[1:]:
+        cost, best_n = options(c)
+        leaves = select and c.routable
+        stay = cost + k * c.hop  # a member pays its hop (a relay too: w = 0 when it cannot leave)
+        if leaves:
+            stay[0] = np.inf  # with no layers it leaves the ring
+        prev = np.minimum(dp[0], dp[1])
+        cand = np.where(valid, prev[shift] + stay[None, :], np.inf)  # [s, w]
+        w_at = cand.argmin(axis=1)
+        joined = cand[np.arange(W + 1), w_at]
+        new = np.full((2, W + 1), np.inf)
+        new[0] = dp[0] if leaves else np.inf
+        new[1] = np.minimum(joined, dp[1]) if leaves else joined
+        # how each new[1][s] was reached: (w, from t) staying, or (-1, 1) leaving
+        rest = np.arange(W + 1) - w_at
+        from_t = np.where(dp[0][rest] <= dp[1][rest], 0, 1)
+        took_stay = joined <= (dp[1] if leaves else np.inf)
+        steps.append((w_at, best_n, from_t, took_stay))
+        dp = new
+    head = cs[0]
+    cost0, n0 = options(head)
+    total = np.full((2, W + 1), np.inf)  # [t, w0]
+    for t in (0, 1):
+        total[t] = dp[t][W - np.arange(W + 1)] + cost0 + (k * head.hop if t else 0.0)
+    t, w0 = np.unravel_index(np.argmin(total), total.shape)
+    if not np.isfinite(total[t, w0]):
+        return None
+    T = float(total[t, w0])
+    w, n, x = [int(w0)], [int(n0[w0])], [True]
+    s = W - int(w0)
+    back = []
+    for w_at, best_n, from_t, took_stay in reversed(steps):
+        if t == 1 and took_stay[s]:
+            wm = int(w_at[s])
+            back.append((wm, int(best_n[wm]), True))
+            s, t = s - wm, int(from_t[s])
+        else:  # it left the ring (t unchanged)
+            back.append((0, 0, False))
+    for wm, nm, xm in reversed(back):
+        w.append(wm)
+        n.append(nm)
+        x.append(xm)
+    return T, w, n, x
 
 
-def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:
+def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:
     """Best plan over all k dividing L; select=False keeps every device (prima.cpp's Halda
     before device selection)."""
     t0 = time.perf_counter()
@@ -248,21 +265,25 @@ def halda(inst: Instance, select: bool = True) -> Plan | Infeasible:
     r_min = min(min(c.alpha, c.gpu if c.gpu_cap else math.inf) for c in cs)
     fixed = [c for c in cs if not (select and c.routable)]
     hop_fixed = sum(c.hop for c in fixed) if len(fixed) >= 2 else 0.0
-    offload_min = kap + min(_offload_floor(c) for c in cs)
-    best, best_sol = _incumbents(inst, cs, select)
-    best_k, opt1 = 1, math.inf
+    # Incumbent: the best k = 1 plan in which nothing is read from disk (exact, by DP). A k > 1 plan where
+    # nothing offloads maps to a k = 1 plan with (k - 1) fewer hop rounds, so it cannot beat this one.
+    best, best_k, best_sol = math.inf, 1, None
+    fit1 = fitting_optimum(cs, 1, L, select)
+    if fit1 is not None:
+        best_sol = fit1[1:]
+        best = _tpot(inst, 1, *best_sol, select)
     for k in divisors(L):
-        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; and a
-        # k-plan where nothing offloads maps to a k=1 plan with (k-1) fewer hop rounds, so for
-        # k > 1 only plans that offload (>= offload_min) can beat the k=1 optimum.
+        # Bounds: every layer costs >= r_min and every fixed ring member pays k hops; and only plans that
+        # offload can beat the fitting optimum, each at least its offloading device's floor, which grows with
+        # k: where the bound leaves no device room to offload, the best plan so far is the optimum.
         if kap + L * r_min + k * hop_fixed >= best * (1 - EPS):
             break  # this bound grows with k
-        if k > 1 and min(opt1 + (k - 1) * hop_fixed, offload_min) >= best * (1 - EPS):
-            continue
+        if math.isfinite(best) and all(must_fit(c, (best - kap) * (1 - EPS), k) for c in cs):
+            break  # no device can offload in a better plan, at this k or any larger one
+        if kap + reads_floor(cs, k, L) >= best * (1 - EPS):
+            break  # what memory cannot hold takes longer to read (grows with k)
         sol = solve(build_model(inst, k, select, best - kap), (best - kap) * (1 + EPS))
         val = _tpot(inst, k, *sol, select) if sol else math.inf
-        if k == 1:
-            opt1 = min(val, best)
         if val < best * (1 - EPS):
             best, best_k, best_sol = val, k, sol
     ms = (time.perf_counter() - t0) * 1e3

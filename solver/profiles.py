@@ -17,6 +17,9 @@ JSON schema (plain JSON, keys = field names, SI units):
        "link_latency_s": 0.005,         # one hop to its successor in the ring, seconds
        "link_bandwidth": 5.0e7,         # B/s of that hop
        "frame_s": 0.0002,               # optional (0): software cost of a hop here, frame in and out
+       "token_s": 0.0001,               # optional (0): the head's own work per token here (hand-offs of the
+                                        #   embedding and logits, sampling, detokenising, the token's event)
+       "output_s": 0.008,               # optional (0: from the roofline): the model's output layer here
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -32,7 +35,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "is_head")
+OPTIONAL = ("frame_s", "token_s", "output_s", "is_head")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class DeviceProfile:
     link_latency_s: float
     link_bandwidth: float
     frame_s: float = 0.0
+    token_s: float = 0.0
+    output_s: float = 0.0
     is_head: bool = False
 
     def __post_init__(self) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import Instance, device_costs, evaluate, kappa, layer_time
+from solver.cost_model import Instance, device_costs, evaluate, layer_time
 from solver.pipeline import makespan, phase_transition
-from solver.plan import Plan
+from solver.plan import RingPlan
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Prediction:
     serial_loads: tuple[str, ...]  # devices with loads prefetch cannot hide (on the ring's critical path)
 
 
-def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
+def simulate(plan: RingPlan, inst: Instance, prompt_tokens: int = 128, concurrency: int = 1,
              prefetch: bool = True) -> Prediction:
     """prefetch=True: PRP, a device reads ahead into its stream buffer while the rest of the ring works and
     beside its own compute (cost_model: turns max(P_m, I_m)). prefetch=False: every load is serialised
@@ -33,10 +33,10 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
         raise ValueError(f"prompt_tokens and concurrency must be >= 1, got {prompt_tokens}, {concurrency}")
     if [d.name for d in plan.devices] != [d.name for d in inst.devices]:
         raise ValueError("the plan's devices do not match the profiles (names / ring order)")
-    k, w, n, ring = plan.k, plan.windows, plan.gpu_layers, plan.in_ring
+    k, w, n, ring = plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring
     br = evaluate(inst, k, w, n, ring, prefetch=prefetch)
     cs, m_ = device_costs(inst), inst.model
-    kap = kappa(inst)
+    kap = br.kappa_s
 
     # TTFT: the prompt's P tokens go round together: compute becomes FLOP-bound, hops carry P
     # activations, disk loads are paid once, and only the last token hits the output layer.
@@ -59,7 +59,7 @@ def simulate(plan: Plan, inst: Instance, prompt_tokens: int = 128, concurrency: 
     # then the head), stage time = its busy time per token (each token pays its loads), links =
     # its k hops; gRPC streams overlap sends with compute, hence "async". Conservative.
     members = [i for i in list(range(1, len(cs))) + [0] if ring[i]]
-    tau = [beside(br.compute_s[i], br.disk_s[i]) + (kap if i == 0 else 0.0) for i in members]
+    tau = [br.stage_s[i] for i in members]
     d_links = [br.hop_s[i] for i in members]
     span = makespan(tau, d_links, concurrency, "async")
     busy = {cs[members[s]].name: t + d_links[s] for s, t in enumerate(tau)}

@@ -9,15 +9,16 @@ from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
 from solver.model_profile import ModelProfile
-from solver.plan import Infeasible, Plan
+from solver.plan import Infeasible, RingPlan
 from solver.profiles import DeviceProfile, load_profiles
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
 
-def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) -> dict:
+def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = None) -> dict:
     """breakdown (the cost model's terms of this plan) adds per-token timings, which `--timeline` draws:
-    output_ms (the head's output layer) and per device compute_ms, disk_ms, link_ms and loads_hidden."""
+    output_ms (the head's per-token constant), ring_ms, terms_ms, and per device compute_ms, disk_ms, inline_ms,
+    serial_ms, turn_ms, cycle_ms, link_ms and loads_hidden."""
     ranges = plan.layer_ranges(n_layers)
     out = {
         "strategy": plan.strategy,
@@ -32,12 +33,18 @@ def plan_to_json(plan: Plan, n_layers: int, breakdown: Breakdown | None = None) 
             for d, rs in zip(plan.devices, ranges)],
     }
     if breakdown is not None:
+        # TPOT = max(ring_ms, each device's cycle_ms), ring_ms = output_ms + its turn_ms and link_ms; terms_ms
+        # adds it up (compute, reads on the path, hops, head, wait for a device's cycle).
         out["output_ms"] = breakdown.kappa_s * 1e3
-        for d, p, x, h, i, sc in zip(out["devices"], breakdown.compute_s, breakdown.disk_s, breakdown.hop_s,
-                                     breakdown.inline_s, breakdown.serial_s):
+        out["ring_ms"] = breakdown.ring_s * 1e3
+        out["terms_ms"] = {key: v * 1e3 for key, v in breakdown.terms_s.items()}
+        for m, d in enumerate(out["devices"]):
             # Per token, all k rounds together; inline_ms: the reads in the device's own turns (beside its
             # compute but serial_ms of it), the rest prefetched while the ring works; loads_hidden: all.
-            d.update(compute_ms=p * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3, serial_ms=sc * 1e3, link_ms=h * 1e3,
+            x, i = breakdown.disk_s[m], breakdown.inline_s[m]
+            d.update(compute_ms=breakdown.compute_s[m] * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3,
+                     serial_ms=breakdown.serial_s[m] * 1e3, turn_ms=breakdown.turn_s[m] * 1e3,
+                     cycle_ms=breakdown.cycle_s[m] * 1e3, link_ms=breakdown.hop_s[m] * 1e3,
                      loads_hidden=x > 0 and i == 0)
     return out
 
@@ -57,4 +64,4 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
-    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring))
+    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
@@ -82,3 +83,22 @@ def starved_devices(count: int, seed: int = 0) -> tuple[DeviceProfile, ...]:
     rng = random.Random(seed)
     return tuple(random_device(rng, f"dev{i:02d}", kind=rng.choice(["phone", "laptop", "mac"]), is_head=i == 0)
                  for i in range(count))
+
+
+VARIED = ("cpu_flops", "gpu_flops", "ram_bandwidth", "vram_bandwidth", "disk_seq_read", "disk_rand_read",
+          "ram_available", "vram_free", "link_latency_s", "link_bandwidth")
+
+
+def cycled_devices(base: tuple[DeviceProfile, ...], count: int, seed: int = 0,
+                   spread: float = 0.3) -> tuple[DeviceProfile, ...]:
+    """count devices cycling through base (e.g. prima.cpp's D1-D4), each figure varied by +-spread;
+    a Metal device's VRAM stays its RAM (unified memory)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        d = base[i % len(base)]
+        vary = {f: type(getattr(d, f))(getattr(d, f) * rng.uniform(1 - spread, 1 + spread)) for f in VARIED}
+        if d.unified_memory:
+            vary["vram_free"] = vary["ram_available"]
+        out.append(replace(d, name=f"{d.name}-{i:02d}", is_head=i == 0, **vary))
+    return tuple(out)

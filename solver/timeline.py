@@ -1,7 +1,7 @@
 """One token's journey through a plan, as bars on a time axis: where the time goes, which device is the bottleneck.
 
-Input: the plan JSON of `solver.strategies.plan_to_json` with its timings (per device compute_ms,
-disk_ms, inline_ms, link_ms, loads_hidden, set; output_ms). The journey follows the cost model exactly:
+Input: the plan JSON of `solver.strategies.plan_to_json` with the cost model's terms (per device compute_ms,
+disk_ms, inline_ms, serial_ms, turn_ms, cycle_ms, link_ms; output_ms). It draws them; it computes no cost:
 
     each round r = 0..k-1: the head sends (link), ranks 1..M-1 in ring order compute [+ reads] link,
     then the head computes the round's last window; after the last round the output layer.
@@ -39,16 +39,17 @@ class Bar:
     label: str = ""  # the layers of a compute bar, e.g. "[14,37)"
 
 
+KEYS = ("compute_ms", "disk_ms", "inline_ms", "serial_ms", "turn_ms", "cycle_ms", "link_ms")
+
+
 def _timings(plan: dict) -> list[dict]:
     if "infeasible" in plan:
         raise ValueError(f"the plan is infeasible: {plan['infeasible']}")
     devices = plan.get("devices") or []
-    keys = {"compute_ms", "disk_ms", "link_ms", "loads_hidden"}
-    if not devices or not all(keys <= set(d) for d in devices) or "output_ms" not in plan:
-        raise ValueError("the plan has no per-device timings (compute_ms, disk_ms, link_ms, output_ms); "
+    if not devices or not all(set(KEYS) <= set(d) for d in devices) or "output_ms" not in plan:
+        raise ValueError(f"the plan has no per-device timings ({', '.join(KEYS)}, output_ms); "
                          "solve it again with this version of `prima-ctl plan`")
-    # Plans saved before inline_ms: a device's loads were either all hidden or all on the path.
-    return [{"inline_ms": 0.0 if d["loads_hidden"] else d["disk_ms"], "serial_ms": 0.0, **d} for d in devices]
+    return devices
 
 
 def journey(plan: dict) -> tuple[list[Bar], float]:
@@ -57,19 +58,12 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
     k = int(plan["k"])
     members = [i for i, d in enumerate(devices) if d["role"] != "removed"]
     order = [i for i in members if i != 0] + [0]  # a round: ranks 1..M-1, then the head
-    per = [{key: d[key] / k for key in ("compute_ms", "disk_ms", "inline_ms", "serial_ms", "link_ms")}
-           for d in devices]
+    per = [{key: d[key] / k for key in KEYS} for d in devices]
     out_ms = float(plan["output_ms"])
 
-    def turn(d: dict) -> float:  # reads beside compute, but for the compute they cannot overlap
-        return max(d["compute_ms"], d["inline_ms"] + d["serial_ms"]) if d["inline_ms"] or d["serial_ms"] \
-            else d["compute_ms"]
-
-    # TPOT = max(ring, each device's cycle): the cost model's formula.
-    ring = out_ms + sum(turn(d) + d["link_ms"] for d in devices)
-    own = {i: out_ms + (d["compute_ms"] + d["disk_ms"] if d.get("set") == "M2" else
-                        turn(d) + d["link_ms"] + d["disk_ms"] - d["inline_ms"])
-           for i, d in enumerate(devices) if d["disk_ms"] > 0}
+    # TPOT = max(ring, each device's cycle): the cost model's terms, as the plan carries them.
+    ring = out_ms + sum(d["turn_ms"] + d["link_ms"] for d in devices)
+    own = {i: d["cycle_ms"] for i, d in enumerate(devices) if d["cycle_ms"] > 0}
     slowest = max(own, key=own.get, default=None)
     wait = max(own[slowest] - ring, 0.0) / k if slowest is not None else 0.0
     wait = wait if wait > 1e-9 * ring else 0.0  # a cycle that binds as tightly as the ring: no wait
@@ -97,7 +91,7 @@ def journey(plan: dict) -> tuple[list[Bar], float]:
             if p["disk_ms"] > p["inline_ms"]:
                 hidden = p["disk_ms"] - p["inline_ms"]
                 bars.append(Bar(i, "prefetch", t - hidden, hidden, r))
-            on_path = turn(p) - p["compute_ms"]  # reads that outlast the compute they can overlap
+            on_path = p["turn_ms"] - p["compute_ms"]  # reads that outlast the compute they can overlap
             if p["inline_ms"] > on_path:
                 bars.append(Bar(i, "beside", t + p["serial_ms"] / 2, p["inline_ms"] - on_path, r))
             a, b = d["layers"][r] if r < len(d.get("layers", ())) else ("", "")

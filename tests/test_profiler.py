@@ -56,6 +56,8 @@ def test_profile_of_this_machine_is_sane_and_quick(measured):
         assert prof.gpu_flops == 0 and prof.vram_free == 0 and prof.vram_bandwidth == 0
     assert prof.link_latency_s == 0 and prof.link_bandwidth == profiler.NO_LINK_BANDWIDTH  # no successor
     assert 0 < prof.frame_s < 0.1, prof  # a hop's own software cost
+    assert 0 < prof.token_s < 0.1, prof  # the head's own work per token
+    assert 0 < prof.output_s < 1, prof  # the tiny store's output layer, measured
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):

@@ -2,29 +2,33 @@
 
 import dataclasses
 import json
+import math
+from pathlib import Path
 
 import pytest
 
-from solver.cost_model import Instance, device_costs, evaluate, fits, window_ok
+from solver.cost_model import Instance, allowed, device_costs, evaluate, fits
 from solver.exhaustive import exhaustive
-from solver.halda import halda
+from solver.halda import _in_ring, build_model, divisors, halda, solve
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, layer_ranges
 from solver.presets import preset
-from solver.profiles import DeviceProfile
-from solver.synthetic import N_CTX, random_devices, small_instance
+from solver.profiles import DeviceProfile, load_profiles
+from solver.synthetic import N_CTX, cycled_devices, random_devices, small_instance, starved_devices
 from tools.synth import synth
+
+TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
 
 
 def check_rows(inst: Instance, plan) -> None:
     """The plan obeys every row of the LDA: (7), (8), RAM/VRAM, windows, roles."""
     L, cs = inst.model.n_layers, device_costs(inst)
-    k, w = plan.k, plan.windows
+    k, w = plan.k, plan.window_sizes
     assert k * sum(w) == L  # (8)
     for c, d, dev in zip(cs, plan.devices, inst.devices):
         assert 0 <= d.gpu_layers <= d.window  # (7)
         assert k * d.gpu_layers * c.b_prime <= (min(dev.vram_free, max(c.ram, 0)) if c.uma else dev.vram_free)
-        assert window_ok(c, d.window, d.gpu_layers)  # a Metal window fits in RAM (its prefetch premise)
+        assert allowed(c, k, d.window, d.gpu_layers)  # a Metal window fits in RAM (its prefetch premise)
         if c.forced_fit or d.set_label == "M4":
             assert fits(c, k, d.window, d.gpu_layers)  # M4 rows: the whole share fits
         if d.role in ("removed", "relay"):
@@ -70,7 +74,7 @@ def test_rows_hold_on_random_clusters(name, count, seed):
     inst = Instance(devs, preset(name), must_stay=frozenset({devs[-1].name}))
     plan = halda(inst)
     check_rows(inst, plan)
-    br = evaluate(inst, plan.k, plan.windows, plan.gpu_layers, plan.in_ring, strict=True)
+    br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring, strict=True)
     assert br is not None and br.tpot_s == pytest.approx(plan.predicted_tpot_s)
 
 
@@ -146,3 +150,26 @@ def test_halda_picks_the_rounds_that_hide_the_disk(tmp_path, share, k):
     assert [d.buffer_layers for d in plan.devices] == pytest.approx([1.0] * 3)
     one_round = evaluate(Instance(devs, model, n_ctx=512), 1, [24] * 3, [0] * 3)
     assert one_round.tpot_s > 1.8 * plan.predicted_tpot_s  # measured: 2.1x (80 %), 2.5x (50 %)
+
+
+def ilp_alone(inst: Instance) -> float:
+    """The least TPOT over one ILP per k, with none of Halda's bounds, incumbents or its DP."""
+    best = math.inf
+    for k in divisors(inst.model.n_layers):
+        sol = solve(build_model(inst, k))
+        if sol:
+            br = evaluate(inst, k, sol[0], sol[1], _in_ring(device_costs(inst), sol[0], sol[2], True), strict=True)
+            best = min(best, br.tpot_s if br else math.inf)
+    return best
+
+
+@pytest.mark.parametrize("make, name, count, seed", [
+    (lambda n, s: cycled_devices(load_profiles(TESTBED), n, s), "llama3-70b", 8, 0),
+    (lambda n, s: cycled_devices(load_profiles(TESTBED), n, s), "llama3-70b", 6, 3),
+    (random_devices, "llama3-8b", 8, 5), (random_devices, "qwen2.5-32b", 6, 6), (starved_devices, "llama3-70b", 5, 1)])
+def test_every_speed_up_keeps_the_ilps_optimum(make, name, count, seed):
+    """The fitting DP, the offload floors and the reads bound skip only what cannot win: Halda's TPOT is the
+    least over plain per-k ILPs (the fitting DP decides the D1-D4 clusters here, the ILPs the starved one)."""
+    inst = Instance(make(count, seed), preset(name))
+    plan = halda(inst)
+    assert plan.predicted_tpot_s == pytest.approx(ilp_alone(inst), rel=1e-6)

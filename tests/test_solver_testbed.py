@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from solver.baselines import even_split, exo_split, halda_noselect
-from solver.cost_model import Instance, evaluate
+from solver.cost_model import Instance, evaluate, kappa
 from solver.halda import halda
-from solver.plan import Plan
+from solver.plan import RingPlan
 from solver.presets import preset
 from solver.profiles import load_profiles
 from solver.simulator import simulate
@@ -19,7 +19,7 @@ TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d
 DEVS = load_profiles(TESTBED)
 
 
-def roles(plan: Plan) -> dict[str, tuple[str, int, int]]:
+def roles(plan: RingPlan) -> dict[str, tuple[str, int, int]]:
     return {d.name: (d.role, d.window, d.gpu_layers) for d in plan.devices}
 
 
@@ -116,3 +116,18 @@ def test_plan_offline_relay_and_infeasible(tmp_path):
     path = tmp_path / "poor.json"
     path.write_text(json.dumps(poor))
     assert "cannot hold the embedding" in plan_offline(path, man)["infeasible"]
+
+
+def test_the_heads_measured_work_is_charged_once_per_token():
+    """kappa: the head's output layer as measured (output_s; else its roofline) and its own work (token_s);
+    the plan's terms add up to its TPOT."""
+    inst = Instance(DEVS, preset("qwen2.5-32b"))
+    head = dataclasses.replace(DEVS[0], output_s=0.02, token_s=0.001)
+    measured = Instance((head,) + DEVS[1:], preset("qwen2.5-32b"))
+    plan = halda(inst)
+    br = evaluate(measured, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring)
+    assert br.kappa_s == pytest.approx(0.021)
+    assert br.tpot_s - evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring).tpot_s == \
+        pytest.approx(0.021 - kappa(inst))
+    assert sum(br.terms_s.values()) == pytest.approx(br.tpot_s)
+    assert br.terms_s["head"] == br.kappa_s

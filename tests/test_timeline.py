@@ -112,9 +112,18 @@ def test_prima_ctl_plan_timeline(tmp_path):
     assert res.returncode == 2 and "must end in .png or .svg" in res.stderr
 
 
-def test_plans_saved_before_inline_ms_still_draw():
-    """A plan JSON from before inline_ms: loads were all hidden or all on the path, as loads_hidden says."""
+def test_plans_saved_before_turn_ms_ask_to_be_solved_again():
+    """The timeline draws the cost model's terms; it does not recompute them from an older plan's fields."""
     plan = solved("llama3-8b")
-    old = {**plan, "devices": [{k: v for k, v in d.items() if k != "inline_ms"} for d in plan["devices"]]}
-    assert journey(old)[1] == pytest.approx(journey(plan)[1])
-    assert "inline_ms" not in old["devices"][0]  # read, not rewritten
+    old = {**plan, "devices": [{k: v for k, v in d.items() if k not in ("turn_ms", "cycle_ms")}
+                               for d in plan["devices"]]}
+    with pytest.raises(ValueError, match="solve it again"):
+        journey(old)
+
+
+def test_terms_add_up_to_the_predicted_tpot():
+    for model, strategy in CASES:
+        plan = solved(model, strategy)
+        assert sum(plan["terms_ms"].values()) == pytest.approx(plan["predicted_tpot_ms"], rel=1e-9)
+        assert plan["ring_ms"] == pytest.approx(plan["output_ms"] + sum(d["turn_ms"] + d["link_ms"]
+                                                                        for d in plan["devices"]))

@@ -74,4 +74,12 @@ def show(result: dict) -> None:
                       f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
                       " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
     tables.show(table, console)
-    console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms; solved in {result['solve_ms']:.1f} ms")
+    console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms{terms(result)}; "
+                  f"solved in {result['solve_ms']:.1f} ms")
+
+
+def terms(result: dict) -> str:
+    """What the predicted TPOT is made of (the cost model's terms_ms), e.g. ' = compute 12.0 + hops 3.1 ...'."""
+    parts = [f"{name} {ms:.1f}" for name, ms in result.get("terms_ms", {}).items()
+             if name in ("compute", "reads", "hops", "head") or ms > 0.05]
+    return f" = {' + '.join(parts)}" if parts else ""

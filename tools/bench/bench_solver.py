@@ -1,8 +1,9 @@
 """Halda benchmark: solve time vs device count, optimality on small instances, and predicted TPOT of
 Halda vs the baselines on prima.cpp's published testbed (D1-D4).
 
-Solve times are wall-clock medians over random clusters (one warm-up solve first, CBC through
-python-mip, one thread). Predictions come from solver.simulator with prefetch on.
+Solve times are wall-clock medians over clusters (one warm-up solve first, CBC through python-mip, one
+thread): prima.cpp's D1-D4 cycled with +-30 % variation (issue 18), and random home clusters.
+Predictions come from solver.simulator with prefetch on.
 
     python -m tools.bench.bench_solver [--runs 5] [--sizes 4,8,16,32,64] [--small 200]
 """
@@ -22,21 +23,26 @@ from solver.plan import Infeasible
 from solver.presets import preset
 from solver.profiles import load_profiles
 from solver.simulator import simulate
-from solver.synthetic import random_devices, small_instance, starved_devices
+from solver.synthetic import cycled_devices, random_devices, small_instance, starved_devices
 
 TESTBED = Path(__file__).resolve().parents[2] / "solver" / "testbeds" / "prima_d1_d4.json"
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
 
+def testbed_devices(n: int, seed: int):
+    """Issue 18's cluster: prima.cpp's D1-D4 cycled, each figure varied by +-30 %."""
+    return cycled_devices(load_profiles(TESTBED), n, seed)
+
+
 def solve_times(sizes: list[int], runs: int) -> None:
-    print(f"\n## Halda solve time (ms), median / max over {runs} random clusters, solver {solver_name()}")
-    print(f"{'devices':>7} | {'8B mixed':>14} | {'70B mixed':>14} | {'70B starved':>14} | "
+    print(f"\n## Halda solve time (ms), median / max over {runs} clusters, solver {solver_name()}")
+    print(f"{'devices':>7} | {'70B D1-D4 +-30%':>15} | {'8B mixed':>14} | {'70B mixed':>14} | {'70B starved':>14} | "
           f"{'k, ring (70B starved)':>22}")
     halda(Instance(random_devices(4, 99), preset("llama3-8b")))  # warm-up: loads CBC
     for n in sizes:
         cols, last = [], None
-        for name, make in (("llama3-8b", random_devices), ("llama3-70b", random_devices),
-                           ("llama3-70b", starved_devices)):
+        for name, make in (("llama3-70b", testbed_devices), ("llama3-8b", random_devices),
+                           ("llama3-70b", random_devices), ("llama3-70b", starved_devices)):
             ms = []
             for seed in range(runs):
                 inst = Instance(make(n, seed), preset(name))
@@ -46,7 +52,7 @@ def solve_times(sizes: list[int], runs: int) -> None:
             cols.append(f"{statistics.median(ms):6.1f} / {max(ms):5.1f}")
         ring = "-" if isinstance(last, Infeasible) else \
             f"k={last.k}, {sum(d.window > 0 for d in last.devices)} computing"
-        print(f"{n:>7} | {cols[0]:>14} | {cols[1]:>14} | {cols[2]:>14} | {ring:>22}")
+        print(f"{n:>7} | {cols[0]:>15} | {cols[1]:>14} | {cols[2]:>14} | {cols[3]:>14} | {ring:>22}")
 
 
 def optimality(count: int) -> None:
