@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from nodes.diskio import DISK_MBPS_ENV
 from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
 from nodes.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
+from nodes.quant import compute_dtype
 from nodes.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
@@ -53,11 +54,12 @@ PROMPT = "Once upon a time"
 MB = 1 << 20
 
 
-def ensure_store(path: Path | None, layers: int) -> Path:
-    path = path or prima_home() / "models" / f"synthetic-offload-{layers}"
+def ensure_store(path: Path | None, layers: int, dtype: str = "float32") -> Path:
+    path = path or prima_home() / "models" / ("synthetic-offload-" + (f"{dtype}-" if dtype != "float32" else "")
+                                              + f"{layers}")
     if not (path / "manifest.json").is_file():
-        print(f"writing a {layers}-layer synthetic store to {path} ...", flush=True)
-        synth(path, "offload-1g", layers=layers, overwrite=True)
+        print(f"writing a {layers}-layer {dtype} synthetic store to {path} ...", flush=True)
+        synth(path, "offload-1g", layers=layers, dtype=dtype, overwrite=True)
     return path
 
 
@@ -66,7 +68,7 @@ def _read_for(store_dir: Path, start: int, seconds: float) -> tuple[int, float]:
     files from `start` on, in turn, for about `seconds`. Runs in a worker process."""
     store = LayerStore(store_dir, verify=False)
     cfg = store.config
-    targets = layer_targets(empty_layer(cfg, torch.float32), cfg)
+    targets = {name: torch.empty(s.shape, dtype=s.dtype) for name, s in store.layout("layer.0").items()}
     store.read_into(f"layer.{(start - 1) % cfg.n_layers}", targets)  # first touch of the buffers
     n, j, begin = 0, 0, time.perf_counter()
     while time.perf_counter() - begin < seconds:
@@ -136,13 +138,14 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
 
 
 def bench(args) -> None:
-    store = ensure_store(args.store, args.layers)
-    cfg = LayerStore(store).config
-    n_layers, n, dtype = cfg.n_layers, args.nodes, torch.float32
+    store = ensure_store(args.store, args.layers, args.dtype)
+    manifest = LayerStore(store).manifest
+    cfg, fmt, hfmt = manifest.config, manifest.weight_format(), manifest.weight_format("embed")
+    n_layers, n, dtype = cfg.n_layers, args.nodes, getattr(torch, compute_dtype(manifest.dtype))  # as the nodes
     share = [n_layers // n] * n  # layers per node
     share[0] += n_layers - sum(share)
-    lb = layer_bytes(cfg, dtype)
-    fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
+    lb = layer_bytes(cfg, dtype, fmt)
+    fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype, hfmt) if i == 0 else 0)
              for i, w in enumerate(share)]
     rings = {k: f"ring of {n}" + (f", k={k}" if len(args.rounds) > 1 else "") for k in args.rounds}
     for k in args.rounds:
@@ -153,14 +156,14 @@ def bench(args) -> None:
                for k, name in rings.items()] + [("compute", "1 node, all resident", [0], None, [n_layers])]
     for frac in args.fractions:
         budgets = [f + int(frac * w * lb) for f, w in zip(fixed, share)]
-        single = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
+        single = head_bytes(cfg, dtype, hfmt) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
             b - f for b, f in zip(budgets, fixed))
         for k, name in rings.items():
             configs += [(f"{frac:.0%}", f"{name}, prefetch", budgets, None, [w // k for w in share]),
                         (f"{frac:.0%}", f"{name}, no prefetch", budgets, 0, [w // k for w in share])]
         configs += [(f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
                     (f"{frac:.0%}", "1 node, no prefetch", [single], 0, [n_layers])]
-    meta = {"store": str(store), "layers": n_layers, "layer_mib": lb / MB, "windows": share,
+    meta = {"store": str(store), "dtype": manifest.dtype, "layers": n_layers, "layer_mib": lb / MB, "windows": share,
             "tokens": args.tokens, "repeats": args.repeats, "disk_mbps": args.disk_mbps}
     if args.disk_mbps:
         os.environ[DISK_MBPS_ENV] = str(args.disk_mbps)  # the nodes' and the bandwidth probes' reads
@@ -358,6 +361,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", type=Path, default=None, help="store directory (default: a synthetic one, made once)")
     p.add_argument("--layers", type=int, default=72, help="layers of the synthetic store (45 MB each)")
+    p.add_argument("--dtype", default="float32", help="weights of the synthetic store: float32, bfloat16, int8, "
+                   "int4 (nodes compute bfloat16 for all but float32)")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.8],
                    help="each node's layer budget as a fraction of its share of layer bytes")
