@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
@@ -78,10 +79,12 @@ def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtyp
     return out
 
 
-def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int) -> dict[str, torch.Tensor]:
+def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: bool = True) -> dict[str, torch.Tensor]:
     """A unit of a quantized store: norms of ones (float32) and random quantized matrices of std ~1/sqrt(K),
-    drawn as stored values directly (a 70B layer is 0.5 GB of int4: no float copy of it is ever made)."""
+    drawn as stored values directly (a 70B layer is 0.5 GB of int4: no float copy of it is ever made).
+    fill=False: values left as they come (for sizes only)."""
     g = torch.Generator().manual_seed(seed)
+    randint = (lambda lo, hi, shape, dtype, generator: torch.empty(shape, dtype=dtype)) if not fill else torch.randint
     if unit == "embed":
         shapes = {"embed": (cfg.vocab, cfg.hidden)}
     elif unit == "head":
@@ -92,10 +95,10 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int) -> dic
     for name, (n, k) in shapes.items():
         if fmt.name == "int4":  # q uniform in [0, 16): (q - 8) has std ~4.6
             d = torch.full((k // GROUP, n), 1 / (4.6 * k ** 0.5)).half()
-            out[f"{name}.qweight"] = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+            out[f"{name}.qweight"] = randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
             out[f"{name}.scales"] = torch.stack([d, -8 * d], dim=-1)
         else:  # uniform in [-127, 127]: std ~73
-            out[f"{name}.qweight"] = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+            out[f"{name}.qweight"] = randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
             out[f"{name}.scales"] = torch.full((n,), 1 / (73 * k ** 0.5))
     if unit == "head":
         out["norm.weight"] = torch.ones(cfg.hidden)
@@ -128,9 +131,15 @@ def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits
     tok = byte_tokenizer()
     if cfg.vocab < tok.get_vocab_size():
         raise StoreError(f"preset vocab {cfg.vocab} is smaller than the synthetic tokenizer's")
+    sizes: dict[str, int] = {}  # a quantized manifest-only store: the files' real sizes (every layer alike)
     with StoreWriter(out, overwrite=overwrite) as w:
         for n, (unit, shapes) in enumerate(units.items()):
-            if manifest_only:
+            kind = unit.split(".")[0]
+            if manifest_only and fmt and bits_per_weight is None:
+                if kind not in sizes:
+                    sizes[kind] = len(save(random_quantized(unit, cfg, fmt, 0, fill=False)))
+                w.entries[unit] = FileEntry(path=unit_file(unit), bytes=sizes[kind])
+            elif manifest_only:
                 params = sum(torch.Size(s).numel() for s in shapes.values())
                 w.entries[unit] = FileEntry(path=unit_file(unit), bytes=int(params * bits / 8))
             elif fmt:
