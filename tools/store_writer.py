@@ -11,9 +11,32 @@ import torch
 from safetensors.torch import save
 
 from nodes.config import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
-from nodes.quant import BITS
+from nodes.quant import BITS, Format
+
+# A quantized store's matrices: fused as the model multiplies by them, from a float unit's tensors (in order).
+FUSED = {"wqkv": ("wq", "wk", "wv"), "wo": ("wo",), "w_gate_up": ("w_gate", "w_up"), "w_down": ("w_down",),
+         "embed": ("embed",), "output": ("output",)}
 
 UNIT_FILES = {"embed": "embed.safetensors", "head": "head.safetensors"}
+
+
+def outer_format(fmt: Format) -> Format:
+    """The embedding's and output projection's format from float weights: int8 in int4 stores (int4 groups
+    cost SmolLM2 "Paris": 9 % of the embedding's norm, int8 rows 0.5 %)."""
+    return Format("int8") if fmt.name == "int4" else fmt
+
+
+def quantize_unit(tensors: dict[str, torch.Tensor], fmt: Format) -> tuple[dict[str, torch.Tensor], str]:
+    """A float unit's tensors as a quantized store holds them (matrices fused and quantized, norms and biases
+    float32), and the unit's format."""
+    out = {k: v.float() for k, v in tensors.items() if "norm" in k or k.endswith(".bias")}
+    used = fmt
+    for fused, parts in FUSED.items():
+        if f"{parts[0]}.weight" in tensors:
+            used = outer_format(fmt) if fused in ("embed", "output") else fmt
+            q, scales = used.encode(torch.cat([tensors[f"{p}.weight"] for p in parts]))
+            out[f"{fused}.qweight"], out[f"{fused}.scales"] = q, scales
+    return out, used.name
 
 
 def unit_file(unit: str) -> str:
