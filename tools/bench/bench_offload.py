@@ -200,7 +200,8 @@ def report(meta: dict, runs: dict[tuple[str, str], list[dict]]) -> None:
     peak = {False: max(samples(False)), True: max(samples(True))}
     if per_node:  # the ring's probes read with one process per node at once: each node's disk gave 1/n
         peak[False] /= n
-    print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB fp32 = "
+    print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB "
+          f"{meta.get('dtype', 'float32')} = "
           f"{meta['layers'] * meta['layer_mib'] / 1024:.2f} GiB; layers per node {meta['windows']}; "
           f"{meta['tokens']} tokens per run, median of {meta['repeats']} interleaved runs.")
     if per_node:
