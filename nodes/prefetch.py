@@ -28,6 +28,7 @@ import torch
 
 from nodes.config import ModelConfig, StoreError
 from nodes.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
+from nodes.quant import Format
 from nodes.store import LayerStore
 
 DEPTH = 1  # default buffer without a plan: DEPTH + 1 layers (read one ahead of the one computing)
@@ -234,10 +235,10 @@ class Piece:
 class Prefetcher:
     """Streams the plan's streamed units through its buffer; acquire/release come from the compute thread."""
 
-    def __init__(self, store: LayerStore, plan: Plan, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, store: LayerStore, plan: Plan, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None):
+        """fmt: the store's quantized format (None: float matrices)."""
         assert plan.streamed and plan.buffer > 0, plan
-        self.store, self.plan, self.cfg, self.dtype = store, plan, cfg, dtype
-        self.fmt = store.manifest.weight_format()
+        self.store, self.plan, self.cfg, self.dtype, self.fmt = store, plan, cfg, dtype, fmt
         self.parts = {u: stream_parts(u, cfg, self.fmt, dtype) for u in STREAM_UNITS}
         self.pieces = [(layer, unit) for layer, units in plan.streamed for unit in units]  # cyclic order
         self.first = {}  # layer -> index of its first piece

@@ -22,10 +22,10 @@ BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus
 
 def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
     """The activation dtype: the one asked for, else bfloat16 for quantized stores (their kernels' fast
-    path) and bfloat16 ones, float32 for the others (this CPU has no fast float16 matmul)."""
+    path) and float32 for float ones (the reference's exact oracle)."""
     if requested:
         return requested
-    return "bfloat16" if store_dtype in QUANTIZED + ("bfloat16",) else "float32"
+    return "bfloat16" if store_dtype in QUANTIZED else "float32"
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -87,7 +87,7 @@ class Shard:
         self.kept: dict[int, dict] = {}  # streamed layers: their resident matrices
         self.prefetcher: Prefetcher | None = None
         if self.plan.streamed:
-            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype)
+            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt)
         streamed = dict(self.plan.streamed)
         for i in order:
             unit = f"layer.{i}"

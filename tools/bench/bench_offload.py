@@ -42,7 +42,6 @@ import torch.nn.functional as F
 from nodes.diskio import DISK_MBPS_ENV
 from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
 from nodes.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
-from nodes.quant import compute_dtype
 from nodes.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
@@ -106,14 +105,14 @@ async def generate(head: str, tokens: int) -> Finished:
 
 
 def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, tokens: int, logs: Path,
-        buffer_layers: float = 0.0) -> dict:
+        buffer_layers: float = 0.0, dtype: str = "float32") -> dict:
     """One configuration on fresh node processes: TPOT and per-token disk bytes, stall and compute.
     buffer_layers: every node's stream buffer (0: the node's default)."""
     if depth is None:
         os.environ.pop(DEPTH_ENV, None)
     else:
         os.environ[DEPTH_ENV] = str(depth)
-    extra = [["--mem-budget", str(b)] if b else [] for b in budgets]
+    extra = [(["--mem-budget", str(b)] if b else []) + ["--dtype", dtype] for b in budgets]
     local = launch(store, len(windows), log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
         ring.start(local.addresses[0], windows, buffers=[buffer_layers] * len(windows))
@@ -141,7 +140,9 @@ def bench(args) -> None:
     store = ensure_store(args.store, args.layers, args.dtype)
     manifest = LayerStore(store).manifest
     cfg, fmt, hfmt = manifest.config, manifest.weight_format(), manifest.weight_format("embed")
-    n_layers, n, dtype = cfg.n_layers, args.nodes, getattr(torch, compute_dtype(manifest.dtype))  # as the nodes
+    # float32 stores compute in float32, the others in bfloat16 (nodes get --dtype: bfloat16 stores too)
+    compute = "float32" if manifest.dtype == "float32" else "bfloat16"
+    n_layers, n, dtype = cfg.n_layers, args.nodes, getattr(torch, compute)
     share = [n_layers // n] * n  # layers per node
     share[0] += n_layers - sum(share)
     lb = layer_bytes(cfg, dtype, fmt)
@@ -176,7 +177,7 @@ def bench(args) -> None:
                 for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
                     offset = 7 * sum(len(v) for v in runs.values())
                     before = disk.bandwidth(start=offset, readers=len(shape))  # one reader process per node
-                    r = run(store, shape, budgets, depth, args.tokens, Path(logs), args.buffer_layers)
+                    r = run(store, shape, budgets, depth, args.tokens, Path(logs), args.buffer_layers, compute)
                     r["disk_bw"] = [before, disk.bandwidth(start=offset + 3, readers=len(shape))]
                     runs.setdefault((group, name), []).append(r)
                     print(json.dumps({"config": [group, name], **r}), flush=True)
@@ -363,7 +364,7 @@ def main() -> None:
     p.add_argument("--store", type=Path, default=None, help="store directory (default: a synthetic one, made once)")
     p.add_argument("--layers", type=int, default=72, help="layers of the synthetic store (45 MB each)")
     p.add_argument("--dtype", default="float32", help="weights of the synthetic store: float32, bfloat16, int8, "
-                   "int4 (nodes compute bfloat16 for all but float32)")
+                   "int4 (the nodes compute in bfloat16 for all but float32)")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.8],
                    help="each node's layer budget as a fraction of its share of layer bytes")
