@@ -102,8 +102,19 @@ def child(args) -> None:
         out = run_llamacpp(args.path, args.tokens)
     else:
         out = run_transformers(args.path, args.dtype, args.tokens)
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(out))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS (Linux: VmHWM, which exec resets; ru_maxrss keeps the parent's peak)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def llama_cpp_ready(mode: str) -> bool:
