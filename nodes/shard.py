@@ -57,15 +57,15 @@ class Shard:
         self.fmt = fmt = store.manifest.weight_format()  # None: float matrices
         self.log = log or structlog.get_logger()
         order = sorted(windows.layers())
-        head = head_bytes(cfg, dtype, store.manifest.weight_format("embed")) if windows.head else 0
-        fixed = head + kv_bytes(
+        head_mem = head_bytes(cfg, dtype, store.manifest.weight_format("embed")) if windows.head else 0
+        fixed = head_mem + kv_bytes(
             cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
         units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
         bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
         small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
         self.plan: Plan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
         # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
-        self.kv_room = self.plan.budget - self.plan.weight_bytes - head if self.plan.budget else None
+        self.kv_room = self.plan.budget - self.plan.weight_bytes - head_mem if self.plan.budget else None
         units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
         total = sum(store.entry(u).bytes for u in units)
         done = 0
