@@ -8,7 +8,7 @@ from pathlib import Path
 FORMAT = "prima-store/1"
 MANIFEST = "manifest.json"
 ARCHITECTURES = ("llama", "mistral", "qwen2")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/quant.py
 
 
 class StoreError(Exception):
@@ -20,6 +20,7 @@ class FileEntry:
     path: str  # relative to the store directory
     bytes: int
     sha256: str = ""  # empty in manifest-only stores
+    format: str = ""  # the unit's weight format (a DTYPES name); empty in stores written before it was recorded
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Manifest:
     eos_token_ids: tuple[int, ...] = ()
     add_bos: bool = False
     manifest_only: bool = False
+    quant: dict = field(default_factory=dict)  # quantized stores: how matrices are packed (nodes.quant.Format)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -98,6 +100,7 @@ class Manifest:
                 "layers": [asdict(f) for f in self.layers],
                 "head": asdict(self.head),
             },
+            **({"quant": self.quant} if self.quant else {}),
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -124,10 +127,21 @@ class Manifest:
                 tokenizer=data.get("tokenizer"), chat_template=data.get("chat_template"),
                 bos_token_id=data.get("bos_token_id"), eos_token_ids=tuple(data.get("eos_token_ids", ())),
                 add_bos=bool(data.get("add_bos", False)), manifest_only=bool(data.get("manifest_only", False)),
-                extra=data.get("extra", {}),
+                quant=data.get("quant", {}), extra=data.get("extra", {}),
             )
         except (KeyError, TypeError) as exc:
             raise StoreError(f"malformed manifest: missing or wrong field {exc}") from None
+
+    def weight_format(self, unit: str | None = None):
+        """nodes.quant.Format of a quantized store's matrices (of one unit's, which may differ: an int4 store
+        keeps an embedding that is not int4 in its source as int8); None for float stores."""
+        from nodes.quant import Format
+
+        dtype = (self.units()[unit].format if unit else "") or self.dtype
+        try:
+            return Format.of(dtype, self.quant)
+        except ValueError as exc:
+            raise StoreError(f"store {self.name!r}: {exc}") from None
 
     def units(self) -> dict[str, FileEntry]:
         """Every weight unit by name: 'embed', 'layer.0' .. 'layer.{L-1}', 'head'."""

@@ -3,7 +3,8 @@
 import torch
 
 from nodes.config import ModelConfig
-from nodes.model import Layer
+from nodes.model import Layer, Weight
+from nodes.quant import Format
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
@@ -53,6 +54,37 @@ def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torc
     return {f"{unit}.weight": t}
 
 
+def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
+                 dtype: torch.dtype) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The tensors (dtype, shape) that hold one of STREAM_UNITS in memory: one fused float matrix, or a
+    quantized one's two stored tensors (named as in the unit file)."""
+    shape = unit_shapes(cfg)[unit]
+    if fmt is None:
+        return {unit: (dtype, shape)}
+    return {f"{unit}.{part}": spec for part, spec in fmt.parts(shape).items()}
+
+
+def part_targets(unit: str, parts: dict[str, torch.Tensor], cfg: ModelConfig,
+                 fmt: Format | None) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> where it goes among `parts` (stream_parts' tensors)."""
+    return unit_targets(unit, parts[unit], cfg) if fmt is None else dict(parts)
+
+
+def part_weight(unit: str, parts: dict[str, torch.Tensor], fmt: Format | None, dtype: torch.dtype) -> Weight:
+    """The matrix that `parts` hold, ready for linear()."""
+    if fmt is None:
+        return parts[unit]
+    return fmt.weight(parts[f"{unit}.qweight"], parts[f"{unit}.scales"], dtype)
+
+
+def empty_parts(unit: str, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {name: torch.empty(shape, dtype=dt) for name, (dt, shape) in stream_parts(unit, cfg, fmt, dtype).items()}
+
+
+def matrix_bytes(shape: tuple[int, int], fmt: Format | None, dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * dtype.itemsize if fmt is None else fmt.nbytes(shape)
+
+
 def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
     """A layer's SMALL tensors, uninitialised (bqkv None without biases)."""
     h, q, kv = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -70,15 +102,17 @@ def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     return out
 
 
-def layer_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Memory of one fused layer in `dtype`."""
+def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
+    """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    return (cfg.layer_params() + bias) * dtype.itemsize
+    small = (2 * cfg.hidden + bias) * dtype.itemsize
+    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in unit_shapes(cfg).values())
 
 
-def head_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Memory of the head's embedding, final norm and (untied) output projection in `dtype`."""
-    return (cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2) + cfg.hidden) * dtype.itemsize
+def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
+    """Memory of the head's embedding, final norm and (untied) output projection."""
+    matrix = matrix_bytes((cfg.vocab, cfg.hidden), fmt, dtype)
+    return matrix * (1 if cfg.tie_embeddings else 2) + cfg.hidden * dtype.itemsize
 
 
 def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int, tokens: int) -> int:

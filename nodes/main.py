@@ -14,8 +14,9 @@ import typer
 
 from nodes import metrics
 from nodes.auth import TokenAuth
-from nodes.config import StoreError
+from nodes.config import StoreError, read_manifest
 from nodes.node import Node, NodeConfig
+from nodes.quant import compute_dtype
 from nodes.services import ControlService, InferenceService, RingService
 from nodes.work import RequestFailed
 from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
@@ -125,7 +126,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          token: str = typer.Option(None, "--token-file", metavar="PATH", callback=token_from, show_default=False,
                                    help="a file holding the cluster secret (default: $PRIMA_TOKEN); never on the "
                                         "command line, where ps shows it"),
-         dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
+         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
+                                               "stores, float32 otherwise)"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
          tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
@@ -136,8 +138,14 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
-    if dtype not in ("float32", "bfloat16"):
+    if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    if dtype is None:
+        try:
+            dtype = compute_dtype(read_manifest(model)[0].dtype) if model else "float32"
+        except StoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
                      token=token, dtype=dtype, fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
     try:

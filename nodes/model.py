@@ -7,6 +7,22 @@ import torch
 import torch.nn.functional as F
 
 from nodes.config import ModelConfig
+from nodes.quant import Format, Int4, Int8, embed_rows, linear
+
+Weight = torch.Tensor | Int4 | Int8  # a matrix [N, K]: float, or quantized (nodes/quant.py); used through linear()
+
+
+def nbytes(w: Weight) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
+
+
+def matrix(t: dict[str, torch.Tensor], name: str, dtype: torch.dtype, fmt: Format | None) -> Weight:
+    """Matrix `name` of a unit's tensors: float (`name.weight`) or quantized (`name.qweight`, `name.scales`;
+    int8 values say int8 whatever the store's format)."""
+    if f"{name}.qweight" not in t:
+        return t[f"{name}.weight"].to(dtype)
+    q = t[f"{name}.qweight"]
+    return (Format("int8") if q.dtype == torch.int8 else fmt).weight(q, t[f"{name}.scales"], dtype)
 
 
 @dataclass
@@ -14,54 +30,58 @@ class Layer:
     """One decoder layer's weights, fused for few matmuls per token."""
 
     attn_norm: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(nh + 2 nkv) * hd, H]
+    wqkv: Weight  # [(nh + 2 nkv) * hd, H]
     bqkv: torch.Tensor | None  # [(nh + 2 nkv) * hd] (Qwen2)
-    wo: torch.Tensor  # [H, nh * hd]
+    wo: Weight  # [H, nh * hd]
     ffn_norm: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2 I, H]
-    w_down: torch.Tensor  # [H, I]
+    w_gate_up: Weight  # [2 I, H]
+    w_down: Weight  # [H, I]
 
     @staticmethod
-    def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype) -> "Layer":
+    def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None) -> "Layer":
+        """From a unit file's tensors: float stores hold q/k/v and gate/up apart, quantized ones fused."""
         bias = None
         if "wq.bias" in t:
             bias = torch.cat([t["wq.bias"], t["wk.bias"], t["wv.bias"]]).to(dtype)
+        if fmt is None:
+            t = dict(t, **{"wqkv.weight": torch.cat([t["wq.weight"], t["wk.weight"], t["wv.weight"]]),
+                           "w_gate_up.weight": torch.cat([t["w_gate.weight"], t["w_up.weight"]])})
         return Layer(
             attn_norm=t["attn_norm.weight"].to(dtype),
-            wqkv=torch.cat([t["wq.weight"], t["wk.weight"], t["wv.weight"]]).to(dtype),
+            wqkv=matrix(t, "wqkv", dtype, fmt),
             bqkv=bias,
-            wo=t["wo.weight"].to(dtype),
+            wo=matrix(t, "wo", dtype, fmt),
             ffn_norm=t["ffn_norm.weight"].to(dtype),
-            w_gate_up=torch.cat([t["w_gate.weight"], t["w_up.weight"]]).to(dtype),
-            w_down=t["w_down.weight"].to(dtype),
+            w_gate_up=matrix(t, "w_gate_up", dtype, fmt),
+            w_down=matrix(t, "w_down", dtype, fmt),
         )
 
     def nbytes(self) -> int:
         parts = [self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down]
         parts += [self.bqkv] if self.bqkv is not None else []
-        return sum(p.numel() * p.element_size() for p in parts)
+        return sum(nbytes(p) for p in parts)
 
 
 @dataclass
 class Head:
     """Embedding, final norm and output projection: what the head node holds besides layers."""
 
-    embed: torch.Tensor  # [V, H]
+    embed: Weight  # [V, H]
     norm: torch.Tensor  # [H]
-    output: torch.Tensor  # [V, H] (the embedding itself when tied)
+    output: Weight  # [V, H] (the embedding itself when tied)
 
     @staticmethod
-    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool) -> "Head":
-        emb = embed["embed.weight"].to(dtype)
-        out = emb if tied else head["output.weight"].to(dtype)
+    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool, fmt: Format | None = None) -> "Head":
+        emb = matrix(embed, "embed", dtype, fmt)
+        out = emb if tied else matrix(head, "output", dtype, fmt)
         return Head(embed=emb, norm=head["norm.weight"].to(dtype), output=out)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.embed)  # [T, H]
+        return embed_rows(self.embed, ids)  # [T, H]
 
     def logits(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """Float32 logits [T, V] of hidden states h [T, H]."""
-        return F.linear(rms_norm(h, self.norm, eps), self.output).float()
+        return linear(rms_norm(h, self.norm, eps), self.output).float()
 
 
 class KVCache:
@@ -131,7 +151,7 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
                     wo: torch.Tensor, kv: torch.Tensor, pos: int, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     t = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    qkv = F.linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
+    qkv = linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
     q, k, v = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1).split([nh, nkv, nkv])
     kv[0, :, pos:pos + t] = rope.apply(k, pos)
     kv[1, :, pos:pos + t] = v
@@ -143,16 +163,16 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
         rope.apply(q, pos).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
         attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
     )  # [1, nh, T, hd]
-    return x + F.linear(att[0].transpose(0, 1).reshape(t, nh * hd), wo)
+    return x + linear(att[0].transpose(0, 1).reshape(t, nh * hd), wo)
 
 
-def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    gate, up = F.linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
+def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
+    gate, up = linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    return h + F.linear(a, w_down)
+def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: Weight) -> torch.Tensor:
+    return h + linear(a, w_down)
 
 
 def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int, cache: KVCache, pos: int,

@@ -136,7 +136,8 @@ class Node:
         if not windows.relay:
             budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
-            buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype))
+            fmt = self.store.manifest.weight_format()
+            buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype, fmt))
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
                 self.store, windows, self.dtype, progress, budget=budget, buffer=buffer, log=log))
             if windows.head and self.text is None:

@@ -27,7 +27,8 @@ import psutil
 import torch
 
 from nodes.config import ModelConfig, StoreError
-from nodes.fused import STREAM_UNITS, unit_shapes, unit_targets
+from nodes.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
+from nodes.quant import Format
 from nodes.store import LayerStore
 
 DEPTH = 1  # default buffer without a plan: DEPTH + 1 layers (read one ahead of the one computing)
@@ -56,6 +57,11 @@ def prefetch_depth() -> int:
 
 def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def parts_bytes(parts: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    """Bytes a streamed unit's tensors (nodes.fused.stream_parts) take in the buffer, each aligned."""
+    return sum(aligned(torch.Size(shape).numel() * dt.itemsize) for dt, shape in parts.values())
 
 
 @dataclass(frozen=True)
@@ -229,10 +235,12 @@ class Piece:
 class Prefetcher:
     """Streams the plan's streamed units through its buffer; acquire/release come from the compute thread."""
 
-    def __init__(self, store: LayerStore, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, store: LayerStore, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype,
+                 fmt: Format | None = None):
+        """fmt: the store's quantized format (None: float matrices)."""
         assert plan.streamed and plan.buffer > 0, plan
-        self.store, self.plan, self.cfg, self.dtype = store, plan, cfg, dtype
-        self.shapes = unit_shapes(cfg)
+        self.store, self.plan, self.cfg, self.dtype, self.fmt = store, plan, cfg, dtype, fmt
+        self.parts = {u: stream_parts(u, cfg, self.fmt, dtype) for u in STREAM_UNITS}
         self.pieces = [(layer, unit) for layer, units in plan.streamed for unit in units]  # cyclic order
         self.first = {}  # layer -> index of its first piece
         for i, (layer, _) in enumerate(self.pieces):
@@ -252,12 +260,16 @@ class Prefetcher:
         """Start reading ahead (the buffer may be used for other reads until then)."""
         self.thread.start()
 
-    def view(self, unit: str, offset: int) -> torch.Tensor:
-        shape = self.shapes[unit]
-        n = torch.Size(shape).numel() * self.dtype.itemsize
-        return self.buffer[offset:offset + n].view(self.dtype).view(shape)
+    def view(self, unit: str, offset: int) -> dict[str, torch.Tensor]:
+        """The unit's tensors (nodes.fused.stream_parts) in the buffer from `offset`, each 64-byte aligned."""
+        out = {}
+        for name, (dt, shape) in self.parts[unit].items():
+            n = torch.Size(shape).numel() * dt.itemsize
+            out[name] = self.buffer[offset:offset + n].view(dt).view(shape)
+            offset += aligned(n)
+        return out
 
-    def scratch(self) -> dict[str, torch.Tensor]:
+    def scratch(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every matrix of a layer, laid out in the buffer (for reads before the prefetcher starts)."""
         out, offset = {}, 0
         for unit in STREAM_UNITS:
@@ -308,7 +320,8 @@ class Prefetcher:
                 self._flush()
                 self.in_use = None
                 raise failed
-            return {self.pieces[p.index][1]: self.view(self.pieces[p.index][1], p.offset) for p in got}
+            units = [self.pieces[p.index][1] for p in got]
+            return {u: part_weight(u, self.view(u, p.offset), self.fmt, self.dtype) for u, p in zip(units, got)}
 
     def release(self, layer: int, units: tuple[str, ...]) -> None:
         """Those matrices were used: their part of the buffer may take the next units."""
@@ -344,7 +357,7 @@ class Prefetcher:
             targets, owner, waiting = {}, {}, {}
             for piece in group:
                 unit = self.pieces[piece.index][1]
-                part = unit_targets(unit, self.view(unit, piece.offset), self.cfg)
+                part = part_targets(unit, self.view(unit, piece.offset), self.cfg, self.fmt)
                 targets.update(part)
                 owner.update({name: piece for name in part})
                 waiting[piece.index] = len(part)

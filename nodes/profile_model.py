@@ -20,15 +20,17 @@ SWEEP_BYTES = 256 << 20  # cycle through copies of the layer so its weights come
 
 
 def measure_decode_layer(store_dir: Path, dtype: str) -> dict | None:
-    """{"layer_s", "flops_rate", "bytes_rate"} for one decode step of layer 0, or None if no weights."""
+    """{"layer_s", "flops_rate", "bytes_rate"} for one decode step of layer 0, or None if no weights (bytes:
+    the layer's real ones, packed when quantized)."""
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return None
-    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    cfg, torch_dtype, fmt = store.config, getattr(torch, dtype), store.manifest.weight_format()
     unit = store.load("layer.0")
-    first = Layer.from_unit(unit, torch_dtype)
+    first = Layer.from_unit(unit, torch_dtype, fmt)  # quantized stores: the int4/int8 kernels' own rate
     copies = max(1, min(64, SWEEP_BYTES // first.nbytes()))
-    layers = [first] + [Layer.from_unit(unit, torch_dtype) for _ in range(copies - 1)]
+    layers = [first] + [Layer.from_unit({k: v.clone() for k, v in unit.items()}, torch_dtype, fmt)
+                        for _ in range(copies - 1)]
     cache = KVCache([0], cfg, POSITION + 1, torch_dtype)
     rope = Rope(cfg, POSITION + 1, torch_dtype)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)

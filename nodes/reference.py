@@ -7,18 +7,22 @@ import torch
 
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.model import Head, KVCache, Layer, Rope, run_layers
+from nodes.quant import compute_dtype
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 
 
 class ReferenceModel:
-    def __init__(self, store_dir: Path, dtype: torch.dtype = torch.float32):
+    def __init__(self, store_dir: Path, dtype: torch.dtype | None = None):
+        """dtype: of the activations (None: bfloat16 for quantized stores, float32 for float ones)."""
         self.store = LayerStore(store_dir)
         self.cfg = self.store.config
-        self.dtype = dtype
         m = self.store.manifest
-        self.head = Head.from_units(self.store.load("embed"), self.store.load("head"), dtype, self.cfg.tie_embeddings)
-        self.layers = {i: Layer.from_unit(self.store.load(f"layer.{i}"), dtype) for i in range(self.cfg.n_layers)}
+        self.dtype = dtype = dtype or getattr(torch, compute_dtype(m.dtype))
+        fmt = m.weight_format()
+        self.head = Head.from_units(self.store.load("embed"), self.store.load("head"), dtype, self.cfg.tie_embeddings,
+                                    fmt)
+        self.layers = {i: Layer.from_unit(self.store.load(f"layer.{i}"), dtype, fmt) for i in range(self.cfg.n_layers)}
         self.rope = Rope(self.cfg, self.cfg.max_seq_len, dtype)
         self.codec = TextCodec(m, self.store.tokenizer_path())
 

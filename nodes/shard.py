@@ -16,17 +16,37 @@ from nodes.config import StoreError
 from nodes.fused import (
     STREAM_UNITS,
     empty_layer,
+    empty_parts,
     empty_small,
     head_bytes,
     kv_bytes,
-    layer_bytes,
     layer_targets,
+    part_targets,
+    part_weight,
     small_targets,
-    unit_shapes,
-    unit_targets,
+    stream_parts,
 )
-from nodes.model import STAGES, Head, KVCache, Layer, Rope, attention_stage, down_stage, gate_up_stage, layer_forward
-from nodes.prefetch import KV_RESERVE_TOKENS, Prefetcher, aligned, default_budget, plan_memory, prefetch_depth
+from nodes.model import (
+    STAGES,
+    Head,
+    KVCache,
+    Layer,
+    Rope,
+    attention_stage,
+    down_stage,
+    gate_up_stage,
+    layer_forward,
+    nbytes,
+)
+from nodes.prefetch import (
+    KV_RESERVE_TOKENS,
+    MemoryPlan,
+    Prefetcher,
+    default_budget,
+    parts_bytes,
+    plan_memory,
+    prefetch_depth,
+)
 from nodes.routing import Windows
 from nodes.store import LayerStore
 
@@ -42,17 +62,18 @@ class Shard:
         depth = prefetch_depth() if depth is None else depth
         self.store, self.windows, self.dtype = store, windows, dtype
         self.cfg = cfg = store.config
+        self.fmt = fmt = store.manifest.weight_format()  # None: float matrices
         self.log = log or structlog.get_logger()
         order = sorted(windows.layers())
-        fixed = (head_bytes(cfg, dtype) if windows.head else 0) + kv_bytes(
+        head_mem = head_bytes(cfg, dtype, store.manifest.weight_format("embed")) if windows.head else 0
+        fixed = head_mem + kv_bytes(
             cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
-        units = {u: aligned(torch.Size(shape).numel() * dtype.itemsize) for u, shape in unit_shapes(cfg).items()}
-        matrices = sum(torch.Size(shape).numel() for shape in unit_shapes(cfg).values()) * dtype.itemsize
-        small = layer_bytes(cfg, dtype) - matrices  # norms and biases
-        self.plan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
+        units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
+        bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
+        small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
+        self.plan: MemoryPlan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
         # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
-        head = head_bytes(cfg, dtype) if windows.head else 0
-        self.kv_room = self.plan.budget - self.plan.weight_bytes - head if self.plan.budget else None
+        self.kv_room = self.plan.budget - self.plan.weight_bytes - head_mem if self.plan.budget else None
         units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
         total = sum(store.entry(u).bytes for u in units)
         done = 0
@@ -64,38 +85,41 @@ class Shard:
 
         self.head: Head | None = None
         if windows.head:
-            embed = store.new_tensors("embed", dtype)
+            embed = store.new_tensors("embed", dtype if fmt is None else None)
             loaded("embed")
-            head = store.new_tensors("head", dtype)
+            head = store.new_tensors("head", dtype if fmt is None else None)
             loaded("head")
-            self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings)
+            self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
         self.layers: dict[int, Layer] = {}  # resident
         self.small: dict[int, dict] = {}  # streamed layers: their norms and biases
-        self.kept: dict[int, dict[str, torch.Tensor]] = {}  # streamed layers: their resident matrices
+        self.kept: dict[int, dict] = {}  # streamed layers: their resident matrices
         self.prefetcher: Prefetcher | None = None
         if self.plan.streamed:
-            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype)
-        streamed, shapes = dict(self.plan.streamed), unit_shapes(cfg)
+            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt)
+        streamed = dict(self.plan.streamed)
         for i in order:
             unit = f"layer.{i}"
-            if i in self.plan.resident:
+            if i in self.plan.resident and fmt is None:
                 self.layers[i] = layer = empty_layer(cfg, dtype)
                 store.read_into(unit, layer_targets(layer, cfg))
+            elif i in self.plan.resident:  # quantized: the stored tensors, then the kernel's weights
+                self.layers[i] = Layer.from_unit(store.new_tensors(unit, None), dtype, fmt)
             else:  # streamed: read now only what stays (norms, biases, kept matrices)
                 small = self.small[i] = empty_small(cfg, dtype)
                 targets = small_targets(small, cfg)
                 if store.needs_check(unit):  # whole, into the buffer, so a bad file fails the assignment
                     scratch = self.prefetcher.scratch()
                     for u in STREAM_UNITS:
-                        targets.update(unit_targets(u, scratch[u], cfg))
+                        targets.update(part_targets(u, scratch[u], cfg, fmt))
                     store.read_into(unit, targets)
-                    self.kept[i] = {u: scratch[u].clone() for u in STREAM_UNITS if u not in streamed[i]}
+                    kept = {u: {k: t.clone() for k, t in scratch[u].items()} for u in STREAM_UNITS
+                            if u not in streamed[i]}
                 else:
-                    self.kept[i] = {u: torch.empty(shapes[u], dtype=dtype) for u in STREAM_UNITS
-                                    if u not in streamed[i]}
-                    for u, t in self.kept[i].items():
-                        targets.update(unit_targets(u, t, cfg))
+                    kept = {u: empty_parts(u, cfg, fmt, dtype) for u in STREAM_UNITS if u not in streamed[i]}
+                    for u, parts in kept.items():
+                        targets.update(part_targets(u, parts, cfg, fmt))
                     store.read_part(unit, targets)
+                self.kept[i] = {u: part_weight(u, parts, fmt, dtype) for u, parts in kept.items()}
             loaded(unit)
         if self.prefetcher:
             self.prefetcher.start()
@@ -121,12 +145,12 @@ class Shard:
     def resident_bytes(self) -> int:
         """Weights held in memory (resident layers and matrices, stream buffer, head) plus the KV caches."""
         weights = sum(layer.nbytes() for layer in self.layers.values())
-        weights += sum(t.numel() * t.element_size() for parts in (*self.small.values(), *self.kept.values())
+        weights += sum(nbytes(t) for parts in (*self.small.values(), *self.kept.values())
                        for t in parts.values() if t is not None)
         if self.prefetcher:
             weights += self.prefetcher.buffer.numel()
         if self.head is not None:
-            weights += sum(t.numel() * t.element_size() for t in {id(t): t for t in
+            weights += sum(nbytes(t) for t in {id(t): t for t in
                            (self.head.embed, self.head.norm, self.head.output)}.values())
         return weights + sum(c.nbytes() for c in self.caches.values())
 

@@ -18,7 +18,7 @@ from nodes.diskio import ChunkReader
 
 CHUNK = 1 << 20
 MAX_HEADER = 16 << 20
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8, "I8": torch.int8}
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,10 @@ class LayerStore:
         """Whether the unit's next read also checks its sha256 (the first read does, when verifying)."""
         return bool(self.verify and unit not in self._verified and self.entry(unit).sha256)
 
-    def new_tensors(self, unit: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The unit's tensors read into fresh tensors of `dtype` (what `load` then `.to(dtype)` gives)."""
-        out = {name: torch.empty(span.shape, dtype=dtype) for name, span in self.layout(unit).items()}
+    def new_tensors(self, unit: str, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        """The unit's tensors read into fresh tensors of `dtype` (what `load` then `.to(dtype)` gives; None:
+        as stored)."""
+        out = {name: torch.empty(span.shape, dtype=dtype or span.dtype) for name, span in self.layout(unit).items()}
         self.read_into(unit, out)
         return out
 

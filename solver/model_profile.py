@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
-DTYPES = ("float32", "bfloat16", "float16")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 2, "int4": 2}  # KV elements: quantized stores
+# compute (and cache) in bfloat16
 ACT_ELEM_BYTES = 4  # activations travel the ring as fp32
 
 

@@ -37,6 +37,7 @@ def test_run_json_equals_the_reference(smol_store):
     expected = list(ref.generate("Name a color.", GenerateParams(max_tokens=12)))
     assert out["tokens"] == [t.token_id for t in expected]
     assert out["text"] == "".join(t.text for t in expected)
+    assert out["ttft_ms"] > 0 and out["tpot_ms"] > 0
 
 
 def test_run_raw_and_seeded_sampling_is_reproducible(tiny_store):
@@ -214,3 +215,26 @@ def test_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
     assert read_token(tmp_path / "t") == "from file"  # the file wins
     monkeypatch.setenv("PRIMA_TOKEN", "")
     assert read_token() is None
+
+
+def test_import_default_int4_prints_its_own_store_and_runs(smol_store):
+    res = ctl("import", "--default", "--dtype", "int4")
+    assert res.returncode == 0, res.stderr
+    store = res.stdout.strip().splitlines()[-1]
+    assert store.endswith("SmolLM2-135M-Instruct-int4") and store != str(smol_store)
+    assert json.loads(open(f"{store}/manifest.json").read())["dtype"] == "int4"
+    out = ctl("run", "--model", store, "--max-tokens", "12", "--json", "What is the capital of France?")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in json.loads(out.stdout)["text"]
+
+
+def test_synth_int4_writes_real_weights(tmp_path):
+    res = ctl("synth", str(tmp_path / "s"), "--preset", "tiny", "--dtype", "int4")
+    assert res.returncode == 0, res.stderr
+    m = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert m["dtype"] == "int4" and m["quant"]["group"] == 32 and not m["manifest_only"]
+    assert all(f["format"] == "int4" and f["sha256"] for f in m["files"]["layers"])
+    from tools.default_model import default_gguf
+
+    bad = ctl("import", str(default_gguf()), str(tmp_path / "o"), "--dtype", "int3")
+    assert bad.returncode != 0 and "unknown dtype 'int3'" in bad.stderr and "Traceback" not in bad.stderr

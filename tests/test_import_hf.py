@@ -247,3 +247,26 @@ def test_existing_store_needs_overwrite(hf_dirs, tmp_path):
     with pytest.raises(StoreError, match="already exists"):
         import_hf(src, out)
     assert import_hf(src, out, overwrite=True) == out
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+def test_quantized_import_is_the_float_weights_quantized(hf_dirs, tmp_path, dtype):
+    """--dtype int4|int8 from a Hugging Face directory: fused matrices, each its float32 weights quantized
+    (int4 groups of 32; the embedding int8 rows); the store runs and stays close to float32."""
+    from nodes.model import Layer
+    from nodes.quant import Int4, Int8
+
+    src, _ = hf_dirs["llama"]
+    f32 = LayerStore(import_hf(src, tmp_path / "f32", dtype="float32"))
+    q = LayerStore(import_hf(src, tmp_path / "q", dtype=dtype))
+    assert q.manifest.dtype == dtype and q.manifest.embed.format == "int8"
+    a = Layer.from_unit(f32.load("layer.1"), torch.float32)
+    b = Layer.from_unit(q.load("layer.1"), torch.float32, q.manifest.weight_format())
+    assert isinstance(b.wqkv, Int4 if dtype == "int4" else Int8)
+    for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+        w, got = getattr(a, name), getattr(b, name).rows(torch.arange(getattr(a, name).shape[0]))
+        assert (got - w).abs().max() <= w.abs().max() / (7 if dtype == "int4" else 127)
+    ids = list(range(3, 13))
+    ref, quant = ReferenceModel(f32.root), ReferenceModel(q.root)
+    la, lb = ref.step(ids, 0, ref.new_cache(10)), quant.step(ids, 0, quant.new_cache(10))
+    assert torch.isfinite(lb).all() and torch.corrcoef(torch.stack([la, lb]))[0, 1] > 0.9

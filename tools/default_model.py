@@ -15,8 +15,9 @@ def prima_home() -> Path:
     return Path(os.environ.get("PRIMA_HOME", Path.home() / ".cache" / "prima"))
 
 
-def default_store_dir() -> Path:
-    return prima_home() / "models" / STORE_NAME
+def default_store_dir(dtype: str | None = None) -> Path:
+    """The float32 store, or one of another dtype beside it (e.g. SmolLM2-135M-Instruct-int4)."""
+    return prima_home() / "models" / (STORE_NAME + (f"-{dtype}" if dtype and dtype != "float32" else ""))
 
 
 def default_gguf() -> Path:
@@ -30,11 +31,12 @@ def default_gguf() -> Path:
     return path
 
 
-def ensure_default_store(progress=lambda done, total: None) -> Path:
-    """Import SmolLM2 into the default store location once; later calls reuse it."""
+def ensure_default_store(progress=lambda done, total: None, dtype: str | None = None) -> Path:
+    """Import SmolLM2 into the default store location once (float32, or `dtype`: int4 keeps its GGUF's Q4_1
+    blocks exactly); later calls reuse it."""
     from tools.import_gguf import import_gguf
 
-    out = default_store_dir()
+    out = default_store_dir(dtype)
     if not (out / MANIFEST).is_file():
-        import_gguf(default_gguf(), out, progress=progress)
+        import_gguf(default_gguf(), out, dtype=dtype or "float32", progress=progress)
     return out

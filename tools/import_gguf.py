@@ -1,4 +1,5 @@
-"""Import a Llama-family GGUF file (de-quantized with the `gguf` package) into a layer store."""
+"""Import a Llama-family GGUF file into a layer store: float (de-quantized with the `gguf` package), or
+quantized, where Q4_0/Q4_1 blocks become int4 exactly and other tensors are quantized (nodes/quant.py)."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -8,7 +9,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from nodes.config import ModelConfig, StoreError
+from nodes.config import DTYPES, ModelConfig, StoreError
+from nodes.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter
 
@@ -21,6 +23,10 @@ LAYER_NAMES = {
     "ffn_up.weight": "w_up.weight", "ffn_down.weight": "w_down.weight",
 }
 REQUIRED = [n for n in LAYER_NAMES.values() if not n.endswith(".bias")]
+# A quantized store's fused matrices: their GGUF parts, in row order.
+FUSED = {"wqkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "w_gate_up": ("ffn_gate", "ffn_up"),
+         "w_down": ("ffn_down",)}
+EXACT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups (d, m) as they are
 
 
 def field(reader: GGUFReader, key: str, default=None):
@@ -65,47 +71,93 @@ def read_config(reader: GGUFReader) -> ModelConfig:
 
 def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool = False,
                 progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    if dtype not in DTYPES:
+        raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
     try:
         reader = GGUFReader(src)
     except (ValueError, OSError, IndexError, KeyError) as exc:
         raise StoreError(f"{src}: not a readable GGUF file ({exc})") from None
     cfg = read_config(reader)
-    torch_dtype = getattr(torch, dtype)
+    fmt = writing_format(dtype)
+    float_dtype = torch.float32 if fmt else getattr(torch, dtype)  # norms and biases of quantized stores: float32
     tensors = {t.name: t for t in reader.tensors}
 
-    def get(name: str) -> torch.Tensor:
+    def tensor(name: str):
         if name not in tensors:
-            raise StoreError(f"GGUF file lacks tensor {name!r}")
-        t = tensors[name]
+            raise StoreError(f"{src}: GGUF file lacks tensor {name!r}")
+        return tensors[name]
+
+    def get(name: str) -> torch.Tensor:
+        t = tensor(name)
         try:
             values = dequantize(t.data, t.tensor_type)
         except (NotImplementedError, ValueError) as exc:
-            raise StoreError(f"tensor {name}: cannot de-quantize {t.tensor_type.name} ({exc})") from None
-        return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).to(torch_dtype)
+            raise StoreError(f"{src}: tensor {name}: cannot de-quantize {t.tensor_type.name} ({exc})") from None
+        return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).to(float_dtype)
 
     permute = cfg.architecture in ("llama", "mistral")
+
+    def heads(gname: str) -> int | None:  # llama.cpp permuted these rows for its interleaved RoPE
+        return {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}.get(gname) if permute else None
+
+    def matrix(name: str, parts: list[tuple[str, int | None]], fmt=fmt) -> dict[str, torch.Tensor]:
+        """A quantized store's matrix `name` from GGUF tensors stacked by rows (each unpermuted if asked)."""
+        if fmt.name == "int4":
+            qs, dms = zip(*(int4_values(tensor(g), h) for g, h in parts))
+            return {f"{name}.qweight": pack_int4(torch.cat(qs), fmt.layout), f"{name}.scales": torch.cat(dms, dim=1)}
+        w = torch.cat([unpermute(get(g), h) if h else get(g) for g, h in parts])
+        q, scale = fmt.encode(w)
+        return {f"{name}.qweight": q, f"{name}.scales": scale}
+
+    def int4_values(t, n_heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        n, k = int(t.shape[1]), int(t.shape[0])
+        if k % GROUP:
+            raise StoreError(f"{src}: tensor {t.name} has rows of {k} values, int4 needs a multiple of {GROUP}")
+        if t.tensor_type.name in EXACT_INT4:
+            q, dm = gguf_q4(t.data, t.tensor_type.name, n, k)
+        else:
+            q, dm = quantize_int4(get(t.name))
+        if n_heads:
+            q, dm = unpermute(q, n_heads), unpermute(dm.transpose(0, 1), n_heads).transpose(0, 1)
+        return q, dm.contiguous()
+
+    def outer(name: str) -> Format | None:
+        """The embedding's and output's format: int4 only from Q4 blocks; else int8 (measured on SmolLM2's Q8_0
+        embedding, which is also its output: int4 groups err by 9 % of its norm and lose "Paris", int8 rows 1.2 %)."""
+        if fmt and fmt.name == "int4" and tensor(name).tensor_type.name not in EXACT_INT4:
+            return Format("int8")
+        return fmt
+
     with StoreWriter(out, overwrite=overwrite) as w:
-        w.write_unit("embed", {"embed.weight": get("token_embd.weight")})
+        if fmt:
+            f = outer("token_embd.weight")
+            w.write_unit("embed", matrix("embed", [("token_embd.weight", None)], f), f.name)
+        else:
+            w.write_unit("embed", {"embed.weight": get("token_embd.weight")})
         for i in range(cfg.n_layers):
             unit = {}
             for gname, name in LAYER_NAMES.items():
                 full = f"blk.{i}.{gname}"
                 if full not in tensors:
                     if name in REQUIRED:
-                        raise StoreError(f"GGUF file lacks tensor {full!r}")
+                        raise StoreError(f"{src}: GGUF file lacks tensor {full!r}")
                     continue
+                if fmt and name.endswith(".weight") and "norm" not in name:
+                    continue  # matrices: fused below
                 t = get(full)
-                if permute and gname == "attn_q.weight":
-                    t = unpermute(t, cfg.n_heads)
-                elif permute and gname == "attn_k.weight":
-                    t = unpermute(t, cfg.n_kv_heads)
-                unit[name] = t
+                h = heads(gname.split(".")[0])
+                unit[name] = unpermute(t, h) if h and name.endswith(".weight") else t
+            if fmt:
+                for fused, parts in FUSED.items():
+                    unit.update(matrix(fused, [(f"blk.{i}.{g}.weight", heads(g)) for g in parts]))
             w.write_unit(f"layer.{i}", unit)
             progress(i + 1, cfg.n_layers)
         head = {"norm.weight": get("output_norm.weight")}
+        f = outer("output.weight") if fmt and not cfg.tie_embeddings else fmt
         if not cfg.tie_embeddings:
-            head["output.weight"] = get("output.weight")
-        w.write_unit("head", head)
+            out_w = matrix("output", [("output.weight", None)], f) if f else {"output.weight": get("output.weight")}
+            head.update(out_w)
+        w.write_unit("head", head, f.name if f else "")
 
         tok = build_tokenizer(
             field(reader, "tokenizer.ggml.model"), field(reader, "tokenizer.ggml.pre", "default"),
@@ -123,5 +175,6 @@ def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool
             # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
             eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
             add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+            quant=fmt.manifest() if fmt else {},
         )
     return out

@@ -10,7 +10,8 @@ from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
 from nodes.config import DTYPES, ModelConfig, StoreError
-from tools.store_writer import StoreWriter
+from nodes.quant import writing_format
+from tools.store_writer import StoreWriter, quantize_unit
 
 ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 # HF name inside model.layers.{i} -> store name (see import_gguf.LAYER_NAMES). HF's q/k rows are
@@ -236,13 +237,18 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
                 shards.dtype("model.embed_tokens.weight"), "")
         if dtype not in DTYPES:
             raise StoreError(f"weight dtype {dtype!r} is not supported; pass dtype= one of {DTYPES}")
-        torch_dtype = getattr(torch, dtype)
+        fmt = writing_format(dtype)
+        torch_dtype = torch.float32 if fmt else getattr(torch, dtype)
         shapes = layer_shapes(cfg)
         with StoreWriter(out, overwrite=overwrite) as w:
-            w.write_unit("embed", {"embed.weight": shards.get(
+
+            def write(unit: str, tensors: dict[str, torch.Tensor]) -> None:
+                w.write_unit(unit, *(quantize_unit(tensors, fmt) if fmt else (tensors,)))
+
+            write("embed", {"embed.weight": shards.get(
                 "model.embed_tokens.weight", (cfg.vocab, cfg.hidden), torch_dtype)})
             for i in range(cfg.n_layers):
-                w.write_unit(f"layer.{i}", {
+                write(f"layer.{i}", {
                     LAYER_NAMES[n]: shards.get(prefix[i] + n, shapes[LAYER_NAMES[n]], torch_dtype)
                     for n in hf_names
                 })
@@ -250,9 +256,9 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
             head = {"norm.weight": shards.get("model.norm.weight", (cfg.hidden,), torch_dtype)}
             if not cfg.tie_embeddings:
                 head["output.weight"] = shards.get("lm_head.weight", (cfg.vocab, cfg.hidden), torch_dtype)
-            w.write_unit("head", head)
+            write("head", head)
 
             w.add_file("tokenizer.json", tok_bytes)
             w.finish(name=src.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
-                     chat_template=chat_template(src, tok_cfg), **special)
+                     chat_template=chat_template(src, tok_cfg), quant=fmt.manifest() if fmt else {}, **special)
     return out

@@ -5,10 +5,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from nodes.config import DTYPES, FileEntry, ModelConfig, StoreError
+from nodes.fused import unit_shapes as matrix_shapes
+from nodes.quant import BITS, GROUP, Format, writing_format
 from tools.store_writer import StoreWriter, unit_file
 
 # Published shapes (their config.json), and tiny ones for tests.
@@ -76,6 +79,38 @@ def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtyp
     return out
 
 
+def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: bool = True) -> dict[str, torch.Tensor]:
+    """A unit of a quantized store: norms of ones (float32) and random quantized matrices of std ~1/sqrt(K),
+    drawn as stored values directly (a 70B layer is 0.5 GB of int4: no float copy of it is ever made).
+    fill=False: values left as they come (for sizes only)."""
+    g = torch.Generator().manual_seed(seed)
+    randint = (lambda lo, hi, shape, dtype, generator: torch.empty(shape, dtype=dtype)) if not fill else torch.randint
+    if unit == "embed":
+        shapes = {"embed": (cfg.vocab, cfg.hidden)}
+    elif unit == "head":
+        shapes = {} if cfg.tie_embeddings else {"output": (cfg.vocab, cfg.hidden)}
+    else:
+        shapes = matrix_shapes(cfg)
+    out = {}
+    for name, (n, k) in shapes.items():
+        if fmt.name == "int4":  # q uniform in [0, 16): (q - 8) has std ~4.6
+            d = torch.full((k // GROUP, n), 1 / (4.6 * k ** 0.5)).half()
+            out[f"{name}.qweight"] = randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+            out[f"{name}.scales"] = torch.stack([d, -8 * d], dim=-1)
+        else:  # uniform in [-127, 127]: std ~73
+            out[f"{name}.qweight"] = randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+            out[f"{name}.scales"] = torch.full((n,), 1 / (73 * k ** 0.5))
+    if unit == "head":
+        out["norm.weight"] = torch.ones(cfg.hidden)
+    elif unit != "embed":
+        out.update({"attn_norm.weight": torch.ones(cfg.hidden), "ffn_norm.weight": torch.ones(cfg.hidden)})
+        if cfg.qkv_bias:
+            out["wq.bias"], out["wk.bias"], out["wv.bias"] = (
+                torch.randn(b, generator=g) * 0.02 for b in (cfg.n_heads * cfg.head_dim,) + (cfg.n_kv_heads *
+                                                                                           cfg.head_dim,) * 2)
+    return out
+
+
 def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits_per_weight: float | None = None,
           manifest_only: bool = False, overwrite: bool = False, layers: int | None = None,
           progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
@@ -83,28 +118,38 @@ def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits
         raise StoreError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     if dtype not in DTYPES:
         raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
-    torch_dtype = getattr(torch, dtype)
-    if bits_per_weight is not None and not manifest_only and bits_per_weight != torch.finfo(torch_dtype).bits:
-        raise StoreError("--bits-per-weight other than the dtype's size needs --manifest-only "
-                         "(no quantized weights yet)")
+    fmt = writing_format(dtype)
+    torch_dtype = torch.float32 if fmt else getattr(torch, dtype)
+    natural = BITS[dtype] if fmt else torch.finfo(torch_dtype).bits
+    if bits_per_weight is not None and not manifest_only and bits_per_weight != natural:
+        raise StoreError(f"--bits-per-weight other than {dtype}'s {natural:g} needs --manifest-only")
     cfg = PRESETS[preset]
     if layers is not None:
         cfg = replace(cfg, n_layers=layers)
-    bits = bits_per_weight if bits_per_weight is not None else torch.finfo(torch_dtype).bits
+    bits = bits_per_weight if bits_per_weight is not None else natural
     units = unit_shapes(cfg)
     tok = byte_tokenizer()
     if cfg.vocab < tok.get_vocab_size():
         raise StoreError(f"preset vocab {cfg.vocab} is smaller than the synthetic tokenizer's")
+    sizes: dict[str, int] = {}  # a quantized manifest-only store: the files' real sizes (every layer alike)
     with StoreWriter(out, overwrite=overwrite) as w:
         for n, (unit, shapes) in enumerate(units.items()):
-            if manifest_only:
+            kind = unit.split(".")[0]
+            if manifest_only and fmt and bits_per_weight is None:
+                if kind not in sizes:
+                    sizes[kind] = len(save(random_quantized(unit, cfg, fmt, 0, fill=False)))
+                w.entries[unit] = FileEntry(path=unit_file(unit), bytes=sizes[kind])
+            elif manifest_only:
                 params = sum(torch.Size(s).numel() for s in shapes.values())
                 w.entries[unit] = FileEntry(path=unit_file(unit), bytes=int(params * bits / 8))
+            elif fmt:
+                w.write_unit(unit, random_quantized(unit, cfg, fmt, seed * 100003 + n))
             else:
                 w.write_unit(unit, random_unit(shapes, seed * 100003 + n, torch_dtype))
             progress(n + 1, len(units))
         w.add_file("tokenizer.json", tok.to_str().encode())
         w.finish(name=f"synthetic-{preset}", config=cfg, dtype=dtype, bits_per_weight=bits,
                  manifest_only=manifest_only, tokenizer="tokenizer.json", chat_template=CHAT_TEMPLATE,
-                 bos_token_id=None, eos_token_ids=(2,), extra={"seed": seed, "preset": preset})
+                 bos_token_id=None, eos_token_ids=(2,), extra={"seed": seed, "preset": preset},
+                 quant=fmt.manifest() if fmt else {})
     return out

@@ -2,6 +2,7 @@
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -34,14 +35,15 @@ def main(node: str = typer.Option(None, "--node", show_default=False,
 def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face model directory"),
             out: Path = typer.Argument(None, help="the store directory to create"),
             default: bool = typer.Option(False, "--default", help="import SmolLM2 into $PRIMA_HOME/models"),
-            dtype: str = typer.Option(None, help="weight dtype of the store (float32, bfloat16, float16)"),
+            dtype: str = typer.Option(None, help="weight dtype of the store: float32, bfloat16, float16, int8 or int4 "
+                                                 "(GGUF Q4_0/Q4_1 blocks become int4 exactly)"),
             overwrite: bool = typer.Option(False, help="replace an existing store")):
     """Import a GGUF file or a Hugging Face directory into a per-layer store."""
     if default:
         from tools.default_model import default_store_dir, ensure_default_store
 
-        with bar(f"importing SmolLM2 into {default_store_dir()}") as progress:
-            print(ensure_default_store(progress=progress))
+        with bar(f"importing SmolLM2 into {default_store_dir(dtype)}") as progress:
+            print(ensure_default_store(progress=progress, dtype=dtype))
         return
     if src is None or out is None:
         fail("give SRC and OUT, or --default")
@@ -65,7 +67,8 @@ def synth(out: Path = typer.Argument(..., help="the store directory to create"),
           preset: str = typer.Option(..., help="llama3-8b, llama3-70b, qwen2.5-32b, qwen2.5-72b, tiny, ..."),
           bits_per_weight: float = typer.Option(None, help="bits per weight on disk (e.g. 4.5 for Q4K sizes)"),
           manifest_only: bool = typer.Option(False, help="write only the manifest (for planning what-ifs)"),
-          seed: int = typer.Option(0), dtype: str = typer.Option("float32"),
+          seed: int = typer.Option(0),
+          dtype: str = typer.Option("float32", help="float32, bfloat16, float16, int8 or int4"),
           layers: int = typer.Option(None, help="override the preset's layer count"),
           overwrite: bool = typer.Option(False)):
     """Write a synthetic store with random weights of a real model's shape."""
@@ -86,7 +89,8 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         stop: list[str] = typer.Option([], help="stop string (repeatable)"),
         raw: bool = typer.Option(False, help="no chat template"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
-        dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16")):
+        dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
+                                              "stores, float32 otherwise)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
     if model is not None:
@@ -97,21 +101,26 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
     from nodes.reference import ReferenceModel
     from nodes.sampling import SamplingParams
 
-    if dtype not in ("float32", "bfloat16"):
+    if dtype not in (None, "float32", "bfloat16"):
         fail(f"--dtype must be float32 or bfloat16, got {dtype}")
     params = GenerateParams(max_tokens=max_tokens, stop=tuple(stop),
                             sampling=SamplingParams(temperature, top_k, top_p, seed))
-    ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype))
+    ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype) if dtype else None)
     prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
-    tokens, text = [], []
+    tokens, text, stamps = [], [], []
+    start = time.perf_counter()
     for out in ref.generate_ids(prompt_ids, params):
+        stamps.append(time.perf_counter())
         tokens.append(out.token_id)
         text.append(out.text)
         if not json_out:
             sys.stdout.write(out.text)
             sys.stdout.flush()
     if json_out:
-        print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids)}))
+        ttft = (stamps[0] - start) * 1e3 if stamps else 0.0
+        tpot = (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1) if len(stamps) > 1 else 0.0
+        print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids),
+                          "ttft_ms": ttft, "tpot_ms": tpot}))
     else:
         print()
 

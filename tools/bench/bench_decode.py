@@ -1,103 +1,215 @@
-"""Single-process decode benchmark: the reference vs transformers' generate on SmolLM2, side by side.
+"""Single-process decode benchmark, side by side in one run: the reference on float32, bfloat16, int8 and int4
+stores vs llama.cpp on the same GGUF (and transformers on SmolLM2's, with --transformers).
 
-Each (implementation, dtype) runs in its own subprocess so peak RSS is its own. Decode tokens/s is
-(N - 1) / (time for N tokens - time for the first token), greedy, EOS ignored so both make N tokens.
+Models: `smollm2` (the default model's Q4_1 GGUF; int4 keeps its blocks exactly) and `8b` (llama3-8b layer
+dims, 4 layers, seeded random Q4_0 / Q8_0 blocks written by tools.bench.make_gguf, SmolLM2's tokenizer; int4
+from the Q4_0 file, int8 and bfloat16 from the Q8_0 one). Stores and files are made on first use under
+--work. llama.cpp is llama-cpp-python: used when importable, installed with pip on demand with
+`--llama-cpp install`, skipped with `off` (it is not a dependency of the project).
 
-    python -m tools.bench.bench_decode [--tokens 128] [--store DIR]
+Each row runs in its own subprocess (peak RSS is its own). Decode tokens/s is (N - 1) / (time for N tokens -
+time for the first), greedy, EOS ignored, the same raw prompt, 2 threads.
+
+    python -m tools.bench.bench_decode [--models smollm2 8b] [--tokens 32] [--llama-cpp auto|install|off]
 """
 
 import argparse
+import importlib.util
 import json
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PROMPT = "Write a short story about a robot who learns to paint."
+THREADS = 2
 
 
-def run_reference(store: str, dtype: str, n: int) -> dict:
+def run_prima(store: str, dtype: str, n: int) -> dict:
     import torch
 
     from nodes.generation import GenerateParams, Generation
     from nodes.reference import ReferenceModel
 
+    torch.set_num_threads(THREADS)
     model = ReferenceModel(store, dtype=getattr(torch, dtype))
-    prompt = model.codec.prompt_ids(PROMPT)
+    prompt = model.codec.prompt_ids(PROMPT, raw=True)
 
-    def timed(tokens: int) -> tuple[float, list[int]]:
+    def timed(tokens: int) -> tuple[float, float, list[int]]:
         gen = Generation(prompt, GenerateParams(max_tokens=tokens), model.codec, (), model.cfg.max_seq_len)
         cache = model.new_cache(gen.capacity)
-        start = time.perf_counter()
+        start, stamps = time.perf_counter(), []
         while not gen.done:
             ids, pos = gen.pending()
             gen.accept(model.step(ids, pos, cache))
-        return time.perf_counter() - start, gen.tokens
+            stamps.append(time.perf_counter())
+        return stamps[0] - start, stamps[-1] - start, gen.tokens
 
     timed(4)  # warm-up
-    first, _ = timed(1)
-    total, tokens = timed(n)
-    return {"decode_tok_s": (n - 1) / (total - first), "ttft_ms": first * 1e3, "tokens": tokens}
+    return result(*timed(n), n)
+
+
+def run_llamacpp(gguf: str, n: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(gguf, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=512, verbose=False)
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+
+    def timed(tokens: int) -> tuple[float, float, list[int]]:
+        llm.reset()
+        start, stamps, out = time.perf_counter(), [], []
+        for tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+            stamps.append(time.perf_counter())
+            out.append(tok)
+            if len(out) == tokens:
+                break
+        return stamps[0] - start, stamps[-1] - start, out
+
+    timed(4)
+    return result(*timed(n), n)
 
 
 def run_transformers(gguf: str, dtype: str, n: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch.set_num_threads(THREADS)
     folder, name = gguf.rsplit("/", 1)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
 
-    def timed(tokens: int) -> tuple[float, list[int]]:
+    def timed(tokens: int) -> tuple[float, float, list[int]]:
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-        return time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
+        return 0.0, time.perf_counter() - start, out[0, ids.shape[1]:].tolist()
 
     timed(4)
-    first, _ = timed(1)
-    total, tokens = timed(n)
+    first = timed(1)[1]
+    _, total, tokens = timed(n)
+    return result(first, total, tokens, n)
+
+
+def result(first: float, total: float, tokens: list[int], n: int) -> dict:
     return {"decode_tok_s": (n - 1) / (total - first), "ttft_ms": first * 1e3, "tokens": tokens}
 
 
 def child(args) -> None:
-    fn = run_reference if args.impl == "prima" else run_transformers
-    result = fn(args.store if args.impl == "prima" else args.gguf, args.dtype, args.tokens)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(result))
+    if args.impl == "prima":
+        out = run_prima(args.path, args.dtype, args.tokens)
+    elif args.impl == "llama.cpp":
+        out = run_llamacpp(args.path, args.tokens)
+    else:
+        out = run_transformers(args.path, args.dtype, args.tokens)
+    out["peak_rss_mib"] = peak_rss_mib()
+    print(json.dumps(out))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS (Linux: VmHWM, which exec resets; ru_maxrss keeps the parent's peak)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def llama_cpp_ready(mode: str) -> bool:
+    if mode == "off":
+        return False
+    if importlib.util.find_spec("llama_cpp") is None and mode == "install":
+        print("installing llama-cpp-python (a source build, ~10 minutes) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "llama-cpp-python"], check=True)
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str, str, str]]:
+    """(label, impl, path, dtype) of every row of one model; stores and GGUFs made when missing."""
+    from tools.default_model import default_gguf, ensure_default_store
+    from tools.import_gguf import import_gguf
+
+    def store(gguf: Path, dtype: str) -> str:
+        out = work / f"{gguf.stem}-{dtype}"
+        if not (out / "manifest.json").is_file():
+            import_gguf(gguf, out, dtype=dtype)
+        return str(out)
+
+    if model == "smollm2":
+        gguf = default_gguf()
+        rows = [("float32", "prima", str(ensure_default_store()), "float32"),
+                ("bfloat16", "prima", str(ensure_default_store()), "bfloat16"),
+                ("int8", "prima", str(ensure_default_store(dtype="int8")), "bfloat16"),
+                ("int4", "prima", str(ensure_default_store(dtype="int4")), "bfloat16"),
+                ("Q4_1", "llama.cpp", str(gguf), "")]
+        if transformers:
+            rows += [("float32", "transformers", str(gguf), "float32"), ("bfloat16", "transformers", str(gguf),
+                                                                         "bfloat16")]
+        return rows
+    from tools.bench.make_gguf import make_gguf
+
+    ggufs = {}
+    for kind in ("Q4_0", "Q8_0"):
+        ggufs[kind] = work / f"llama3-8b-4l.{kind}.gguf"
+        if not ggufs[kind].is_file():
+            make_gguf(ggufs[kind], kind)
+    return [("bfloat16", "prima", store(ggufs["Q8_0"], "bfloat16"), "bfloat16"),
+            ("int8", "prima", store(ggufs["Q8_0"], "int8"), "bfloat16"),
+            ("int4", "prima", store(ggufs["Q4_0"], "int4"), "bfloat16"),
+            ("Q8_0", "llama.cpp", str(ggufs["Q8_0"]), ""),
+            ("Q4_0", "llama.cpp", str(ggufs["Q4_0"]), "")]
+
+
+GOALS = {"smollm2": [("int4", "Q4_1", 0.5)], "8b": [("int4", "Q4_0", 0.6), ("int8", "Q8_0", 0.8)]}
 
 
 def main() -> None:
-    from tools.default_model import default_gguf, ensure_default_store
+    from tools.default_model import prima_home
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--store", default=None)
-    p.add_argument("--gguf", default=None)
-    p.add_argument("--impl", choices=["prima", "transformers"], help=argparse.SUPPRESS)
+    p.add_argument("--models", nargs="+", default=["smollm2", "8b"], choices=["smollm2", "8b"])
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=1, help="runs of every row, interleaved; the table shows the best")
+    p.add_argument("--llama-cpp", default="auto", choices=["auto", "install", "off"])
+    p.add_argument("--transformers", action="store_true", help="also transformers' generate on SmolLM2's GGUF")
+    p.add_argument("--work", type=Path, default=None, help="where the 8B-shaped GGUFs and stores go")
+    p.add_argument("--impl", help=argparse.SUPPRESS)
+    p.add_argument("--path", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.gguf = args.gguf or str(default_gguf())
-    args.store = args.store or str(ensure_default_store())
     if args.impl:
         return child(args)
-    rows = {}
-    for dtype in ("float32", "bfloat16"):
-        for impl in ("transformers", "prima"):
-            cmd = [sys.executable, "-m", "tools.bench.bench_decode", "--impl", impl, "--dtype", dtype,
-                   "--tokens", str(args.tokens), "--store", args.store, "--gguf", args.gguf]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            rows[impl, dtype] = json.loads(out.strip().splitlines()[-1])
-    print(f"SmolLM2-135M-Instruct, {args.tokens} greedy tokens, prompt {PROMPT!r}")
-    print(f"{'dtype':9} {'impl':13} {'decode tok/s':>12} {'TTFT ms':>8} {'peak RSS MiB':>12}")
-    for (impl, dtype), r in rows.items():
-        print(f"{dtype:9} {impl:13} {r['decode_tok_s']:12.1f} {r['ttft_ms']:8.1f} {r['peak_rss_mib']:12.0f}")
-    for dtype in ("float32", "bfloat16"):
-        ours, theirs = rows["prima", dtype], rows["transformers", dtype]
-        same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
-        print(f"{dtype}: prima / transformers decode speed = {ours['decode_tok_s'] / theirs['decode_tok_s']:.2f}x; "
-              f"same greedy tokens: {same}/{args.tokens}")
+    work = args.work or prima_home() / "bench"
+    work.mkdir(parents=True, exist_ok=True)
+    llama = llama_cpp_ready(args.llama_cpp)
+    print(f"{args.tokens} greedy tokens, raw prompt {PROMPT!r}, {THREADS} threads")
+    print(f"{'model':8} {'weights':9} {'impl':13} {'decode tok/s':>12} {'TTFT ms':>8} {'peak RSS MiB':>12}")
+    for model in args.models:
+        got = {}
+        rows = [r for r in rows_for(model, work, args.transformers) if r[1] != "llama.cpp" or llama]
+        for rep in range(args.repeats):  # interleaved: a busy spell of a shared machine hits every row alike
+            for label, impl, path, dtype in rows:
+                cmd = [sys.executable, "-m", "tools.bench.bench_decode", "--impl", impl, "--path", path,
+                       "--tokens", str(args.tokens)] + (["--dtype", dtype] if dtype else [])
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    print(f"{model:8} {label:9} {impl:13} failed: {out.stderr.strip().splitlines()[-1:]}")
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if (label, impl) not in got or r["decode_tok_s"] > got[label, impl]["decode_tok_s"]:
+                    got[label, impl] = r
+                if rep == args.repeats - 1:
+                    r = got[label, impl]
+                    print(f"{model:8} {label:9} {impl:13} {r['decode_tok_s']:12.1f} {r['ttft_ms']:8.1f} "
+                          f"{r['peak_rss_mib']:12.0f}", flush=True)
+        for ours, theirs, goal in GOALS[model]:
+            a, b = got.get((ours, "prima")), got.get((theirs, "llama.cpp"))
+            if a and b:
+                ratio = a["decode_tok_s"] / b["decode_tok_s"]
+                print(f"{model}: prima {ours} / llama.cpp {theirs} = {ratio:.2f}x (goal >= {goal}x: "
+                      f"{'met' if ratio >= goal else 'not met'})")
 
 
 if __name__ == "__main__":

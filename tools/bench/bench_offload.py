@@ -53,11 +53,12 @@ PROMPT = "Once upon a time"
 MB = 1 << 20
 
 
-def ensure_store(path: Path | None, layers: int) -> Path:
-    path = path or prima_home() / "models" / f"synthetic-offload-{layers}"
+def ensure_store(path: Path | None, layers: int, dtype: str = "float32") -> Path:
+    path = path or prima_home() / "models" / ("synthetic-offload-" + (f"{dtype}-" if dtype != "float32" else "")
+                                              + f"{layers}")
     if not (path / "manifest.json").is_file():
-        print(f"writing a {layers}-layer synthetic store to {path} ...", flush=True)
-        synth(path, "offload-1g", layers=layers, overwrite=True)
+        print(f"writing a {layers}-layer {dtype} synthetic store to {path} ...", flush=True)
+        synth(path, "offload-1g", layers=layers, dtype=dtype, overwrite=True)
     return path
 
 
@@ -66,7 +67,7 @@ def _read_for(store_dir: Path, start: int, seconds: float) -> tuple[int, float]:
     files from `start` on, in turn, for about `seconds`. Runs in a worker process."""
     store = LayerStore(store_dir, verify=False)
     cfg = store.config
-    targets = layer_targets(empty_layer(cfg, torch.float32), cfg)
+    targets = {name: torch.empty(s.shape, dtype=s.dtype) for name, s in store.layout("layer.0").items()}
     store.read_into(f"layer.{(start - 1) % cfg.n_layers}", targets)  # first touch of the buffers
     n, j, begin = 0, 0, time.perf_counter()
     while time.perf_counter() - begin < seconds:
@@ -104,14 +105,14 @@ async def generate(head: str, tokens: int) -> Finished:
 
 
 def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, tokens: int, logs: Path,
-        buffer_layers: float = 0.0) -> dict:
+        buffer_layers: float = 0.0, dtype: str = "float32") -> dict:
     """One configuration on fresh node processes: TPOT and per-token disk bytes, stall and compute.
     buffer_layers: every node's stream buffer (0: the node's default)."""
     if depth is None:
         os.environ.pop(DEPTH_ENV, None)
     else:
         os.environ[DEPTH_ENV] = str(depth)
-    extra = [["--mem-budget", str(b)] if b else [] for b in budgets]
+    extra = [(["--mem-budget", str(b)] if b else []) + ["--dtype", dtype] for b in budgets]
     local = launch(store, len(windows), log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
         ring.start(local.addresses[0], windows, buffers=[buffer_layers] * len(windows))
@@ -136,13 +137,16 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
 
 
 def bench(args) -> None:
-    store = ensure_store(args.store, args.layers)
-    cfg = LayerStore(store).config
-    n_layers, n, dtype = cfg.n_layers, args.nodes, torch.float32
+    store = ensure_store(args.store, args.layers, args.dtype)
+    manifest = LayerStore(store).manifest
+    cfg, fmt, hfmt = manifest.config, manifest.weight_format(), manifest.weight_format("embed")
+    # float32 stores compute in float32, the others in bfloat16 (nodes get --dtype: bfloat16 stores too)
+    compute = "float32" if manifest.dtype == "float32" else "bfloat16"
+    n_layers, n, dtype = cfg.n_layers, args.nodes, getattr(torch, compute)
     share = [n_layers // n] * n  # layers per node
     share[0] += n_layers - sum(share)
-    lb = layer_bytes(cfg, dtype)
-    fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
+    lb = layer_bytes(cfg, dtype, fmt)
+    fixed = [kv_bytes(cfg, dtype, w, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype, hfmt) if i == 0 else 0)
              for i, w in enumerate(share)]
     rings = {k: f"ring of {n}" + (f", k={k}" if len(args.rounds) > 1 else "") for k in args.rounds}
     for k in args.rounds:
@@ -153,14 +157,14 @@ def bench(args) -> None:
                for k, name in rings.items()] + [("compute", "1 node, all resident", [0], None, [n_layers])]
     for frac in args.fractions:
         budgets = [f + int(frac * w * lb) for f, w in zip(fixed, share)]
-        single = head_bytes(cfg, dtype) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
+        single = head_bytes(cfg, dtype, hfmt) + kv_bytes(cfg, dtype, n_layers, KV_RESERVE_TOKENS) + sum(
             b - f for b, f in zip(budgets, fixed))
         for k, name in rings.items():
             configs += [(f"{frac:.0%}", f"{name}, prefetch", budgets, None, [w // k for w in share]),
                         (f"{frac:.0%}", f"{name}, no prefetch", budgets, 0, [w // k for w in share])]
         configs += [(f"{frac:.0%}", "1 node, prefetch", [single], None, [n_layers]),
                     (f"{frac:.0%}", "1 node, no prefetch", [single], 0, [n_layers])]
-    meta = {"store": str(store), "layers": n_layers, "layer_mib": lb / MB, "windows": share,
+    meta = {"store": str(store), "dtype": manifest.dtype, "layers": n_layers, "layer_mib": lb / MB, "windows": share,
             "tokens": args.tokens, "repeats": args.repeats, "disk_mbps": args.disk_mbps}
     if args.disk_mbps:
         os.environ[DISK_MBPS_ENV] = str(args.disk_mbps)  # the nodes' and the bandwidth probes' reads
@@ -173,7 +177,7 @@ def bench(args) -> None:
                 for group, name, budgets, depth, shape in (configs if rep % 2 == 0 else configs[::-1]):
                     offset = 7 * sum(len(v) for v in runs.values())
                     before = disk.bandwidth(start=offset, readers=len(shape))  # one reader process per node
-                    r = run(store, shape, budgets, depth, args.tokens, Path(logs), args.buffer_layers)
+                    r = run(store, shape, budgets, depth, args.tokens, Path(logs), args.buffer_layers, compute)
                     r["disk_bw"] = [before, disk.bandwidth(start=offset + 3, readers=len(shape))]
                     runs.setdefault((group, name), []).append(r)
                     print(json.dumps({"config": [group, name], **r}), flush=True)
@@ -197,7 +201,8 @@ def report(meta: dict, runs: dict[tuple[str, str], list[dict]]) -> None:
     peak = {False: max(samples(False)), True: max(samples(True))}
     if per_node:  # the ring's probes read with one process per node at once: each node's disk gave 1/n
         peak[False] /= n
-    print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB fp32 = "
+    print(f"\nstore {meta['store']}: {meta['layers']} layers x {meta['layer_mib']:.0f} MiB "
+          f"{meta.get('dtype', 'float32')} = "
           f"{meta['layers'] * meta['layer_mib'] / 1024:.2f} GiB; layers per node {meta['windows']}; "
           f"{meta['tokens']} tokens per run, median of {meta['repeats']} interleaved runs.")
     if per_node:
@@ -358,6 +363,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", type=Path, default=None, help="store directory (default: a synthetic one, made once)")
     p.add_argument("--layers", type=int, default=72, help="layers of the synthetic store (45 MB each)")
+    p.add_argument("--dtype", default="float32", help="weights of the synthetic store: float32, bfloat16, int8, "
+                   "int4 (the nodes compute in bfloat16 for all but float32)")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.8],
                    help="each node's layer budget as a fraction of its share of layer bytes")

@@ -1,0 +1,281 @@
+"""Quantized stores: int4 packing, exact GGUF Q4_1 weights, SmolLM2 in int4, shards and rings on int4 stores."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from nodes.config import StoreError
+from nodes.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.generation import GenerateParams
+from nodes.model import Layer
+from nodes.prefetch import KV_RESERVE_TOKENS
+from nodes.quant import (
+    LAYOUTS,
+    Int4,
+    Int8,
+    gguf_q4,
+    kernel_scales,
+    machine_layout,
+    pack_int4,
+    quantize_int8,
+    unpack_int4,
+)
+from nodes.reference import ReferenceModel
+from nodes.routing import Step, Windows
+from nodes.shard import Shard
+from nodes.store import LayerStore
+from tools.default_model import default_gguf, ensure_default_store
+from tools.import_gguf import import_gguf
+from tools.synth import synth
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
+           "Explain gravity to a child.", "Translate 'good morning' into Spanish."]
+
+
+@pytest.fixture(scope="session")
+def smol_int4() -> Path:
+    return ensure_default_store(dtype="int4")
+
+
+@pytest.fixture(scope="session")
+def tiny_int4(tmp_path_factory) -> Path:
+    return synth(tmp_path_factory.mktemp("stores") / "tiny-int4", "tiny", seed=3, dtype="int4")
+
+
+# ------------------------------------------------------------------ the packed layout and the kernels
+
+
+@pytest.mark.parametrize("rows", [16, 48, 64, 112, 960])
+def test_our_packing_is_the_kernels_and_unpacks(rows):
+    q = torch.randint(0, 16, (rows, 64), dtype=torch.uint8)
+    assert torch.equal(pack_int4(q, machine_layout()), torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+    for layout in LAYOUTS:
+        packed = pack_int4(q, layout)
+        assert torch.equal(unpack_int4(packed, layout), q)
+        assert torch.equal(unpack_int4(packed, layout, torch.tensor([rows - 1, 0, 3])), q[[rows - 1, 0, 3]])
+
+
+def test_int4_rows_and_matmul_see_the_same_weights():
+    q = torch.randint(0, 16, (128, 96), dtype=torch.uint8)
+    dm = torch.stack([torch.rand(3, 128) * 0.1, -torch.rand(3, 128)], dim=-1).half()
+    for dtype in (torch.float32, torch.bfloat16):
+        w = Int4.from_dm(pack_int4(q, LAYOUTS[1]), dm, dtype, LAYOUTS[1])  # another machine's layout: repacked
+        seen = w.mm(torch.eye(96, dtype=dtype)).t()  # [N, K]: what the kernel multiplies by
+        assert torch.equal(w.rows(torch.arange(128)), seen)
+
+
+def test_int8_matmul_is_its_dequantized_weights():
+    w = torch.randn(64, 96)
+    q, scale = quantize_int8(w)
+    weight = Int8(q, scale, torch.bfloat16)
+    seen = weight.mm(torch.eye(96, dtype=torch.bfloat16)).t().float()
+    assert torch.equal(seen, (q.float() * scale[:, None]).bfloat16().float())
+    assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] * 0.501).all()  # half a step at most
+
+
+# ------------------------------------------------------------------ SmolLM2 from its Q4_1 GGUF
+
+
+@pytest.mark.slow
+def test_int4_weights_equal_the_ggufs_on_every_layer(smol_int4):
+    """The kernel's weights (read back through an identity matmul) equal gguf's de-quantized Q4_1 weights bit
+    for bit with float32 activations; with bfloat16 ones, scale and zero are bfloat16 (kernel_scales)."""
+    tensors = {t.name: t for t in GGUFReader(default_gguf()).tensors}
+    store = LayerStore(smol_int4)
+    cfg, fmt = store.config, store.manifest.weight_format()
+    worst = 0.0
+    for i in range(cfg.n_layers):
+        unit = store.load(f"layer.{i}")
+        f32, b16 = Layer.from_unit(unit, torch.float32, fmt), Layer.from_unit(unit, torch.bfloat16, fmt)
+        parts = {"wo": ["attn_output"], "w_down": ["ffn_down"], "w_gate_up": ["ffn_gate", "ffn_up"],
+                 "wqkv": ["attn_q", "attn_k", "attn_v"]}
+        for name, gnames in parts.items():
+            ts = [tensors[f"blk.{i}.{g}.weight"] for g in gnames]
+            assert all(t.tensor_type.name == "Q4_1" for t in ts)
+            ref = []
+            for g, t in zip(gnames, ts):
+                w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)))
+                if g in ("attn_q", "attn_k"):  # llama.cpp's row order for its RoPE, undone by the importer
+                    from tools.import_gguf import unpermute
+                    w = unpermute(w, cfg.n_heads if g == "attn_q" else cfg.n_kv_heads)
+                ref.append(w)
+            ref = torch.cat(ref)
+            weight = getattr(f32, name)
+            assert isinstance(weight, Int4)
+            assert torch.equal(weight.mm(torch.eye(ref.shape[1])).t(), ref), f"layer {i} {name}"
+            seen = getattr(b16, name).mm(torch.eye(ref.shape[1], dtype=torch.bfloat16)).t().float()
+            worst = max(worst, ((seen - ref).abs().max() / ref.abs().max()).item())
+    assert worst < 0.01  # bfloat16 scales: under 1 % of a matrix's largest weight (measured 0.6 %)
+
+
+def test_gguf_q4_blocks_map_exactly():
+    """Q4_0 and Q4_1 blocks of the real GGUF and of hand-made Q4_0 blocks: d q + m, as gguf computes."""
+    t = next(t for t in GGUFReader(default_gguf()).tensors if t.tensor_type.name == "Q4_1")
+    n, k = int(t.shape[1]), int(t.shape[0])
+    q, dm = gguf_q4(t.data, "Q4_1", n, k)
+    w = Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+    assert torch.equal(w.rows(torch.arange(n)), torch.from_numpy(dequantize(t.data, t.tensor_type)))
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    x = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
+    blocks = quantize(x, Q.Q4_0)
+    q, dm = gguf_q4(blocks, "Q4_0", 64, 96)
+    w = Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+    assert torch.equal(w.rows(torch.arange(64)), torch.from_numpy(dequantize(blocks, Q.Q4_0)))
+
+
+@pytest.mark.slow
+def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, smol_store):
+    int4, ref = ReferenceModel(smol_int4), ReferenceModel(smol_store)
+    assert int4.dtype == torch.bfloat16  # chosen for quantized stores
+    manifest = json.loads((smol_int4 / "manifest.json").read_text())
+    assert manifest["dtype"] == "int4" and manifest["files"]["layers"][0]["format"] == "int4"
+    assert manifest["files"]["embed"]["format"] == "int8"  # the GGUF's embedding is Q8_0: int8 rows, not int4
+    text = "".join(t.text for t in int4.generate(PROMPTS[0], GenerateParams(max_tokens=16)))
+    assert "Paris" in text
+    agree = 0
+    for prompt in PROMPTS:
+        a = [t.token_id for t in int4.generate(prompt, GenerateParams(max_tokens=8))]
+        b = [t.token_id for t in ref.generate(prompt, GenerateParams(max_tokens=8))]
+        agree += a == b
+    assert agree > len(PROMPTS) // 2, f"int4 = float32 on the first 8 tokens of only {agree}/{len(PROMPTS)} prompts"
+
+
+# ------------------------------------------------------------------ shards, streaming and rings on int4
+
+
+def ring_step(shards: list[Shard], caches: list, ids: list[int], pos: int) -> torch.Tensor:
+    x, next_layer, n = shards[0].embed(ids), 0, shards[0].cfg.n_layers
+    while next_layer < n:
+        i = next(i for i, s in enumerate(shards) if s.windows.step(next_layer) is Step.COMPUTE)
+        x, next_layer = shards[i].compute(x, caches[i], pos, next_layer)
+    return shards[0].logits(x)
+
+
+@pytest.mark.parametrize("ranges, budget, buffer_layers", [
+    ([[(0, 8)]], 0, 0),                                 # one node, everything resident
+    ([[(0, 8)]], 1, 0),                                 # one node streaming through a one-layer budget
+    ([[(4, 6)], [(0, 2)], [(2, 4), (6, 8)]], 0, 0),     # 3 nodes, k = 2
+    ([[(4, 6)], [(0, 2)], [(2, 4), (6, 8)]], 1, 0),     # ... streaming
+    ([[(0, 8)]], 3.4, 1.3),                             # 3.4 layers beside an odd buffer: partly resident
+], ids=["1node", "1node-stream", "3nodes-k2", "3nodes-k2-stream", "partial"])
+def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layers):
+    ref = ReferenceModel(tiny_int4)
+    store = LayerStore(tiny_int4)
+    cfg, fmt = store.config, store.manifest.weight_format()
+    layer = layer_bytes(cfg, ref.dtype, fmt)
+    buffer = int(buffer_layers * layer)
+    if buffer_layers:
+        fixed = head_bytes(cfg, ref.dtype, store.manifest.weight_format("embed")) + kv_bytes(
+            cfg, ref.dtype, cfg.n_layers, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+        budget = fixed + int(budget * layer) + buffer
+    shards = [Shard(LayerStore(tiny_int4), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,
+                    buffer=buffer) for i, r in enumerate(ranges)]
+    try:
+        ids = ref.codec.prompt_ids("The quick brown fox")
+        cache = ref.new_cache(len(ids) + 6)
+        caches = [s.cache_for("r", 0, len(ids) + 6, len(ids)) for s in shards]
+        pos = 0
+        for _ in range(6):
+            expected = ref.step(ids, pos, cache)
+            assert torch.equal(ring_step(shards, caches, ids, pos), expected)
+            pos, ids = pos + len(ids), [int(expected.argmax())]
+        if budget:
+            assert all(s.plan.streamed and s.prefetcher.misses == 0 for s in shards)
+            assert all(s.resident_bytes() <= s.plan.budget for s in shards)
+            # The buffer holds int4 units: about a quarter of a bfloat16 layer's bytes per layer.
+            assert shards[0].plan.layer_bytes < 0.4 * layer_bytes(store.config, torch.bfloat16)
+        if buffer_layers:
+            assert any(len(units) < 4 for _, units in shards[0].plan.streamed) and shards[0].kept
+    finally:
+        for s in shards:
+            s.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windows, budget", [
+    ([30], None), ([10, 10, 10], None), ([7, 3, 5], None), ([10, 10, 0, 10], None), ([10, 10, 10], "1"),
+], ids=["1node", "3nodes", "3nodes-k2", "relay", "3nodes-stream"])
+def test_int4_ring_equals_the_single_process(smol_int4, tmp_path, windows, budget):
+    from prima_rpc.app import ring
+    from prima_rpc.app.local_ring import launch
+    from prima_rpc.client import PrimaClient, Token
+
+    ref = ReferenceModel(smol_int4)
+    expected = {p: [t.token_id for t in ref.generate(p, GenerateParams(max_tokens=12))] for p in PROMPTS[:2]}
+    extra = [["--mem-budget", budget]] * len(windows) if budget else None
+    local = launch(smol_int4, len(windows), log_dir=tmp_path, detach=False, extra_args=extra)
+    try:
+        ring.start(local.addresses[0], windows)
+
+        async def collect(prompt):
+            async with PrimaClient(local.addresses[0]) as client:
+                return [e.token_id async for e in client.generate(prompt, max_tokens=12) if isinstance(e, Token)]
+
+        for prompt, tokens in expected.items():
+            assert asyncio.run(collect(prompt)) == tokens, (windows, prompt)
+        if budget:
+            assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]) if info.windows)
+    finally:
+        local.stop()
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_a_gguf_type_with_no_mapping_names_the_file(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "odd.gguf"
+    w = GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_context_length(128)
+    w.add_tensor("token_embd.weight", np.zeros((320, 64), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    for name, shape in {"attn_q": (64, 64), "attn_k": (64, 64), "attn_v": (64, 64), "attn_output": (64, 64),
+                        "ffn_gate": (128, 64), "ffn_up": (128, 64), "ffn_down": (64, 128)}.items():
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.zeros(64, dtype=np.float64))  # F64: no mapping to any store dtype
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(StoreError, match=r"odd\.gguf.*blk\.0\.attn_norm\.weight.*F64"):
+        import_gguf(path, tmp_path / "out", dtype="int4")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_quantized_units_name_the_file(tiny_int4, tmp_path):
+    import shutil
+
+    store_dir = tmp_path / "s"
+    shutil.copytree(tiny_int4, store_dir)
+    layer = store_dir / "layer_001.safetensors"
+    layer.write_bytes(layer.read_bytes()[:-100])  # truncated
+    windows = Windows(((0, 8),), 8, True)
+    with pytest.raises(StoreError, match=r"layer_001\.safetensors: \d+ bytes, manifest says"):
+        Shard(LayerStore(store_dir), windows, torch.bfloat16)
+    manifest = json.loads((store_dir / "manifest.json").read_text())
+    manifest["files"]["layers"][1]["bytes"] -= 100  # sizes that match the file, not its tensors
+    manifest["files"]["layers"][1]["sha256"] = ""
+    (store_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match=r"layer_001\.safetensors"):
+        Shard(LayerStore(store_dir), windows, torch.bfloat16)
+
+
+def test_kernel_scales_are_exact_in_float32():
+    d = torch.tensor([0.0123, 1e-4, 0.5]).half()
+    m = torch.tensor([-0.1, -8e-4, -4.0]).half()
+    sz = kernel_scales(torch.stack([d, m], -1)[None], torch.float32)[0]
+    assert torch.equal(sz[:, 0], d.float()) and torch.equal(sz[:, 1], m.float() + 8 * d.float())
