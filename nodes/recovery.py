@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from solver.plan import even_windows, layer_ranges
+from solver.windows import even_windows, layer_ranges
 
 MISSES_IDLE = 2  # an idle ring waits for a second miss: a loaded machine may answer one probe late
 MISSES_BUSY = 1  # requests wait on the ring: the first miss counts

@@ -59,7 +59,8 @@ from solver.cost_model import (
     offload_floor,
     reads_floor,
 )
-from solver.plan import Infeasible, RingPlan, build_plan, layer_ranges
+from solver.plan import Infeasible, RingPlan, build_plan
+from solver.windows import layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
 

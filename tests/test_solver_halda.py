@@ -11,10 +11,11 @@ from solver.cost_model import Instance, allowed, device_costs, evaluate, fits
 from solver.exhaustive import exhaustive
 from solver.halda import _in_ring, build_model, divisors, halda, solve
 from solver.model_profile import ModelProfile
-from solver.plan import Infeasible, layer_ranges
+from solver.plan import Infeasible
 from solver.presets import preset
 from solver.profiles import DeviceProfile, load_profiles
 from solver.synthetic import N_CTX, cycled_devices, random_devices, small_instance, starved_devices
+from solver.windows import layer_ranges
 from tools.synth import synth
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"

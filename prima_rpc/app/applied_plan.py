@@ -4,7 +4,7 @@ However the windows were chosen (`prima-ctl start` with Halda, a saved plan, `--
 node loss), this is the prediction for what the ring holds, so it can be set beside what the head measures.
 """
 
-from solver.plan import layer_ranges
+from solver.windows import layer_ranges
 
 NOT_ASSIGNED = "No plan is applied: the ring has no windows yet (prima-ctl start assigns them)."
 

@@ -15,7 +15,7 @@ from prima_rpc.app.progress import bar
 from prima_rpc.channel import TOKEN_ENV, metadata
 from prima_rpc.client import PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
-from solver.plan import even_windows
+from solver.windows import even_windows
 
 
 def register(app: typer.Typer, state: dict) -> None:

@@ -9,7 +9,7 @@ import grpc
 from prima_rpc.channel import metadata, sync_channel
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
-from solver.plan import layer_ranges
+from solver.windows import layer_ranges
 
 MAX_RING = 256
 
