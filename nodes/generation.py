@@ -60,10 +60,32 @@ class Generation:
             return self.prompt_ids, 0
         return self.tokens[-1:], len(self.prompt_ids) + len(self.tokens) - 1
 
+    def draft_room(self) -> int:
+        """How many drafted tokens the next forward may verify: none before the first token (the prompt runs
+        alone), and none beyond the tokens this request may still emit (so positions stay inside its KV)."""
+        return max(0, self.max_tokens - len(self.tokens) - 1) if self.tokens else 0
+
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
     def accept(self, logits: torch.Tensor) -> TokenOut:
         """Sample from the last position's logits [V] and advance."""
+        return self._push(self.sampler(logits))
+
+    def accept_draft(self, logits: torch.Tensor, draft: list[int]) -> tuple[list[TokenOut], int]:
+        """Verify `draft` against logits [len(draft) + 1, V] of pending() + draft; emit the accepted prefix and
+        the target's next token (fewer if one of them ends the request). Returns the events and how many drafted
+        tokens were accepted."""
+        outs = []
+        tokens = self.sampler.verify(logits, draft)
+        for token in tokens:
+            outs.append(self._push(token))
+            if self.done:
+                break
+        return outs, min(len(tokens) - 1, len(outs))
+
+    def _push(self, token: int) -> TokenOut:
         assert not self.done, "generation already finished"
-        token = self.sampler(logits)
         self.tokens.append(token)
         if token in self.eos_ids:
             piece = self._flush()

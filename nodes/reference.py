@@ -7,6 +7,7 @@ import torch
 
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.model import Head, KVCache, Layer, Rope, run_layers
+from nodes.speculate import SpeculateParams, Speculator
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 
@@ -40,12 +41,31 @@ class ReferenceModel:
         h = self.hidden(ids, pos, cache)
         return self.head.logits(h[-1:], self.cfg.norm_eps)[0]
 
-    def generate_ids(self, prompt_ids: list[int], params: GenerateParams) -> Iterator[TokenOut]:
+    @torch.inference_mode()
+    def step_all(self, ids: list[int], pos: int, cache: KVCache) -> torch.Tensor:
+        """Float32 logits [T, V] of every one of `ids` (a verification forward). Each row is projected alone,
+        exactly as step() projects its one row."""
+        h = self.hidden(ids, pos, cache)
+        return torch.cat([self.head.logits(h[i:i + 1], self.cfg.norm_eps) for i in range(len(ids))])
+
+    def generate_ids(self, prompt_ids: list[int], params: GenerateParams,
+                     speculate: SpeculateParams = SpeculateParams(), spec: Speculator | None = None
+                     ) -> Iterator[TokenOut]:
+        """spec: pass one to read its drafted / accepted counts afterwards."""
         gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len)
+        spec = spec or Speculator(speculate)
         cache = self.new_cache(gen.capacity)
         while not gen.done:
             ids, pos = gen.pending()
-            yield gen.accept(self.step(ids, pos, cache))
+            draft = spec.draft(gen.context(), gen.draft_room())
+            if not draft:
+                yield gen.accept(self.step(ids, pos, cache))
+                continue
+            outs, accepted = gen.accept_draft(self.step_all(ids + draft, pos, cache), draft)
+            spec.update(len(draft), accepted)
+            yield from outs
 
-    def generate(self, prompt: str, params: GenerateParams, raw: bool = False) -> Iterator[TokenOut]:
-        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params)
+    def generate(self, prompt: str, params: GenerateParams, raw: bool = False,
+                 speculate: SpeculateParams = SpeculateParams(), spec: Speculator | None = None
+                 ) -> Iterator[TokenOut]:
+        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params, speculate, spec)

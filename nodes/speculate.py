@@ -1,0 +1,68 @@
+"""Speculative decoding on the head: draft a few tokens, verify them all in one forward (one ring trip).
+
+Drafting here is prompt lookup: the longest recent n-gram that ends the text so far is searched for earlier in
+the prompt and output, and the tokens that followed it are the draft. It costs no model call. Verification and
+the acceptance rule live in Sampler.verify; rollback needs nothing: the KV cache rows written for rejected
+positions lie beyond the accepted length, attention only reads rows [0, pos + T), and the next frame starts at
+the first rejected position and overwrites them.
+"""
+
+import math
+from dataclasses import dataclass
+
+MODES = ("off", "ngram")
+MAX_DRAFT = 16  # keeps a verification frame far below a prefill chunk
+DEFAULT_DRAFT = 4
+
+
+@dataclass(frozen=True)
+class SpeculateParams:
+    mode: str = "off"
+    draft_tokens: int = DEFAULT_DRAFT  # the most tokens drafted per trip (the adaptive N stays within it)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"speculate must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 1 <= self.draft_tokens <= MAX_DRAFT:
+            raise ValueError(f"draft_tokens must be in [1, {MAX_DRAFT}], got {self.draft_tokens}")
+
+
+def prompt_lookup(context: list[int], n: int, max_ngram: int = 3) -> list[int]:
+    """Up to n tokens that followed the latest earlier occurrence of context's longest matching suffix."""
+    if n <= 0:
+        return []
+    for g in range(min(max_ngram, len(context) - 1), 0, -1):
+        suffix = context[-g:]
+        for start in range(len(context) - g - 1, -1, -1):  # latest earlier match first
+            if context[start:start + g] == suffix:
+                return context[start + g:start + g + n]
+    return []
+
+
+class Speculator:
+    """One request's drafter, its adaptive draft length and its counts."""
+
+    def __init__(self, params: SpeculateParams):
+        self.params = params
+        self.rate = 1.0  # recent acceptance rate (exponential average), optimistic at first
+        self.drafted = 0
+        self.accepted = 0
+
+    @property
+    def on(self) -> bool:
+        return self.params.mode != "off"
+
+    def length(self) -> int:
+        """N for the next trip: the cap scaled by the recent acceptance rate, at least 1."""
+        return max(1, min(self.params.draft_tokens, math.ceil(self.rate * self.params.draft_tokens)))
+
+    def draft(self, context: list[int], room: int) -> list[int]:
+        if not self.on:
+            return []
+        return prompt_lookup(context, min(room, self.length()))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.drafted += drafted
+            self.accepted += accepted
+            self.rate = 0.5 * self.rate + 0.5 * accepted / drafted
