@@ -84,15 +84,22 @@ class Head:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             while not gen.done:
                 ids, pos = gen.pending()
+                draft = gen.draft()  # speculation: one trip verifies them all, as a multi-position frame
                 start = time.perf_counter()
                 try:
-                    hidden = await self._round_trip(req, request_id, ids, pos, gen.capacity)
+                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity)
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
-                logits = await asyncio.get_running_loop().run_in_executor(node.pool, node.shard.logits, hidden)
-                node.stats.last_token_ms = (time.perf_counter() - start) * 1e3
-                yield gen.accept(logits)
+                loop = asyncio.get_running_loop()
+                if draft:
+                    logits = await loop.run_in_executor(node.pool, _row_logits, node.shard, hidden, len(draft) + 1)
+                    outs = gen.accept_draft(logits, draft)
+                else:
+                    outs = [gen.accept(await loop.run_in_executor(node.pool, node.shard.logits, hidden))]
+                node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
+                for out in outs:
+                    yield out
             yield gen
         finally:
             del self.requests[request_id]
@@ -179,3 +186,9 @@ class Head:
 
     async def close(self) -> None:
         await self.members.close()
+
+
+def _row_logits(shard, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """Logits [rows, V] of the last `rows` positions, each projected alone exactly as a plain step projects it."""
+    t = hidden.shape[0]
+    return torch.stack([shard.logits(hidden[:i + 1]) for i in range(t - rows, t)])

@@ -7,7 +7,7 @@ import torch
 
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.model import Head, KVCache, Layer, Rope, run_layers
-from nodes.speculate import SpeculateParams, Speculator
+from nodes.speculate import Speculator
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 
@@ -49,23 +49,18 @@ class ReferenceModel:
         return torch.cat([self.head.logits(h[i:i + 1], self.cfg.norm_eps) for i in range(len(ids))])
 
     def generate_ids(self, prompt_ids: list[int], params: GenerateParams,
-                     speculate: SpeculateParams = SpeculateParams(), spec: Speculator | None = None
-                     ) -> Iterator[TokenOut]:
+                     spec: Speculator | None = None) -> Iterator[TokenOut]:
         """spec: pass one to read its drafted / accepted counts afterwards."""
-        gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len)
-        spec = spec or Speculator(speculate)
+        gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len,
+                         spec)
         cache = self.new_cache(gen.capacity)
         while not gen.done:
             ids, pos = gen.pending()
-            draft = spec.draft(gen.context(), gen.draft_room())
-            if not draft:
+            if draft := gen.draft():
+                yield from gen.accept_draft(self.step_all(ids + draft, pos, cache), draft)
+            else:
                 yield gen.accept(self.step(ids, pos, cache))
-                continue
-            outs, accepted = gen.accept_draft(self.step_all(ids + draft, pos, cache), draft)
-            spec.update(len(draft), accepted)
-            yield from outs
 
     def generate(self, prompt: str, params: GenerateParams, raw: bool = False,
-                 speculate: SpeculateParams = SpeculateParams(), spec: Speculator | None = None
-                 ) -> Iterator[TokenOut]:
-        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params, speculate, spec)
+                 spec: Speculator | None = None) -> Iterator[TokenOut]:
+        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params, spec)

@@ -10,21 +10,29 @@ the first rejected position and overwrites them.
 import math
 from dataclasses import dataclass
 
-MODES = ("off", "ngram")
-MAX_DRAFT = 16  # keeps a verification frame far below a prefill chunk
+from prima_rpc.client import DRAFT_TOKENS, SPECULATE, check_speculate
+
+DEFAULT_MODE = "off"  # chosen by tools/bench/bench_speculate.py
 DEFAULT_DRAFT = 4
 
 
 @dataclass(frozen=True)
 class SpeculateParams:
-    mode: str = "off"
+    mode: str = DEFAULT_MODE
     draft_tokens: int = DEFAULT_DRAFT  # the most tokens drafted per trip (the adaptive N stays within it)
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"speculate must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not 1 <= self.draft_tokens <= MAX_DRAFT:
-            raise ValueError(f"draft_tokens must be in [1, {MAX_DRAFT}], got {self.draft_tokens}")
+        check_speculate(self.mode, self.draft_tokens)
+        if self.mode not in SPECULATE or not DRAFT_TOKENS[0] <= self.draft_tokens <= DRAFT_TOKENS[1]:
+            raise ValueError("speculate and draft_tokens must be set (no empty defaults here)")
+        if self.mode == "draft":  # the wire and CLI know it; no head runs a draft model yet
+            raise ValueError("speculate=draft needs a draft model on the head, and this head has none; "
+                             "use speculate=ngram")
+
+
+def speculate_params(mode: str, draft_tokens: int) -> SpeculateParams:
+    """A request's setting from the wire: empty / 0 mean the defaults; anything else is checked (ValueError)."""
+    return SpeculateParams(mode or DEFAULT_MODE, draft_tokens or DEFAULT_DRAFT)
 
 
 def prompt_lookup(context: list[int], n: int, max_ngram: int = 3) -> list[int]:

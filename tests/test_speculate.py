@@ -47,7 +47,8 @@ def test_draft_length_follows_the_acceptance_rate():
 
 def run(model, prompt, max_tokens, speculate=SpeculateParams(), raw=False):
     spec = Speculator(speculate)
-    tokens = [t.token_id for t in model.generate(prompt, GenerateParams(max_tokens=max_tokens), raw, speculate, spec)]
+    params = GenerateParams(max_tokens=max_tokens, speculate=speculate)
+    tokens = [t.token_id for t in model.generate(prompt, params, raw, spec)]
     return tokens, spec
 
 
