@@ -86,9 +86,17 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         stop: list[str] = typer.Option([], help="stop string (repeatable)"),
         raw: bool = typer.Option(False, help="no chat template"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
-        dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16")):
+        dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
+        speculate: str = typer.Option("off", help="off | ngram (prompt lookup)"),
+        draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+    from nodes.speculate import SpeculateParams, Speculator
+
+    try:
+        speculation = SpeculateParams(speculate, draft_tokens)
+    except ValueError as exc:
+        fail(str(exc))
     if model is not None:
         cli_args.store(model)
     import torch
@@ -100,18 +108,19 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
     if dtype not in ("float32", "bfloat16"):
         fail(f"--dtype must be float32 or bfloat16, got {dtype}")
     params = GenerateParams(max_tokens=max_tokens, stop=tuple(stop),
-                            sampling=SamplingParams(temperature, top_k, top_p, seed))
+                            sampling=SamplingParams(temperature, top_k, top_p, seed), speculate=speculation)
     ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype))
     prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
-    tokens, text = [], []
-    for out in ref.generate_ids(prompt_ids, params):
+    tokens, text, spec = [], [], Speculator(speculation)
+    for out in ref.generate_ids(prompt_ids, params, spec):
         tokens.append(out.token_id)
         text.append(out.text)
         if not json_out:
             sys.stdout.write(out.text)
             sys.stdout.flush()
     if json_out:
-        print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids)}))
+        print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids),
+                          "drafted": spec.drafted, "accepted": spec.accepted}))
     else:
         print()
 
