@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
 from nodes.sampling import Sampler, SamplingParams
-from nodes.speculate import SpeculateParams, Speculator, prompt_lookup
+from nodes.speculate import DraftModel, SpeculateParams, Speculator, prompt_lookup
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
 REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "
@@ -118,3 +118,26 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny_store, which):
         assert len(second) > 2000  # the draft was accepted often enough to test what follows it
     else:
         assert len(second) < 200  # the rejection path was what ran
+
+
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_a_draft_model_gives_the_targets_tokens(tiny_store, tiny_qwen_store, draft):
+    """A draft model of the same tokenizer: the target itself (drafts nearly all accepted) or another model
+    (mostly rejected); either way the greedy tokens are the target's own."""
+    model = ReferenceModel(tiny_store)
+    drafter = DraftModel(model if draft == "same" else ReferenceModel(tiny_qwen_store))
+    params = SpeculateParams("draft", 4)
+    plain, _ = run(model, "The quick brown fox", 60, raw=True)
+    spec = Speculator(params, drafter)
+    fast = [t.token_id for t in model.generate("The quick brown fox", GenerateParams(max_tokens=60, speculate=params),
+                                               True, spec)]
+    assert fast == plain
+    if draft == "same":
+        assert spec.accepted >= 0.9 * spec.drafted > 0
+    else:
+        assert spec.drafted - spec.accepted >= 20
+
+
+def test_draft_mode_needs_a_draft_model():
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Speculator(SpeculateParams("draft", 4))

@@ -87,16 +87,21 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         raw: bool = typer.Option(False, help="no chat template"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
         dtype: str = typer.Option("float32", help="compute dtype: float32 or bfloat16"),
-        speculate: str = typer.Option("off", help="off | ngram (prompt lookup)"),
+        speculate: str = typer.Option("off", help="off | ngram (prompt lookup) | draft (needs --draft)"),
+        draft: Path = typer.Option(None, help="draft model store (same tokenizer) for --speculate draft"),
         draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
-    from nodes.speculate import SpeculateParams, Speculator
+    from nodes.speculate import DraftModel, SpeculateParams, Speculator
 
     try:
         speculation = SpeculateParams(speculate, draft_tokens)
+        if speculate == "draft" and draft is None:
+            raise ValueError("--speculate draft needs --draft DIR (a store of the same tokenizer)")
     except ValueError as exc:
         fail(str(exc))
+    if draft is not None:
+        cli_args.store(draft)
     if model is not None:
         cli_args.store(model)
     import torch
@@ -111,7 +116,12 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
                             sampling=SamplingParams(temperature, top_k, top_p, seed), speculate=speculation)
     ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype))
     prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
-    tokens, text, spec = [], [], Speculator(speculation)
+    drafter = None
+    if speculate == "draft":
+        drafter = DraftModel(ReferenceModel(draft, dtype=getattr(torch, dtype)))
+        if drafter.model.codec.encode("speculate") != ref.codec.encode("speculate"):
+            fail(f"the draft model {draft} does not share the model's tokenizer")
+    tokens, text, spec = [], [], Speculator(speculation, drafter)
     for out in ref.generate_ids(prompt_ids, params, spec):
         tokens.append(out.token_id)
         text.append(out.text)
