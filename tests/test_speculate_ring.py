@@ -78,3 +78,18 @@ def test_bad_speculation_settings_are_refused(rings, kwargs, message):
     with pytest.raises(PrimaError, match=message) as err:
         asyncio.run(collect(local.addresses[0], "Hi", **kwargs))
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_head_with_a_draft_model(smol_store, reference, tmp_path):
+    """prima-node --draft DIR on the head (here the target's own store, so drafts are mostly accepted)."""
+    from prima_rpc.app.local_ring import launch
+
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--draft", str(smol_store)], [], []])
+    try:
+        ring.start(local.addresses[0], [10, 10, 10])
+        for prompt in PROMPTS[:2]:
+            tokens, done = asyncio.run(collect(local.addresses[0], prompt, speculate="draft", draft_tokens=4))
+            assert tokens == reference[prompt], prompt
+            assert done.accepted >= 0.5 * done.drafted > 0
+    finally:
+        local.stop()
