@@ -104,9 +104,9 @@ def token_event(token_id: int, text: str, index: int, elapsed_ms: float) -> pb.G
 
 
 def finished(finish_reason: str, prompt_tokens: int, completion_tokens: int, request_id: str, ttft_ms: float,
-             tpot_ms: float) -> pb.Finished:
+             tpot_ms: float, drafted: int = 0, accepted: int = 0) -> pb.Finished:
     return pb.Finished(finish_reason=finish_reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                       request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms)
+                       request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, drafted=drafted, accepted=accepted)
 
 
 def finished_event(done: pb.Finished) -> pb.GenerateEvent:

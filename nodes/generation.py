@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from nodes.sampling import Sampler, SamplingParams
+from nodes.speculate import SpeculateParams, Speculator
 from nodes.text import PromptError, StreamDecoder, TextCodec
 
 
@@ -16,6 +17,7 @@ class GenerateParams:
     max_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    speculate: SpeculateParams = SpeculateParams()
 
     def __post_init__(self):
         if self.max_tokens <= 0:
@@ -33,7 +35,7 @@ class TokenOut:
 
 class Generation:
     def __init__(self, prompt_ids: list[int], params: GenerateParams, codec: TextCodec,
-                 eos_ids: tuple[int, ...], max_seq: int):
+                 eos_ids: tuple[int, ...], max_seq: int, spec: Speculator | None = None):
         if not prompt_ids:
             raise PromptError("the prompt is empty")
         if len(prompt_ids) >= max_seq:
@@ -43,6 +45,7 @@ class Generation:
         self.max_tokens = min(params.max_tokens, max_seq - len(prompt_ids))
         self.capacity = len(prompt_ids) + self.max_tokens  # KV-cache length this request needs
         self.sampler = Sampler(params.sampling)
+        self.spec = spec or Speculator(params.speculate)  # drafter and drafted / accepted counts
         self.decoder = StreamDecoder(codec)
         self.eos_ids = set(eos_ids)
         self.tokens: list[int] = []
@@ -60,10 +63,33 @@ class Generation:
             return self.prompt_ids, 0
         return self.tokens[-1:], len(self.prompt_ids) + len(self.tokens) - 1
 
+    def draft_room(self) -> int:
+        """How many drafted tokens the next forward may verify: none before the first token (the prompt runs
+        alone), and none beyond the tokens this request may still emit (so positions stay inside its KV)."""
+        return max(0, self.max_tokens - len(self.tokens) - 1) if self.tokens else 0
+
+    def draft(self) -> list[int]:
+        """Tokens to verify after pending()'s in the same forward (none when speculation is off or finds none)."""
+        return self.spec.draft(self.prompt_ids + self.tokens, self.draft_room())
+
     def accept(self, logits: torch.Tensor) -> TokenOut:
         """Sample from the last position's logits [V] and advance."""
+        return self._push(self.sampler(logits))
+
+    def accept_draft(self, logits: torch.Tensor, draft: list[int]) -> list[TokenOut]:
+        """Verify `draft` against logits [len(draft) + 1, V] of pending() + draft; emit the accepted prefix and
+        the target's next token (fewer if one of them ends the request)."""
+        outs = []
+        tokens = self.sampler.verify(logits, draft)
+        for token in tokens:
+            outs.append(self._push(token))
+            if self.done:
+                break
+        self.spec.update(len(draft), min(len(tokens) - 1, len(outs)))
+        return outs
+
+    def _push(self, token: int) -> TokenOut:
         assert not self.done, "generation already finished"
-        token = self.sampler(logits)
         self.tokens.append(token)
         if token in self.eos_ids:
             piece = self._flush()

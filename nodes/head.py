@@ -15,6 +15,8 @@ import torch
 from nodes import frames
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.members import Members
+from nodes.reference import ReferenceModel
+from nodes.speculate import DraftModel, Speculator
 from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 
@@ -56,6 +58,7 @@ class Head:
         self.ring_ready = asyncio.Event()  # cleared while the ring is re-planned
         self.ring_ready.set()
         self.members = Members(self, node.cfg.token)
+        self.draft_model: ReferenceModel | None = None
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -77,22 +80,34 @@ class Head:
         if request_id in self.requests:
             raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is in use")
         node = self.node
+        drafter = None
+        if params.speculate.mode == "draft" and node.cfg.draft is not None:
+            drafter = DraftModel(await self._draft_model())
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
-                         node.store.config.max_seq_len)
+                         node.store.config.max_seq_len, Speculator(params.speculate, drafter))
         req = self.requests[request_id] = HeadRequest()
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             while not gen.done:
                 ids, pos = gen.pending()
+                # Speculation: one trip verifies the drafts, as one multi-position frame.
+                draft = await asyncio.get_running_loop().run_in_executor(node.pool, gen.draft) \
+                    if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
-                    hidden = await self._round_trip(req, request_id, ids, pos, gen.capacity)
+                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity)
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
-                logits = await asyncio.get_running_loop().run_in_executor(node.pool, node.shard.logits, hidden)
-                node.stats.last_token_ms = (time.perf_counter() - start) * 1e3
-                yield gen.accept(logits)
+                loop = asyncio.get_running_loop()
+                if draft:
+                    logits = await loop.run_in_executor(node.pool, _row_logits, node.shard, hidden, len(draft) + 1)
+                    outs = gen.accept_draft(logits, draft)
+                else:
+                    outs = [gen.accept(await loop.run_in_executor(node.pool, node.shard.logits, hidden))]
+                node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
+                for out in outs:
+                    yield out
             yield gen
         finally:
             del self.requests[request_id]
@@ -126,6 +141,13 @@ class Head:
                                     f"no answer from the ring within {node.cfg.step_timeout:.0f} s "
                                     "(a node may be down)") from None
         return hidden
+
+    async def _draft_model(self) -> ReferenceModel:
+        """The head's draft model, loaded on first use (prima-node --draft DIR); shared by its requests."""
+        if self.draft_model is None:
+            self.draft_model = await asyncio.get_running_loop().run_in_executor(
+                self.node.pool, ReferenceModel, self.node.cfg.draft)
+        return self.draft_model
 
     async def _ring_ready(self, req: HeadRequest) -> None:
         try:
@@ -179,3 +201,9 @@ class Head:
 
     async def close(self) -> None:
         await self.members.close()
+
+
+def _row_logits(shard, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """Logits [rows, V] of the last `rows` positions, each projected alone exactly as a plain step projects it."""
+    t = hidden.shape[0]
+    return torch.stack([shard.logits(hidden[:i + 1]) for i in range(t - rows, t)])

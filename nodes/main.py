@@ -133,6 +133,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
          tls_ca: Path = typer.Option(None, help="PEM roots to trust when dialling the successor and ring members"),
          tls_mutual: bool = typer.Option(False, help="require client certificates signed by --tls-ca"),
+         draft: Path = typer.Option(None, help="a draft model store (same tokenizer) the head runs for "
+                                                "speculative decoding with speculate=draft"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -147,7 +149,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
-                     token=token, dtype=dtype, fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
+                     token=token, dtype=dtype, draft=draft,
+                     fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -28,6 +28,8 @@ TPOT = Histogram("prima_tpot_seconds", "Mean time per output token after the fir
 TOKENS = Counter("prima_generated_tokens", "Tokens streamed to clients (head)", registry=None)
 PROMPT_TOKENS = Counter("prima_prompt_tokens", "Prompt tokens of finished requests (head)", registry=None)
 REQUESTS = Counter("prima_requests", "Finished requests by finish reason (head)", ["finish_reason"], registry=None)
+DRAFTED = Counter("prima_drafted_tokens", "Tokens drafted for speculative verification (head)", registry=None)
+ACCEPTED = Counter("prima_accepted_tokens", "Drafted tokens the target model accepted (head)", registry=None)
 ERRORS = Counter("prima_request_errors", "Requests that ended with a gRPC error status (head)", ["code"],
                  registry=None)
 
@@ -39,6 +41,8 @@ def observe_token() -> None:
 def observe_finished(done: pb.Finished) -> None:
     REQUESTS.labels(done.finish_reason or "unknown").inc()
     PROMPT_TOKENS.inc(done.prompt_tokens)
+    DRAFTED.inc(done.drafted)
+    ACCEPTED.inc(done.accepted)
     if done.completion_tokens:
         TTFT.observe(done.ttft_ms / 1e3)
     if done.completion_tokens > 1:  # TPOT needs two tokens
@@ -103,7 +107,7 @@ def registry_for(node) -> CollectorRegistry:
     """A registry with the node's stats, the process's request metrics and the process's CPU/memory."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node))
-    for metric in (TTFT, TPOT, TOKENS, PROMPT_TOKENS, REQUESTS, ERRORS):
+    for metric in (TTFT, TPOT, TOKENS, PROMPT_TOKENS, DRAFTED, ACCEPTED, REQUESTS, ERRORS):
         registry.register(metric)
     ProcessCollector(registry=registry)
     return registry

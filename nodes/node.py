@@ -47,6 +47,7 @@ class NodeConfig:
     token: str | None = None
     dtype: str = "float32"
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
+    draft: Path | None = None  # a draft model store the head runs for speculate=draft
     fault_layer: int = -1  # fault injection for tests (PRIMA_FAULT_LAYER): the first compute of this layer raises
 
 

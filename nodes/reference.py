@@ -8,6 +8,7 @@ import torch
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.model import Head, KVCache, Layer, Rope, run_layers
 from nodes.quant import compute_dtype
+from nodes.speculate import Speculator
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 
@@ -44,12 +45,26 @@ class ReferenceModel:
         h = self.hidden(ids, pos, cache)
         return self.head.logits(h[-1:], self.cfg.norm_eps)[0]
 
-    def generate_ids(self, prompt_ids: list[int], params: GenerateParams) -> Iterator[TokenOut]:
-        gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len)
+    @torch.inference_mode()
+    def step_all(self, ids: list[int], pos: int, cache: KVCache) -> torch.Tensor:
+        """Float32 logits [T, V] of every one of `ids` (a verification forward). Each row is projected alone,
+        exactly as step() projects its one row."""
+        h = self.hidden(ids, pos, cache)
+        return torch.cat([self.head.logits(h[i:i + 1], self.cfg.norm_eps) for i in range(len(ids))])
+
+    def generate_ids(self, prompt_ids: list[int], params: GenerateParams,
+                     spec: Speculator | None = None) -> Iterator[TokenOut]:
+        """spec: pass one to read its drafted / accepted counts afterwards."""
+        gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len,
+                         spec)
         cache = self.new_cache(gen.capacity)
         while not gen.done:
             ids, pos = gen.pending()
-            yield gen.accept(self.step(ids, pos, cache))
+            if draft := gen.draft():
+                yield from gen.accept_draft(self.step_all(ids + draft, pos, cache), draft)
+            else:
+                yield gen.accept(self.step(ids, pos, cache))
 
-    def generate(self, prompt: str, params: GenerateParams, raw: bool = False) -> Iterator[TokenOut]:
-        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params)
+    def generate(self, prompt: str, params: GenerateParams, raw: bool = False,
+                 spec: Speculator | None = None) -> Iterator[TokenOut]:
+        return self.generate_ids(self.codec.prompt_ids(prompt, raw=raw), params, spec)

@@ -34,9 +34,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits: [V] float32."""
-        p = self.params
-        if p.temperature == 0.0:
+        if self.params.temperature == 0.0:
             return int(logits.argmax())
+        return int(torch.multinomial(self.probs(logits), 1, generator=self.generator))
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution sampling draws from: [V], after temperature, top-k and top-p."""
+        p = self.params
         logits = logits / p.temperature
         if p.top_k:
             kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
@@ -46,5 +50,31 @@ class Sampler:
             cum = sorted_logits.softmax(-1).cumsum(-1)
             drop = cum - sorted_logits.softmax(-1) > p.top_p  # keep the smallest set reaching top_p
             logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        probs = logits.softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return logits.softmax(-1)
+
+    def verify(self, logits: torch.Tensor, draft: list[int]) -> list[int]:
+        """The tokens a verification forward yields: the accepted prefix of `draft`, then one of the target's own.
+
+        logits [len(draft) + 1, V]: row i follows the context plus draft[:i]. Greedy accepts while the draft
+        equals the argmax. Sampling uses the standard rejection rule with the draft a point mass q = 1{x}:
+        accept x with probability p(x); on rejection sample from max(0, p - q) normalised, i.e. p without x;
+        so every emitted token is distributed exactly as the target model's p.
+        """
+        out = []
+        for i, x in enumerate(draft):
+            if self.params.temperature == 0.0:
+                token = int(logits[i].argmax())
+                out.append(token)
+                if token != x:
+                    return out
+                continue
+            p = self.probs(logits[i])
+            if float(torch.rand((), generator=self.generator)) < float(p[x]):
+                out.append(x)
+                continue
+            residual = p.clone()
+            residual[x] = 0.0  # p(x) < 1 here, so something is left
+            out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=self.generator)))
+            return out
+        out.append(self(logits[len(draft)]))
+        return out

@@ -18,6 +18,7 @@ from nodes.prefetch import MAX_BUFFER_LAYERS
 from nodes.profiler import profile_device
 from nodes.routing import Windows
 from nodes.sampling import SamplingParams
+from nodes.speculate import speculate_params
 from nodes.text import PromptError
 from nodes.work import Rejected, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
@@ -147,7 +148,8 @@ class InferenceService(rpc.InferenceServicer):
             params = GenerateParams(
                 max_tokens=request.max_tokens, stop=tuple(request.stop),
                 sampling=SamplingParams(request.temperature, request.top_k, request.top_p or 1.0,
-                                        request.seed if request.HasField("seed") else None))
+                                        request.seed if request.HasField("seed") else None),
+                speculate=speculate_params(request.speculate, request.draft_tokens))
             chars = len(request.prompt) + sum(len(m.content) + len(m.role) for m in request.messages)
             if chars > MAX_PROMPT_CHARS or len(request.request_id) > 128:
                 raise ValueError(f"prompt over {MAX_PROMPT_CHARS} characters or request_id over 128")
@@ -190,4 +192,5 @@ def _is_address(address: str) -> bool:
 def _finished(gen: Generation, request_id: str, start: float, stamps: list[float]) -> pb.Finished:
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
     return frames.finished(gen.finish_reason, len(gen.prompt_ids), len(gen.tokens), request_id,
-                           (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3)
+                           (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3,
+                           gen.spec.drafted, gen.spec.accepted)

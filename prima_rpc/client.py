@@ -36,6 +36,16 @@ TOP_K = (0, MAX_INT32)  # 0: off
 TOP_P = (0.0, 1.0)  # 1: off
 SEED = (0, 2**64 - 1)  # uint64 on the wire
 MAX_STOP = 16  # stop strings per request (the head's limit)
+SPECULATE = ("off", "ngram", "draft")  # speculative decoding: none, prompt lookup, the head's draft model
+DRAFT_TOKENS = (1, 16)  # the most tokens drafted per trip
+
+
+def check_speculate(speculate: str, draft_tokens: int) -> None:
+    """ValueError unless a known mode ("" for the head's default) and draft_tokens in range (0 for the default)."""
+    if speculate and speculate not in SPECULATE:
+        raise ValueError(f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
+    if draft_tokens and not DRAFT_TOKENS[0] <= draft_tokens <= DRAFT_TOKENS[1]:
+        raise ValueError(f"draft_tokens must be in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}], got {draft_tokens}")
 
 
 def check_text(value: str, what: str) -> str:
@@ -81,13 +91,16 @@ class Finished:
     ttft_ms: float
     tpot_ms: float
     request_id: str
+    drafted: int = 0  # speculative decoding: tokens drafted, and those the target model accepted
+    accepted: int = 0
 
 
-def _request(prompt: str, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id):
+def _request(prompt: str, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id,
+             speculate="", draft_tokens=0):
     return pb.GenerateRequest(
         prompt=prompt, messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ()],
         raw=raw, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        stop=list(stop), request_id=request_id)
+        stop=list(stop), request_id=request_id, speculate=speculate, draft_tokens=draft_tokens)
 
 
 class PrimaClient:
@@ -109,17 +122,21 @@ class PrimaClient:
     async def generate(self, prompt: str = "", *, messages: list[dict] | None = None, max_tokens: int = 128,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                        stop: tuple[str, ...] = (), raw: bool = False,
-                       request_id: str = "") -> AsyncIterator[Token | Finished]:
+                       request_id: str = "", speculate: str = "", draft_tokens: int = 0
+                       ) -> AsyncIterator[Token | Finished]:
         """Token events as the head produces them, then one Finished; PrimaError on failure (arguments out of
-        range: INVALID_ARGUMENT before anything is sent)."""
+        range: INVALID_ARGUMENT before anything is sent). speculate: "off" | "ngram" ("": the head's default),
+        draft_tokens: the most tokens drafted per trip (0: the default)."""
         try:
             check_request(max_tokens, temperature, top_k, top_p, seed, tuple(stop))
+            check_speculate(speculate, draft_tokens)
             check_text(prompt, "the prompt")
             for m in messages or ():
                 check_text(m["content"], "a message")
         except ValueError as exc:
             raise PrimaError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        req = _request(prompt, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id)
+        req = _request(prompt, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id,
+                       speculate, draft_tokens)
         call = self._inference.Generate(req, metadata=metadata(self.token), timeout=self.timeout)
         try:
             async for event in call:
@@ -129,7 +146,7 @@ class PrimaClient:
                 else:
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
-                                   f.request_id)
+                                   f.request_id, f.drafted, f.accepted)
         except grpc.aio.AioRpcError as exc:
             raise PrimaError(exc.code(), self._explain(exc)) from None
         finally:

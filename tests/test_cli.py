@@ -115,6 +115,8 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("--node", DEAD, "generate", "--temperature", "2.5", "hi"), "temperature must be in [0, 2]"),
     (("--node", DEAD, "generate", "--top-k", "-1", "hi"), "top_k must be in [0,"),
     (("--node", DEAD, "generate", "--stop", "", "hi"), "non-empty strings"),
+    (("--node", DEAD, "generate", "--speculate", "magic", "hi"), "speculate must be one of off, ngram, draft"),
+    (("--node", DEAD, "generate", "--draft-tokens", "17", "hi"), "draft_tokens must be in [1, 16]"),
     (("--node", DEAD, "chat"), f"cannot reach node {DEAD}"),
     (("--node", DEAD, "chat", "--max-tokens", "0"), "max_tokens must be in [1,"),
     (("--node", DEAD, "start", "--windows", "10,x"), "--windows must be comma-separated integers"),

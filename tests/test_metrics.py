@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodes import metrics
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports, launch
-from prima_rpc.client import PrimaClient, PrimaError
+from prima_rpc.client import Finished, PrimaClient, PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -88,6 +88,14 @@ async def generate(address: str, **kwargs) -> None:
             pass
 
 
+REPEATING = [{"role": "user", "content": "Say 'one two three' four times: one two three one two three"}]
+
+
+async def finished(address: str, **kwargs) -> Finished:
+    async with PrimaClient(address) as client:
+        return [e async for e in client.generate(**kwargs)][-1]
+
+
 @pytest.mark.slow
 def test_counters_move_after_a_request(metered_ring):
     local, urls = metered_ring
@@ -114,6 +122,11 @@ def test_counters_move_after_a_request(metered_ring):
     assert grew(0, "prima_link_seconds_total") > 0
     assert after[0][("prima_last_token_seconds", ())] > 0
     assert after[1].get(("prima_generated_tokens_total", ()), 0.0) == 0  # only the head serves requests
+    done = asyncio.run(finished(local.addresses[0], max_tokens=8, speculate="ngram", messages=REPEATING))
+    spec = scrape(urls[0])
+    assert done.drafted > 0
+    for name, count in (("prima_drafted_tokens_total", done.drafted), ("prima_accepted_tokens_total", done.accepted)):
+        assert spec[(name, ())] - after[0].get((name, ()), 0) == count
     roles = {dict(k[1])["role"] for s in after for k in s if k[0] == "prima_node_info"}
     assert roles == {"head", "worker"}
 

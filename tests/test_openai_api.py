@@ -95,6 +95,8 @@ def assert_openai_error(body: dict, param: str | None = None) -> None:
     ({"messages": CHAT, "stream": "yes"}, "stream", "boolean"),
     ({"messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options", "only with stream"),
     ({"messages": CHAT, "model": 3}, "model", "string"),
+    ({"messages": CHAT, "speculate": "magic"}, "speculate", "one of off, ngram, draft"),
+    ({"messages": CHAT, "draft_tokens": 17}, "draft_tokens", "integer in"),
 ])
 def test_bad_chat_bodies_name_the_parameter(body, param, message):
     with pytest.raises(ApiError) as err:
@@ -122,8 +124,10 @@ def test_good_bodies_become_generate_arguments():
     assert call.generate_kwargs() == dict(prompt="", messages=[{"role": "system", "content": "Be brief."},
                                                                {"role": "user", "content": "a\nb"}],
                                           raw=False, max_tokens=5, temperature=0.5, top_p=0.9, top_k=0,
-                                          seed=2**64 - 1, stop=("\n",))
+                                          seed=2**64 - 1, stop=("\n",), speculate="", draft_tokens=0)
     assert call.stream and call.include_usage and call.model == "x"
+    spec = parse_request({"prompt": "hi", "speculate": "ngram", "draft_tokens": 3}, chat=False, default_max_tokens=8)
+    assert (spec.generate_kwargs()["speculate"], spec.generate_kwargs()["draft_tokens"]) == ("ngram", 3)
     plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64)
     assert plain.generate_kwargs()["raw"] and plain.max_tokens == 64 and plain.prompt == "hi"
     assert plain.temperature == 0.0  # top_p 0 keeps only the likeliest token: greedy
@@ -210,6 +214,11 @@ def test_chat_equals_the_grpc_client(client, head):
     assert reply.choices[0].finish_reason == done.finish_reason and reply.object == "chat.completion"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (done.prompt_tokens, done.completion_tokens)
     assert reply.usage.total_tokens == done.prompt_tokens + done.completion_tokens
+    assert reply.usage.model_extra["drafted"] == done.drafted == 0  # the head's default: no speculation
+    fast = client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
+                                          extra_body={"speculate": "ngram", "draft_tokens": 4})
+    assert fast.choices[0].message.content == expected  # greedy speculation: the same text
+    assert 0 <= fast.usage.model_extra["accepted"] <= fast.usage.model_extra["drafted"]
 
     chunks = list(client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))

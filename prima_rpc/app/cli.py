@@ -90,9 +90,22 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         raw: bool = typer.Option(False, help="no chat template"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
-                                              "stores, float32 otherwise)")):
+                                              "stores, float32 otherwise)"),
+        speculate: str = typer.Option("off", help="off | ngram (prompt lookup) | draft (needs --draft)"),
+        draft: Path = typer.Option(None, help="draft model store (same tokenizer) for --speculate draft"),
+        draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+    from nodes.speculate import DraftModel, SpeculateParams, Speculator
+
+    try:
+        speculation = SpeculateParams(speculate, draft_tokens)
+        if speculate == "draft" and draft is None:
+            raise ValueError("--speculate draft needs --draft DIR (a store of the same tokenizer)")
+    except ValueError as exc:
+        fail(str(exc))
+    if draft is not None:
+        cli_args.store(draft)
     if model is not None:
         cli_args.store(model)
     import torch
@@ -104,12 +117,18 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
     if dtype not in (None, "float32", "bfloat16"):
         fail(f"--dtype must be float32 or bfloat16, got {dtype}")
     params = GenerateParams(max_tokens=max_tokens, stop=tuple(stop),
-                            sampling=SamplingParams(temperature, top_k, top_p, seed))
-    ref = ReferenceModel(model or _default_model(), dtype=getattr(torch, dtype) if dtype else None)
+                            sampling=SamplingParams(temperature, top_k, top_p, seed), speculate=speculation)
+    torch_dtype = getattr(torch, dtype) if dtype else None
+    ref = ReferenceModel(model or _default_model(), dtype=torch_dtype)
     prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
-    tokens, text, stamps = [], [], []
+    drafter = None
+    if speculate == "draft":
+        drafter = DraftModel(ReferenceModel(draft, dtype=torch_dtype))
+        if drafter.model.codec.encode("speculate") != ref.codec.encode("speculate"):
+            fail(f"the draft model {draft} does not share the model's tokenizer")
+    tokens, text, stamps, spec = [], [], [], Speculator(speculation, drafter)
     start = time.perf_counter()
-    for out in ref.generate_ids(prompt_ids, params):
+    for out in ref.generate_ids(prompt_ids, params, spec):
         stamps.append(time.perf_counter())
         tokens.append(out.token_id)
         text.append(out.text)
@@ -120,7 +139,7 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         ttft = (stamps[0] - start) * 1e3 if stamps else 0.0
         tpot = (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1) if len(stamps) > 1 else 0.0
         print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids),
-                          "ttft_ms": ttft, "tpot_ms": tpot}))
+                          "ttft_ms": ttft, "tpot_ms": tpot, "drafted": spec.drafted, "accepted": spec.accepted}))
     else:
         print()
 

@@ -15,7 +15,7 @@ from prima_rpc.app import cli_args, ring, tables
 from prima_rpc.app.cli_errors import fail, guarded, rpc_message
 from prima_rpc.app.progress import bar
 from prima_rpc.channel import metadata
-from prima_rpc.client import Finished, PrimaClient, PrimaError, Token, check_text
+from prima_rpc.client import Finished, PrimaClient, PrimaError, Token, check_speculate, check_text
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -61,16 +61,23 @@ def register(app: typer.Typer, state: dict) -> None:
                  temperature: float = typer.Option(0.0), top_k: int = typer.Option(0),
                  top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
                  stop: list[str] = typer.Option([], help="stop string (repeatable)"),
-                 raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json")):
+                 raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json"),
+                 speculate: str = typer.Option("", help="off | ngram (prompt lookup) | draft; default: the head's"),
+                 draft_tokens: int = typer.Option(0, help="most tokens drafted per ring trip (1-16; 0: default)")):
         """Stream a completion from the ring's head (the --node)."""
         cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
+        try:
+            check_speculate(speculate, draft_tokens)
+        except ValueError as exc:
+            fail(str(exc))
         reach(state)
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                      stop=tuple(stop), raw=raw)
+                      stop=tuple(stop), raw=raw, speculate=speculate, draft_tokens=draft_tokens)
         tokens, text, done = asyncio.run(_stream(state, prompt, None, kwargs, echo=not json_out))
         if json_out:
             print(json.dumps({"tokens": tokens, "text": text, "prompt_tokens": done.prompt_tokens,
-                              "finish_reason": done.finish_reason, "ttft_ms": done.ttft_ms, "tpot_ms": done.tpot_ms}))
+                              "finish_reason": done.finish_reason, "ttft_ms": done.ttft_ms, "tpot_ms": done.tpot_ms,
+                              "drafted": done.drafted, "accepted": done.accepted}))
         else:
             print()
 

@@ -44,7 +44,8 @@ def model_id(name: str) -> str:
 
 def usage(done: Finished) -> dict:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "drafted": done.drafted, "accepted": done.accepted}
 
 
 def choice(call: GenerateCall, text: str | None, finish_reason: str | None, chunk: bool) -> dict:

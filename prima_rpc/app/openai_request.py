@@ -8,7 +8,17 @@ import grpc
 from aiohttp import web
 
 from prima_rpc.app.rpc_message import rpc_message
-from prima_rpc.client import MAX_STOP, MAX_TOKENS, TEMPERATURE, TOP_K, TOP_P, PrimaError, check_text
+from prima_rpc.client import (
+    DRAFT_TOKENS,
+    MAX_STOP,
+    MAX_TOKENS,
+    SPECULATE,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    PrimaError,
+    check_text,
+)
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -71,11 +81,14 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     model: str | None
+    speculate: str = ""  # this server's extension: "off" | "ngram" | "draft" ("": the head's default)
+    draft_tokens: int = 0
 
     def generate_kwargs(self) -> dict:
         return dict(prompt=self.prompt, messages=[{"role": r, "content": c} for r, c in self.messages] or None,
                     raw=not self.chat, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, stop=self.stop)
+                    top_k=self.top_k, seed=self.seed, stop=self.stop, speculate=self.speculate,
+                    draft_tokens=self.draft_tokens)
 
 
 def _show(value) -> str:
@@ -187,7 +200,12 @@ def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
     temperature = _number(body, "temperature", *TEMPERATURE, 1.0)  # OpenAI's default is 1: sampling
     top_p = _number(body, "top_p", *TOP_P, 1.0)
     seed = _integer(body, "seed", -(2**63), 2**64 - 1)
+    speculate = body.get("speculate") or ""
+    if speculate not in ("", *SPECULATE):
+        raise ApiError(400, f"Invalid 'speculate': expected one of {', '.join(SPECULATE)}, got {_show(speculate)}.",
+                       "speculate", "invalid_value")
     return GenerateCall(
+        speculate=speculate, draft_tokens=_integer(body, "draft_tokens", *DRAFT_TOKENS) or 0,
         chat=chat, prompt="" if chat else _prompt(body), messages=_messages(body) if chat else (),
         max_tokens=max_tokens or default_max_tokens,
         temperature=0.0 if top_p == 0.0 else temperature,  # top_p 0 keeps one token; on the wire 0 means off

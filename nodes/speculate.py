@@ -1,0 +1,109 @@
+"""Speculative decoding on the head: draft a few tokens, verify them all in one forward (one ring trip).
+
+Drafts come from prompt lookup (the longest recent n-gram that ends the text so far is searched for earlier in
+the prompt and output, and the tokens that followed it are the draft; it costs no model call), or from a
+small draft model of the same tokenizer run greedily (DraftModel). Verification and
+the acceptance rule live in Sampler.verify; rollback needs nothing: the KV cache rows written for rejected
+positions lie beyond the accepted length, attention only reads rows [0, pos + T), and the next frame starts at
+the first rejected position and overwrites them.
+"""
+
+import math
+from dataclasses import dataclass
+
+from prima_rpc.client import DRAFT_TOKENS, SPECULATE, check_speculate
+
+DEFAULT_MODE = "off"  # chosen by tools/bench/bench_speculate.py
+DEFAULT_DRAFT = 4
+
+
+@dataclass(frozen=True)
+class SpeculateParams:
+    mode: str = DEFAULT_MODE
+    draft_tokens: int = DEFAULT_DRAFT  # the most tokens drafted per trip (the adaptive N stays within it)
+
+    def __post_init__(self):
+        check_speculate(self.mode, self.draft_tokens)
+        if self.mode not in SPECULATE or not DRAFT_TOKENS[0] <= self.draft_tokens <= DRAFT_TOKENS[1]:
+            raise ValueError("speculate and draft_tokens must be set (no empty defaults here)")
+
+
+def speculate_params(mode: str, draft_tokens: int) -> SpeculateParams:
+    """A request's setting from the wire: empty / 0 mean the defaults; anything else is checked (ValueError)."""
+    return SpeculateParams(mode or DEFAULT_MODE, draft_tokens or DEFAULT_DRAFT)
+
+
+def prompt_lookup(context: list[int], n: int, max_ngram: int = 3) -> list[int]:
+    """Up to n tokens that followed the latest earlier occurrence of context's longest matching suffix."""
+    if n <= 0:
+        return []
+    for g in range(min(max_ngram, len(context) - 1), 0, -1):
+        suffix = context[-g:]
+        for start in range(len(context) - g - 1, -1, -1):  # latest earlier match first
+            if context[start:start + g] == suffix:
+                return context[start + g:start + g + n]
+    return []
+
+
+class DraftModel:
+    """Greedy drafts from a small model of the same tokenizer (a ReferenceModel of any store), with its own KV
+    cache for one request. Rows it wrote for drafts the target rejected are overwritten like the target's."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = None
+        self.fed: list[int] = []  # ids whose keys and values sit in the cache at positions 0..len-1
+
+    def draft(self, context: list[int], n: int) -> list[int]:
+        need = len(context) + n
+        if self.cache is None or need > self.cache.capacity:  # grown in steps, then filled again from 0
+            self.cache = self.model.new_cache(min(self.model.cfg.max_seq_len, 2 * need + 64))
+            self.fed = []
+        n = min(n, self.cache.capacity - len(context))
+        valid = 0
+        while valid < min(len(self.fed), len(context) - 1) and self.fed[valid] == context[valid]:
+            valid += 1
+        ids, pos, out = context[valid:], valid, []
+        for _ in range(n):
+            token = int(self.model.step(ids, pos, self.cache).argmax())
+            out.append(token)
+            pos += len(ids)
+            ids = [token]
+        if out:
+            self.fed = context + out[:-1]
+        return out
+
+
+class Speculator:
+    """One request's drafter, its adaptive draft length and its counts. draft_model: for mode "draft"."""
+
+    def __init__(self, params: SpeculateParams, draft_model: DraftModel | None = None):
+        if params.mode == "draft" and draft_model is None:
+            raise ValueError("speculate=draft needs a draft model (prima-ctl run --draft DIR), and there is none "
+                             "here; use speculate=ngram")
+        self.params = params
+        self.draft_model = draft_model
+        self.rate = 1.0  # recent acceptance rate (exponential average), optimistic at first
+        self.drafted = 0
+        self.accepted = 0
+
+    @property
+    def on(self) -> bool:
+        return self.params.mode != "off"
+
+    def length(self) -> int:
+        """N for the next trip: the cap scaled by the recent acceptance rate, at least 1."""
+        return max(1, min(self.params.draft_tokens, math.ceil(self.rate * self.params.draft_tokens)))
+
+    def draft(self, context: list[int], room: int) -> list[int]:
+        if not self.on or room <= 0:
+            return []
+        if self.draft_model is not None:
+            return self.draft_model.draft(context, min(room, self.length()))
+        return prompt_lookup(context, min(room, self.length()))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.drafted += drafted
+            self.accepted += accepted
+            self.rate = 0.5 * self.rate + 0.5 * accepted / drafted

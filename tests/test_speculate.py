@@ -1,0 +1,143 @@
+"""Speculative decoding in the single process: prompt lookup, greedy equality with plain decoding (also through
+many rejections), and the rejection rule's output distribution (chi-square on the tiny model)."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from nodes.generation import GenerateParams
+from nodes.reference import ReferenceModel
+from nodes.sampling import Sampler, SamplingParams
+from nodes.speculate import DraftModel, SpeculateParams, Speculator, prompt_lookup
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
+REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "
+          "warm mat by the door.")
+NGRAM = SpeculateParams("ngram", 4)
+
+
+@pytest.mark.parametrize("context, n, expected", [
+    ([1, 2, 3, 9, 1, 2, 3], 2, [9, 1]),        # longest suffix [1, 2, 3] found earlier
+    ([1, 2, 5, 2, 7, 1, 2], 3, [5, 2, 7]),     # suffix [1, 2]
+    ([4, 2, 8, 2, 6, 2], 1, [6]),              # suffix [2]: its latest earlier match wins
+    ([1, 2, 3], 4, []),                        # nothing repeats
+    ([1, 2, 1, 2], 0, []),
+])
+def test_prompt_lookup(context, n, expected):
+    assert prompt_lookup(context, n) == expected
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="speculate"):
+        SpeculateParams("magic")
+    with pytest.raises(ValueError, match="draft_tokens"):
+        SpeculateParams("ngram", 0)
+
+
+def test_draft_length_follows_the_acceptance_rate():
+    spec = Speculator(SpeculateParams("ngram", 8))
+    assert spec.length() == 8
+    for _ in range(4):
+        spec.update(8, 0)
+    assert spec.length() == 1
+    for _ in range(6):
+        spec.update(1, 1)
+    assert spec.length() == 8
+
+
+def run(model, prompt, max_tokens, speculate=SpeculateParams(), raw=False):
+    spec = Speculator(speculate)
+    params = GenerateParams(max_tokens=max_tokens, speculate=speculate)
+    tokens = [t.token_id for t in model.generate(prompt, params, raw, spec)]
+    return tokens, spec
+
+
+@pytest.fixture(scope="module")
+def smol(smol_store):
+    return ReferenceModel(smol_store)
+
+
+@pytest.mark.slow
+def test_greedy_speculation_equals_plain_decoding(smol):
+    total = Speculator(NGRAM)
+    for prompt in PROMPTS + [REPEAT]:
+        plain, _ = run(smol, prompt, 32)
+        fast, spec = run(smol, prompt, 32, NGRAM)
+        assert fast == plain, prompt
+        total.update(spec.drafted, spec.accepted)
+    assert total.accepted > 0 and total.accepted < total.drafted  # both paths taken
+
+
+def test_many_rejections_leave_no_trace(tiny_store):
+    """A random tiny model: prompt lookup guesses mostly wrong, so the KV rows of rejected drafts are written
+    over again and again; tokens still equal plain decoding."""
+    model = ReferenceModel(tiny_store)
+    prompt = "abcabcabdabcabxyzabc" * 3
+    plain, _ = run(model, prompt, 200, raw=True)
+    fast, spec = run(model, prompt, 200, SpeculateParams("ngram", 6), raw=True)
+    assert fast == plain
+    assert spec.drafted - spec.accepted >= 20, (spec.drafted, spec.accepted)
+
+
+def histogram(tokens: list[int], probs: torch.Tensor, min_expected: float = 5.0):
+    """Observed and expected counts, tokens with small expectation pooled into one bin."""
+    n = len(tokens)
+    counts = torch.bincount(torch.tensor(tokens), minlength=probs.numel()).double()
+    big = probs * n >= min_expected
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([probs[big].double() * n, (probs[~big].double() * n).sum().view(1)])
+    return obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()
+
+
+@pytest.mark.parametrize("which", ["likely", "unlikely"])
+def test_rejection_sampling_keeps_the_target_distribution(tiny_store, which):
+    """The first token a verification emits, and the second given the first was the accepted draft, follow the
+    target model's own distributions (chi-square, fixed seed), whether the draft is likely or not."""
+    model = ReferenceModel(tiny_store)
+    context = model.codec.encode("the cat sat on the")
+    cache = model.new_cache(64)
+    model.step(context, 0, cache)
+    sampler = Sampler(SamplingParams(temperature=0.3, seed=7))
+    p0 = sampler.probs(model.step(context, 0, model.new_cache(64)))
+    x = int(p0.argmax()) if which == "likely" else int(p0.argmin())
+    y = int(p0.argsort()[-2])
+    logits = model.step_all(context[-1:] + [x, y], len(context) - 1, cache)
+    p1 = sampler.probs(logits[1])
+    first, second = [], []
+    for _ in range(20000):
+        out = sampler.verify(logits, [x, y])
+        first.append(out[0])
+        if out[0] == x:
+            second.append(out[1])
+    checks = [(first, p0)] + ([(second, p1)] if which == "likely" else [])
+    for tokens, p in checks:
+        obs, exp = histogram(tokens, p)
+        assert len(obs) > 5
+        assert chisquare(obs, exp).pvalue > 1e-3, which
+    if which == "likely":
+        assert len(second) > 2000  # the draft was accepted often enough to test what follows it
+    else:
+        assert len(second) < 200  # the rejection path was what ran
+
+
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_a_draft_model_gives_the_targets_tokens(tiny_store, tiny_qwen_store, draft):
+    """A draft model of the same tokenizer: the target itself (drafts nearly all accepted) or another model
+    (mostly rejected); either way the greedy tokens are the target's own."""
+    model = ReferenceModel(tiny_store)
+    drafter = DraftModel(model if draft == "same" else ReferenceModel(tiny_qwen_store))
+    params = SpeculateParams("draft", 4)
+    plain, _ = run(model, "The quick brown fox", 60, raw=True)
+    spec = Speculator(params, drafter)
+    fast = [t.token_id for t in model.generate("The quick brown fox", GenerateParams(max_tokens=60, speculate=params),
+                                               True, spec)]
+    assert fast == plain
+    if draft == "same":
+        assert spec.accepted >= 0.9 * spec.drafted > 0
+    else:
+        assert spec.drafted - spec.accepted >= 20
+
+
+def test_draft_mode_needs_a_draft_model():
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Speculator(SpeculateParams("draft", 4))

@@ -1,0 +1,95 @@
+"""Speculation across real rings: one multi-position frame per trip verifies the draft on every node; greedy
+tokens equal plain single-process decoding for k = 1, k = 2 and under budgets that stream."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from nodes.generation import GenerateParams
+from nodes.reference import ReferenceModel
+from prima_rpc.app import ring
+from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+
+pytestmark = pytest.mark.slow
+REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "
+          "warm mat by the door.")
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.", REPEAT]
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def reference(smol_store):
+    model = ReferenceModel(smol_store)
+    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS}
+
+
+async def collect(address: str, prompt: str, **kwargs) -> tuple[list[int], Finished]:
+    tokens, done = [], None
+    async with PrimaClient(address) as client:
+        async for event in client.generate(prompt, max_tokens=TOKENS, **kwargs):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+            else:
+                done = event
+    return tokens, done
+
+
+def check_ring(address: str, reference: dict) -> None:
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        tokens, done = asyncio.run(collect(address, prompt, speculate="ngram", draft_tokens=6))
+        assert tokens == reference[prompt], prompt
+        assert done.completion_tokens == len(tokens) and done.accepted <= done.drafted
+        drafted, accepted = drafted + done.drafted, accepted + done.accepted
+    assert 0 < accepted < drafted  # verification frames ran, and both acceptance and rejection happened
+    plain = asyncio.run(collect(address, REPEAT, speculate="off"))[1]
+    assert plain.drafted == plain.accepted == 0
+    assert all(info.stats.active_requests == 0 for _, info in ring.walk(address))
+
+
+@pytest.mark.parametrize("windows", [[10, 10, 10], [7, 3, 5]], ids=["k=1", "k=2"])
+def test_speculating_ring_equals_plain_decoding(rings, reference, windows):
+    local = rings(3)
+    ring.start(local.addresses[0], windows)
+    check_ring(local.addresses[0], reference)
+
+
+def test_speculating_ring_under_streaming_budgets(smol_store, reference, tmp_path):
+    from prima_rpc.app.local_ring import launch
+
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--mem-budget", "1"]] * 3)
+    try:
+        ring.start(local.addresses[0], [10, 10, 10])
+        assert all(info.stats.resident_bytes < info.mem_budget for _, info in ring.walk(local.addresses[0]))
+        check_ring(local.addresses[0], reference)
+    finally:
+        local.stop()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(speculate="magic"), "speculate must be one of"),
+    (dict(speculate="ngram", draft_tokens=17), "draft_tokens must be in"),
+    (dict(speculate="draft"), "needs a draft model"),
+])
+def test_bad_speculation_settings_are_refused(rings, kwargs, message):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    with pytest.raises(PrimaError, match=message) as err:
+        asyncio.run(collect(local.addresses[0], "Hi", **kwargs))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_head_with_a_draft_model(smol_store, reference, tmp_path):
+    """prima-node --draft DIR on the head (here the target's own store, so drafts are mostly accepted)."""
+    from prima_rpc.app.local_ring import launch
+
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--draft", str(smol_store)], [], []])
+    try:
+        ring.start(local.addresses[0], [10, 10, 10])
+        for prompt in PROMPTS[:2]:
+            tokens, done = asyncio.run(collect(local.addresses[0], prompt, speculate="draft", draft_tokens=4))
+            assert tokens == reference[prompt], prompt
+            assert done.accepted >= 0.5 * done.drafted > 0
+    finally:
+        local.stop()
