@@ -1,0 +1,109 @@
+"""Weights over the ring: a node without the model fetches its windows' files from another node, verified.
+
+Real prima-node processes on loopback serve; the fetcher writes real files into a temporary cache."""
+
+import asyncio
+import json
+import os
+import shutil
+
+import pytest
+
+from nodes.config import MANIFEST, StoreError, read_manifest
+from nodes.fetch import PART, Fetcher, read_manifest_from, safe_name
+from prima_rpc.app.local_ring import launch
+
+TOKEN = "fetch-secret"
+UNITS = ["layer.2", "layer.3"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_store, tmp_path_factory):
+    local = launch(tiny_store, 1, log_dir=tmp_path_factory.mktemp("serve"), detach=False, token=TOKEN)
+    yield local
+    local.stop()
+
+
+def fetch(server, cache, units=UNITS, token=TOKEN, model_id=None, tiny_store=None):
+    model_id = model_id or read_manifest(tiny_store)[1]
+
+    async def run():
+        fetcher = Fetcher(cache, model_id, server.addresses, token)
+        try:
+            store = await fetcher.store(units, head=False)
+        finally:
+            await fetcher.close()
+        return store, fetcher.fetched
+
+    return asyncio.run(run())
+
+
+def test_fetches_exactly_the_assigned_units_verified(server, tiny_store, tmp_path):
+    store, fetched = fetch(server, tmp_path, tiny_store=tiny_store)
+    manifest, model_id = read_manifest(tiny_store)
+    names = {p.relative_to(store.root).as_posix() for p in store.root.rglob("*") if p.is_file()}
+    assert names == {MANIFEST, manifest.tokenizer, *(store.entry(u).path for u in UNITS)}
+    for unit in UNITS:
+        assert (store.root / store.entry(unit).path).read_bytes() == (tiny_store / store.entry(unit).path).read_bytes()
+    assert store.model_id == model_id and fetched > sum(store.entry(u).bytes for u in UNITS)
+
+
+def test_an_interrupted_transfer_resumes_without_refetching_complete_files(server, tiny_store, tmp_path):
+    store, _ = fetch(server, tmp_path, tiny_store=tiny_store)
+    # As a transfer killed half-way leaves it: layer.2 complete, half of layer.3 in its .part file.
+    done, half = (store.root / store.entry(u).path for u in UNITS)
+    size = half.stat().st_size
+    half.with_name(half.name + PART).write_bytes(half.read_bytes()[:size // 2])
+    half.unlink()
+    inode = done.stat().st_ino
+    store, fetched = fetch(server, tmp_path, tiny_store=tiny_store)
+    assert fetched == size - size // 2  # only the missing half came over the wire
+    assert done.stat().st_ino == inode and half.read_bytes() == (tiny_store / half.name).read_bytes()
+
+
+def test_a_corrupted_chunk_is_detected_and_refetched(server, tiny_store, tmp_path):
+    store, _ = fetch(server, tmp_path, tiny_store=tiny_store)
+    path = store.root / store.entry("layer.3").path
+    good = path.read_bytes()
+    bad = bytearray(good[:len(good) // 2])
+    bad[100] ^= 0xFF  # one flipped byte in the part already received
+    path.with_name(path.name + PART).write_bytes(bytes(bad))
+    path.unlink()
+    store, fetched = fetch(server, tmp_path, tiny_store=tiny_store)
+    assert path.read_bytes() == good
+    assert fetched == len(good) - len(bad) + len(good)  # the rest, then (the checksum failed) all of it again
+
+
+def test_without_the_token_a_transfer_is_refused(server, tiny_store, tmp_path):
+    with pytest.raises(StoreError, match="UNAUTHENTICATED"):
+        fetch(server, tmp_path, token=None, tiny_store=tiny_store)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_another_model_is_refused(server, tmp_path):
+    with pytest.raises(StoreError, match="FAILED_PRECONDITION.*does not hold that model"):
+        fetch(server, tmp_path, model_id="0" * 64)
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "a\\..\\x", "", "a//b"])
+def test_unsafe_names_are_refused(name):
+    with pytest.raises(StoreError, match="refused"):
+        safe_name(name)
+
+
+def test_a_manifest_naming_dotdot_is_refused(tiny_store, tmp_path):
+    data = json.loads((tiny_store / MANIFEST).read_text())
+    data["files"]["layers"][0]["path"] = "../x"
+    bad = tmp_path / "manifest.json.part"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match=r"'\.\./x'.*refused"):
+        read_manifest_from(bad)
+
+
+def test_a_transfer_that_does_not_fit_the_disk_is_refused(server, tiny_store, tmp_path, monkeypatch):
+    # A mock for a fault this machine cannot cause: a full disk.
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000))
+    with pytest.raises(StoreError, match="fetching needs .* MiB free"):
+        fetch(server, tmp_path, tiny_store=tiny_store)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name.startswith("layer")]
+    assert os.path.isdir(tmp_path)
