@@ -107,3 +107,34 @@ def test_a_transfer_that_does_not_fit_the_disk_is_refused(server, tiny_store, tm
         fetch(server, tmp_path, tiny_store=tiny_store)
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name.startswith("layer")]
     assert os.path.isdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_only_the_head_has_the_model_ring_equals_reference(smol_store, tmp_path):
+    from nodes.generation import GenerateParams
+    from nodes.reference import ReferenceModel
+    from prima_rpc.app import ring
+    from tests.test_failures import PROMPT, TOKENS, generate_and_break
+
+    expected = [t.token_id for t in ReferenceModel(smol_store).generate(PROMPT, GenerateParams(max_tokens=TOKENS))]
+    caches = [tmp_path / f"cache{i}" for i in range(3)]
+    local = launch(None, 3, log_dir=tmp_path, detach=False, models=[smol_store, None, None],
+                   extra_args=[["--cache", str(c)] for c in caches])
+    try:
+        nodes = ring.start(local.addresses[0], [10, 10, 10])
+        assert [i.role for _, i in nodes] == ["head", "worker", "worker"]
+        assert nodes[2][1].fetched_bytes > 0 and nodes[2][1].cached_units == 10
+        manifest, model_id = read_manifest(smol_store)
+        held = {p.relative_to(caches[2] / model_id).as_posix() for p in caches[2].rglob("*") if p.is_file()}
+        own = [i for r in nodes[2][1].windows for i in range(r.start, r.stop)]
+        assert held == {MANIFEST, manifest.tokenizer, *(manifest.layers[i].path for i in own)}
+        assert not caches[0].exists()
+        # Kill a worker mid-generation: the head and node 2 fetch what it held, the stream goes on unchanged.
+        tokens, done, _, _ = asyncio.run(generate_and_break(local.addresses[0], local.processes[1].pid,
+                                                            __import__("signal").SIGKILL, after=8))
+        assert tokens == expected and done.completion_tokens == len(expected)
+        survivors = ring.walk(local.addresses[0])
+        assert [a for a, _ in survivors] == [local.addresses[0], local.addresses[2]]
+        assert survivors[1][1].cached_units > 10  # it fetched layers the lost node held
+    finally:
+        local.stop()
