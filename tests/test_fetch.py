@@ -5,7 +5,10 @@ Real prima-node processes on loopback serve; the fetcher writes real files into 
 import asyncio
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -121,9 +124,17 @@ def test_only_the_head_has_the_model_ring_equals_reference(smol_store, tmp_path)
     local = launch(None, 3, log_dir=tmp_path, detach=False, models=[smol_store, None, None],
                    extra_args=[["--cache", str(c)] for c in caches])
     try:
-        nodes = ring.start(local.addresses[0], [10, 10, 10])
+        cli = [sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0]]
+        started = subprocess.run([*cli, "start", "--windows", "10,10,10"], capture_output=True, text=True, timeout=300)
+        assert started.returncode == 0, started.stderr
+        for address in local.addresses[1:]:  # the transfer per node: bytes and rate
+            assert re.search(rf"fetched {address} (\d+)/\1 MiB", started.stderr), started.stderr
+        status = subprocess.run([*cli, "status", "--json"], capture_output=True, text=True, timeout=60)
+        rows = json.loads(status.stdout)["nodes"]
+        assert [r["cached_units"] for r in rows] == [32, 10, 10] and rows[0]["fetched_bytes"] == 0
+        assert all(r["fetched_bytes"] > 0 for r in rows[1:])
+        nodes = ring.walk(local.addresses[0])
         assert [i.role for _, i in nodes] == ["head", "worker", "worker"]
-        assert nodes[2][1].fetched_bytes > 0 and nodes[2][1].cached_units == 10
         manifest, model_id = read_manifest(smol_store)
         held = {p.relative_to(caches[2] / model_id).as_posix() for p in caches[2].rglob("*") if p.is_file()}
         own = [i for r in nodes[2][1].windows for i in range(r.start, r.stop)]
