@@ -123,7 +123,7 @@ class ControlService(rpc.ControlServicer):
             await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:
             await abort(context, Code.FAILED_PRECONDITION, f"profiling failed: {exc}")
-        manifest = (node.cfg.model / MANIFEST).read_text() if node.cfg.model else ""
+        manifest = (node.store.root / MANIFEST).read_text() if node.store else ""  # its store, or its cache
         return frames.profile_reply(json.dumps(prof.to_json()), manifest)
 
     async def SetPeer(self, request, context):

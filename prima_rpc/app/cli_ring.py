@@ -138,6 +138,12 @@ def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[
         result = plan_live(state["node"], state["token"], "halda", refresh=False)
     if "infeasible" in result:
         fail(f"the plan is infeasible: {result['infeasible']}")
+    for d in result.get("devices", []):  # nodes without the model fetch their layers first
+        if d.get("fetch_bytes"):
+            print(f"{d['name']} must fetch {d['fetch_bytes'] / 2**20:.0f} MiB (~{d['fetch_s']:.1f} s at its measured "
+                  "link)", file=sys.stderr)
+    if result.get("first_start_s"):
+        print(f"first start: ~{result['first_start_s']:.1f} s of fetching before the layers load", file=sys.stderr)
     try:
         return ([int(d["window"]) for d in result["devices"]],
                 [d.get("role") != "removed" for d in result["devices"]],
