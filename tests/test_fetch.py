@@ -149,3 +149,45 @@ def test_only_the_head_has_the_model_ring_equals_reference(smol_store, tmp_path)
         assert survivors[1][1].cached_units > 10  # it fetched layers the lost node held
     finally:
         local.stop()
+
+
+@pytest.mark.slow
+def test_the_serving_node_killed_half_way_the_next_fetch_resumes(smol_store, tmp_path):
+    import signal
+
+    units = ["layer.0", "layer.1"]
+    model_id = read_manifest(smol_store)[1]
+    local = launch(smol_store, 1, log_dir=tmp_path / "logs", detach=False)
+    store = read_manifest(smol_store)[0]
+    first, second = (store.units()[u] for u in units)
+
+    def kill_in_the_second_file(done, total, unit):
+        if unit == units[1] and done > first.bytes + second.bytes // 2 and local.processes[0].poll() is None:
+            local.processes[0].send_signal(signal.SIGKILL)
+            local.processes[0].wait()
+
+    async def run(progress):
+        fetcher = Fetcher(tmp_path / "cache", model_id, local.addresses, None, progress)
+        try:
+            await fetcher.store(units, head=False)
+        finally:
+            await fetcher.close()
+        return fetcher.fetched
+
+    try:
+        with pytest.raises(StoreError, match="UNAVAILABLE"):
+            asyncio.run(run(kill_in_the_second_file))
+        root = tmp_path / "cache" / model_id
+        complete, part = root / first.path, root / (second.path + PART)
+        assert complete.stat().st_size == first.bytes and 0 < part.stat().st_size < second.bytes
+        inode, had = complete.stat().st_ino, part.stat().st_size
+        local.start_node(0)  # the same port
+        from prima_rpc.app.local_ring import wait_serving
+
+        wait_serving(local.addresses[0], local.processes[0], 60)
+        fetched = asyncio.run(run(lambda *a: None))
+        assert fetched == second.bytes - had  # neither the complete file nor the part came again
+        assert complete.stat().st_ino == inode
+        assert (root / second.path).read_bytes() == (smol_store / second.path).read_bytes()
+    finally:
+        local.stop()
