@@ -191,3 +191,26 @@ def test_the_serving_node_killed_half_way_the_next_fetch_resumes(smol_store, tmp
         assert (root / second.path).read_bytes() == (smol_store / second.path).read_bytes()
     finally:
         local.stop()
+
+
+def test_a_restarted_node_reuses_its_cache_and_a_relay_fetches_nothing(tiny_store, tmp_path):
+    from prima_rpc.app import ring
+
+    cache = tmp_path / "cache"
+    local = launch(None, 3, log_dir=tmp_path, detach=False, models=[tiny_store, None, None],
+                   extra_args=[[], ["--cache", str(cache)], ["--cache", str(tmp_path / "relay")]])
+    try:
+        nodes = ring.start(local.addresses[0], [4, 4, 0])
+        assert nodes[1][1].fetched_bytes > 0 and nodes[1][1].cached_units == 4
+        assert nodes[2][1].role == "relay" and nodes[2][1].fetched_bytes == 0
+        assert not (tmp_path / "relay").exists()
+        local.processes[1].terminate()
+        local.processes[1].wait()
+        local.start_node(1)
+        from prima_rpc.app.local_ring import wait_serving
+
+        wait_serving(local.addresses[1], local.processes[1], 60)
+        nodes = ring.start(local.addresses[0], [4, 4, 0])
+        assert nodes[1][1].loaded and nodes[1][1].fetched_bytes == 0 and nodes[1][1].cached_units == 4
+    finally:
+        local.stop()
