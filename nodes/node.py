@@ -107,11 +107,12 @@ class Node:
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
-        self.fetching, self.epoch = True, epoch  # frames of the old ring are dropped from now on
+        self.fetching = True
         try:
             if not windows.relay:
                 await self._fetch_missing(windows, model_id, [head_address, *ring], progress)
-            check_assignment(self.store, windows, model_id)
+            check_assignment(self.store, windows, model_id)  # a refused assignment leaves the ring as it was
+            self.epoch = epoch  # frames of the old ring are dropped from now on
             await self._load(windows, progress, buffer_layers)
         finally:
             self.fetching = False
