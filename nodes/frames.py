@@ -75,8 +75,12 @@ def profile_reply(profile_json: str, manifest: str) -> pb.ProfileReply:
     return pb.ProfileReply(json=profile_json, manifest=manifest)
 
 
-def load_progress(done: int, total: int, unit: str) -> pb.LoadProgress:
-    return pb.LoadProgress(done_bytes=done, total_bytes=total, unit=unit)
+def file_chunk(data: bytes, total: int) -> pb.FileChunk:
+    return pb.FileChunk(data=data, total_bytes=total)
+
+
+def load_progress(done: int, total: int, unit: str, fetched: bool = False) -> pb.LoadProgress:
+    return pb.LoadProgress(done_bytes=done, total_bytes=total, unit=unit, fetch=fetched)
 
 
 def loaded() -> pb.LoadProgress:

@@ -14,9 +14,8 @@ import typer
 
 from nodes import metrics
 from nodes.auth import TokenAuth
-from nodes.config import StoreError, read_manifest
+from nodes.config import StoreError
 from nodes.node import Node, NodeConfig
-from nodes.quant import compute_dtype
 from nodes.services import ControlService, InferenceService, RingService
 from nodes.work import RequestFailed
 from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
@@ -118,7 +117,10 @@ def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: boo
 def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the ring"),
          port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
          host: str = typer.Option("0.0.0.0", help="address to bind"),
-         model: Path = typer.Option(None, help="layer store directory (none: relay only)"),
+         model: Path = typer.Option(None, help="layer store directory (none: fetch the assigned layers from the "
+                                               "ring's head into --cache; a relay loads nothing)"),
+         cache: Path = typer.Option(None, help="where weights fetched from other nodes are kept "
+                                               "(default: $PRIMA_HOME/cache)"),
          name: str = typer.Option("", help="a name for status tables"),
          mem_budget: str = typer.Option("0", show_default=False,
                                         help="memory for weights, KV caches and the stream buffer, e.g. 2GiB "
@@ -142,14 +144,10 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
-    if dtype is None:
-        try:
-            dtype = compute_dtype(read_manifest(model)[0].dtype) if model else "float32"
-        except StoreError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
-    cfg = NodeConfig(port=port, host=host, peer=peer, model=model, name=name, mem_budget=parse_size(mem_budget),
-                     token=token, dtype=dtype, draft=draft,
+    from tools.default_model import prima_home
+
+    cfg = NodeConfig(port=port, host=host, peer=peer, model=model, cache=cache or prima_home() / "cache", name=name,
+                     mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
                      fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)

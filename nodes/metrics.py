@@ -32,6 +32,11 @@ DRAFTED = Counter("prima_drafted_tokens", "Tokens drafted for speculative verifi
 ACCEPTED = Counter("prima_accepted_tokens", "Drafted tokens the target model accepted (head)", registry=None)
 ERRORS = Counter("prima_request_errors", "Requests that ended with a gRPC error status (head)", ["code"],
                  registry=None)
+SERVED = Counter("prima_served_bytes", "Store bytes this node sent to other nodes (Control.Fetch)", registry=None)
+
+
+def observe_served(n: int) -> None:
+    SERVED.inc(n)
 
 
 def observe_token() -> None:
@@ -99,6 +104,11 @@ class NodeCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=getattr(s, field))
         yield GaugeMetricFamily("prima_last_token_seconds", "Duration of the head's last token round trip",
                                 value=s.last_token_ms / 1e3)
+        value = max(float(info.fetched_bytes), self._high.get("fetched", 0.0))
+        self._high["fetched"] = value
+        yield CounterMetricFamily("prima_fetched_bytes", "Store bytes fetched from other nodes", value=value)
+        yield GaugeMetricFamily("prima_cached_units", "Weight units whose files are on this node's disk",
+                                value=info.cached_units)
         yield GaugeMetricFamily("prima_epoch", "Ring epoch the node serves (changes on every re-plan)",
                                 value=info.epoch)
 
@@ -107,7 +117,7 @@ def registry_for(node) -> CollectorRegistry:
     """A registry with the node's stats, the process's request metrics and the process's CPU/memory."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(NodeCollector(node))
-    for metric in (TTFT, TPOT, TOKENS, PROMPT_TOKENS, DRAFTED, ACCEPTED, REQUESTS, ERRORS):
+    for metric in (TTFT, TPOT, TOKENS, PROMPT_TOKENS, DRAFTED, ACCEPTED, REQUESTS, ERRORS, SERVED):
         registry.register(metric)
     ProcessCollector(registry=registry)
     return registry

@@ -18,11 +18,13 @@ import psutil
 import structlog
 import torch
 
-from nodes import frames
+from nodes import fetch, frames
+from nodes.config import StoreError
 from nodes.fused import layer_bytes
 from nodes.head import Head
 from nodes.link import LinkDown, RingLink
 from nodes.members import PROBE_INTERVAL
+from nodes.quant import compute_dtype
 from nodes.routing import Step, Windows
 from nodes.shard import Shard, check_assignment
 from nodes.store import LayerStore
@@ -42,10 +44,11 @@ class NodeConfig:
     host: str = "0.0.0.0"
     peer: str = ""
     model: Path | None = None
+    cache: Path | None = None  # where weights fetched from other nodes go (None: never fetch)
     name: str = ""
     mem_budget: int = 0
     token: str | None = None
-    dtype: str = "float32"
+    dtype: str | None = None  # compute dtype; None: by the store (bfloat16 for int8/int4 stores, else float32)
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     fault_layer: int = -1  # fault injection for tests (PRIMA_FAULT_LAYER): the first compute of this layer raises
@@ -66,13 +69,14 @@ class Node:
         self.node_id = uuid.uuid4().hex
         self.address = f"{cfg.host}:{cfg.port}"
         self.store = LayerStore(cfg.model) if cfg.model else None
-        self.dtype = getattr(torch, cfg.dtype)
         self.windows: Windows | None = None
         self.shard: Shard | None = None
         self.text: TextCodec | None = None
         self.head: Head | None = None  # only while this node is the ring's head
         self.head_address = ""  # the ring's head, as the ring dials it (for status)
-        self.fetching = False  # loading windows
+        self.fetching = False  # fetching or loading windows
+        self.fetched_bytes = 0  # store bytes fetched from other nodes
+        self.cached_units = self._count_units()
         self.last_error = ""
         self.peer = cfg.peer
         self.epoch = 0  # frames of another epoch (an older ring) are dropped
@@ -104,9 +108,12 @@ class Node:
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
-        check_assignment(self.store, windows, model_id)
-        self.fetching, self.epoch = True, epoch  # frames of the old ring are dropped from now on
+        self.fetching = True
         try:
+            if not windows.relay:
+                await self._fetch_missing(windows, model_id, [head_address, *ring], progress)
+            check_assignment(self.store, windows, model_id)  # a refused assignment leaves the ring as it was
+            self.epoch = epoch  # frames of the old ring are dropped from now on
             await self._load(windows, progress, buffer_layers)
         finally:
             self.fetching = False
@@ -123,6 +130,41 @@ class Node:
             self.head_address = head_address
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
+
+    async def _fetch_missing(self, windows: Windows, model_id: str, sources: list[str], progress) -> None:
+        """Fetch the manifest, tokenizer and the unit files of `windows` this node lacks from `sources` (the
+        head first) into the cache, and load from there; a store of another model is left to refuse."""
+        units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for a, b in windows.ranges
+                                                              for i in range(a, b)]
+        store = self.store
+        if store is not None and (store.model_id != model_id or not fetch.needed_units(store, units)):
+            return
+        if self.cfg.cache is None:
+            return  # check_assignment says what is missing
+        try:  # what an earlier run fetched
+            cached = LayerStore(fetch.cache_dir(self.cfg.cache, model_id))
+            if cached.model_id == model_id and not fetch.needed_units(cached, units):
+                self.store, self.cached_units = cached, self._count_units(cached)
+                return
+        except StoreError:
+            pass
+        fetcher = fetch.Fetcher(self.cfg.cache, model_id, [s for s in sources if s != self.address], self.cfg.token,
+                                lambda done, total, unit: progress(done, total, unit, True))
+        self.log.info("fetching weights", units=len(units), sources=fetcher.sources)
+        try:
+            self.store = await fetcher.store(units, windows.head)
+        finally:
+            self.fetched_bytes += fetcher.fetched
+            await fetcher.close()
+        self.cached_units = self._count_units()
+        self.log.info("fetched weights", bytes=fetcher.fetched, cache=str(self.store.root))
+
+    def _count_units(self, store: LayerStore | None = None) -> int:
+        store = store or self.store
+        if store is None or store.manifest.manifest_only:
+            return 0
+        units = store.manifest.units()
+        return len(units) - len(fetch.needed_units(store, units))
 
     async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
         # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
@@ -146,6 +188,15 @@ class Node:
         self.windows = windows
 
     @property
+    def dtype_name(self) -> str:
+        """The compute dtype: the configured one, else by the store (known only once fetched, for a cache)."""
+        return compute_dtype(self.store.manifest.dtype if self.store else "float32", self.cfg.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype_name)
+
+    @property
     def state(self) -> str:
         return "fetching" if self.fetching else "up"
 
@@ -166,7 +217,8 @@ class Node:
             model_id=self.store.model_id if self.store else "",
             model_name=self.store.manifest.name if self.store else "",
             mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
-            node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address)
+            node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address,
+            cached_units=self.cached_units, fetched_bytes=self.fetched_bytes)
 
     # ------------------------------------------------------------------ frames in
 

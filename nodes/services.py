@@ -9,7 +9,7 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
-from nodes import frames, metrics
+from nodes import fetch, frames, metrics
 from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
 from nodes.link import LinkDown
@@ -61,6 +61,7 @@ class RingService(rpc.RingServicer):
 class ControlService(rpc.ControlServicer):
     def __init__(self, node: Node, stop: asyncio.Event):
         self.node, self.stop = node, stop
+        self.serving = asyncio.Semaphore(fetch.MAX_SERVING)  # transfers served at once; more wait their turn
 
     async def Info(self, request, context):
         return self.node.info()
@@ -74,8 +75,8 @@ class ControlService(rpc.ControlServicer):
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
 
-        def progress(done: int, total: int, unit: str) -> None:
-            update = frames.load_progress(done, total, unit)
+        def progress(done: int, total: int, unit: str, fetched: bool = False) -> None:
+            update = frames.load_progress(done, total, unit, fetched)
             loop.call_soon_threadsafe(updates.put_nowait, update)
 
         if not request.model_id:
@@ -116,14 +117,14 @@ class ControlService(rpc.ControlServicer):
             await abort(context, Code.FAILED_PRECONDITION, "requests are in flight; profile an idle ring")
         try:
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
-                                        node.link if node.peer else None, dtype=node.cfg.dtype,
+                                        node.link if node.peer else None, dtype=node.dtype_name,
                                         refresh=request.refresh, is_head=node.role == "head",
                                         mem_budget=node.cfg.mem_budget)
         except LinkDown as exc:
             await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:
             await abort(context, Code.FAILED_PRECONDITION, f"profiling failed: {exc}")
-        manifest = (node.cfg.model / MANIFEST).read_text() if node.cfg.model else ""
+        manifest = (node.store.root / MANIFEST).read_text() if node.store else ""  # its store, or its cache
         return frames.profile_reply(json.dumps(prof.to_json()), manifest)
 
     async def SetPeer(self, request, context):
@@ -132,6 +133,24 @@ class ControlService(rpc.ControlServicer):
             await abort(context, Code.INVALID_ARGUMENT, f"peer must be HOST:PORT, got {peer[:80]!r}")
         await self.node.set_peer(peer)
         return frames.SET_PEER_REPLY
+
+    async def Fetch(self, request, context):
+        store = self.node.store
+        if store is None or request.model_id != store.model_id:
+            await abort(context, Code.FAILED_PRECONDITION, "this node does not hold that model"
+                        + ("" if store is None else f" (it has {store.model_id[:12]})"))
+        try:
+            path = fetch.served_path(store, request.name)
+        except StoreError as exc:
+            await abort(context, Code.NOT_FOUND, str(exc))
+        async with self.serving:
+            chunks = fetch.read_chunks(path, request.offset)
+            try:
+                while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                    metrics.observe_served(len(chunk[0]))
+                    yield frames.file_chunk(*chunk)
+            except (OSError, StoreError) as exc:
+                await abort(context, Code.FAILED_PRECONDITION, f"cannot serve {request.name}: {exc}")
 
     async def Shutdown(self, request, context):
         self.stop.set()

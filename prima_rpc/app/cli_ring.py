@@ -145,6 +145,12 @@ def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[
         result = plan_live(state["node"], state["token"], "halda", refresh=False)
     if "infeasible" in result:
         fail(f"the plan is infeasible: {result['infeasible']}")
+    for d in result.get("devices", []):  # nodes without the model fetch their layers first
+        if d.get("fetch_bytes"):
+            print(f"{d['name']} must fetch {d['fetch_bytes'] / 2**20:.0f} MiB (~{d['fetch_s']:.1f} s at its measured "
+                  "link)", file=sys.stderr)
+    if result.get("first_start_s"):
+        print(f"first start: ~{result['first_start_s']:.1f} s of fetching before the layers load", file=sys.stderr)
     try:
         return ([int(d["window"]) for d in result["devices"]],
                 [d.get("role") != "removed" for d in result["devices"]],
@@ -163,21 +169,38 @@ def _walk(state: dict):
 def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None,
            logs: Path | None = None):
     loaded: dict[str, tuple[int, int]] = {}
+    fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
-            if update.total_bytes:
+            if update.fetch and update.total_bytes:
+                now = time.monotonic()
+                f = fetched.setdefault(address, [0, 0, now, now])
+                f[0], f[1], f[3] = update.done_bytes, update.total_bytes, now
+                progress(sum(f[0] for f in fetched.values()) >> 20, sum(f[1] for f in fetched.values()) >> 20,
+                         "fetching weights " + ", ".join(_rate(a, *f) for a, f in fetched.items()))
+            elif update.total_bytes:
                 loaded[address] = (update.done_bytes, update.total_bytes)
-                progress(sum(d for d, _ in loaded.values()) >> 20, sum(t for _, t in loaded.values()) >> 20)
+                progress(sum(d for d, _ in loaded.values()) >> 20, sum(t for _, t in loaded.values()) >> 20,
+                         "loading windows")
 
         try:
-            return ring.start(state["node"], sizes, state["token"], progress=report, members=members,
-                              buffers=buffers)
+            nodes = ring.start(state["node"], sizes, state["token"], progress=report, members=members,
+                               buffers=buffers)
         except ring.RingError as exc:
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
+    for address, f in fetched.items():
+        print(f"fetched {_rate(address, *f)}", file=sys.stderr)
+    return nodes
 
 
-STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "frames", "active\nreqs",
-                  "compute\ns", "stall\ns", "link\ns", "token\nms")
+def _rate(address: str, done: float, total: float, first: float, last: float) -> str:
+    """ADDRESS 12/30 MiB at 80.0 MiB/s (the rate from the first progress update of that node)."""
+    rate = done / (last - first) / 2**20 if last > first else 0.0
+    return f"{address} {done / 2**20:.0f}/{total / 2**20:.0f} MiB" + (f" at {rate:.1f} MiB/s" if rate else "")
+
+
+STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "fetch\nMiB", "frames",
+                  "active\nreqs", "compute\ns", "stall\ns", "link\ns", "token\nms")
 
 
 def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
@@ -187,7 +210,8 @@ def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
               else f"{r['role']}\n{r['state']}",
               "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
               f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
-              f"{r['disk_read_bytes'] / 2**20:.0f}", str(r["frames"]), str(r["active_requests"]),
+              f"{r['disk_read_bytes'] / 2**20:.0f}", f"{r['fetched_bytes'] / 2**20:.0f}", str(r["frames"]),
+              str(r["active_requests"]),
               f"{r['compute_s']:.2f}", f"{r['stall_s']:.2f}", f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}"]
              for r in rows]
     table = Table(title=f"ring from {head}", caption=caption or None, box=box.SIMPLE_HEAD, show_edge=False,
@@ -242,7 +266,8 @@ def status_row(address: str, member_state: str, info) -> dict:
             "windows": [[r.start, r.stop] for r in info.windows], "loaded": info.loaded, "model": info.model_name,
             "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
-            "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error}
+            "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
+            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes}
 
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):

@@ -8,14 +8,16 @@ from nodes.prefetch import KV_RESERVE_TOKENS
 from prima_rpc.app import ring
 from prima_rpc.channel import metadata
 from prima_rpc.v1 import prima_pb2 as pb
+from solver.fetch_time import add_first_start
+from solver.model_profile import ModelProfile
 from solver.profiles import devices_from_json
 from solver.strategies import plan_for
 
 
 def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[dict, dict]:
-    """({"devices": [...]} in ring order named by address, the head's manifest)."""
+    """({"devices": [...], "_holds_model": [bool, ...]} in ring order named by address, the head's manifest)."""
     nodes = ring.walk(head, token)
-    devices, manifest = [], ""
+    devices, manifest, held = [], "", []
     # Sequentially: profiles taken in parallel on shared cores would measure each other.
     for i, (address, _) in enumerate(nodes):
         try:
@@ -27,14 +29,18 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
         device.update(name=address, is_head=(i == 0))
         devices.append(device)
         manifest = manifest or (reply.manifest if i == 0 else "")
+        held.append(bool(manifest) and reply.manifest == manifest)
     if not manifest:
         raise ring.RingError(f"the head {head} has no model to plan for (start it with --model)")
-    return {"devices": devices}, json.loads(manifest)
+    return {"devices": devices, "_holds_model": held}, json.loads(manifest)
 
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False) -> dict:
     profiles, manifest = profile_ring(head, token, refresh)
+    devices = devices_from_json(profiles)
     # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
-    result = plan_for(devices_from_json(profiles), manifest, strategy, n_ctx=KV_RESERVE_TOKENS)
+    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS)
+    if "devices" in result:  # nodes without the model fetch their layers from the head first
+        add_first_start(result, ModelProfile.from_manifest(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
     return result

@@ -14,7 +14,7 @@ def bar(label: str) -> Iterator[Callable[[int, int], None]]:
                   console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(label, total=None)
 
-        def report(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+        def report(done: int, total: int, label: str | None = None) -> None:
+            progress.update(task, completed=done, total=total, **({"description": label} if label else {}))
 
         yield report

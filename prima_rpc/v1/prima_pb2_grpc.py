@@ -132,6 +132,11 @@ class ControlStub:
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.ShutdownReply.FromString,
                 _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/prima.v1.Control/Fetch',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -167,6 +172,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fetch(self, request, context):
+        """a file of this node's store, in chunks
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +206,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.ShutdownRequest.FromString,
                     response_serializer=prima__rpc_dot_v1_dot_prima__pb2.ShutdownReply.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -331,6 +348,33 @@ class Control:
             '/prima.v1.Control/Shutdown',
             prima__rpc_dot_v1_dot_prima__pb2.ShutdownRequest.SerializeToString,
             prima__rpc_dot_v1_dot_prima__pb2.ShutdownReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/prima.v1.Control/Fetch',
+            prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,
