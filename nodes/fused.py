@@ -2,7 +2,7 @@
 
 import torch
 
-from nodes.config import ModelConfig
+from nodes.manifest import ModelConfig
 from nodes.model import Layer, Weight
 from nodes.quant import Format
 

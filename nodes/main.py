@@ -14,7 +14,7 @@ import typer
 
 from nodes import metrics
 from nodes.auth import TokenAuth
-from nodes.config import StoreError, read_manifest
+from nodes.manifest import StoreError, read_manifest
 from nodes.node import Node, NodeConfig
 from nodes.quant import compute_dtype
 from nodes.services import ControlService, InferenceService, RingService

@@ -14,10 +14,10 @@ import psutil
 import pytest
 import torch
 
-from nodes.config import StoreError
 from nodes.diskio import ChunkReader
 from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_shapes, unit_targets
 from nodes.generation import GenerateParams
+from nodes.manifest import StoreError
 from nodes.model import STAGES, Layer
 from nodes.prefetch import (
     KV_RESERVE_TOKENS,

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from nodes.config import MANIFEST, StoreError, read_manifest
+from nodes.manifest import MANIFEST, StoreError, read_manifest
 from nodes.store import LayerStore
 from tools.synth import PRESETS, synth
 

@@ -9,7 +9,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from nodes.config import DTYPES, ModelConfig, StoreError
+from nodes.manifest import DTYPES, ModelConfig, StoreError
 from nodes.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter

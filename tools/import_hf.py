@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from nodes.config import DTYPES, ModelConfig, StoreError
+from nodes.manifest import DTYPES, ModelConfig, StoreError
 from nodes.quant import writing_format
 from tools.store_writer import StoreWriter, quantize_unit
 

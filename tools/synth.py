@@ -9,8 +9,8 @@ from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.config import DTYPES, FileEntry, ModelConfig, StoreError
 from nodes.fused import unit_shapes as matrix_shapes
+from nodes.manifest import DTYPES, FileEntry, ModelConfig, StoreError
 from nodes.quant import BITS, GROUP, Format, writing_format
 from tools.store_writer import StoreWriter, unit_file
 
