@@ -5,6 +5,7 @@ import torch
 from nodes.manifest import ModelConfig
 from nodes.model import Layer, Weight
 from nodes.quant import Format
+from nodes.shapes import matrix_shapes as unit_shapes
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
@@ -37,11 +38,6 @@ def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 STREAM_UNITS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's matrices: the units of residency and streaming
 SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
-
-
-def unit_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return {"wqkv": (q + 2 * kv, h), "wo": (h, q), "w_gate_up": (2 * i, h), "w_down": (h, i)}
 
 
 def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:

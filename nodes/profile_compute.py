@@ -17,6 +17,7 @@ import torch
 from nodes.fused import layer_bytes
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.routing import Windows
+from nodes.shapes import layer_flops
 from nodes.shard import Shard
 from nodes.store import LayerStore
 
@@ -50,5 +51,5 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
     finally:
         shard.close()
     layer_s = statistics.median(times) / n
-    return {"layer_s": layer_s, "flops_rate": 2 * cfg.layer_params() / layer_s, "bytes_rate": nbytes / layer_s,
+    return {"layer_s": layer_s, "flops_rate": layer_flops(cfg) / layer_s, "bytes_rate": nbytes / layer_s,
             "layers": n}

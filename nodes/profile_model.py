@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from nodes.model import KVCache, Layer, Rope, layer_forward
+from nodes.shapes import layer_flops
 from nodes.store import LayerStore
 
 POSITION = 128  # a typical decode position: attention over a short context
@@ -45,5 +46,5 @@ def measure_decode_layer(store_dir: Path, dtype: str) -> dict | None:
                 layer_forward(x, layer, cache.kv[0], POSITION, cfg, rope)
             times.append((time.perf_counter() - start) / len(layers))
     layer_s = statistics.median(times)
-    return {"layer_s": layer_s, "flops_rate": 2 * cfg.layer_params() / layer_s,
+    return {"layer_s": layer_s, "flops_rate": layer_flops(cfg) / layer_s,
             "bytes_rate": first.nbytes() / layer_s}

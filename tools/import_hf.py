@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from nodes.manifest import DTYPES, ModelConfig, StoreError
 from nodes.quant import writing_format
+from nodes.shapes import layer_shapes
 from tools.store_writer import StoreWriter, quantize_unit
 
 ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
@@ -144,15 +145,6 @@ class Shards:
         if tuple(t.shape) != shape:
             raise StoreError(f"tensor {name!r} has shape {tuple(t.shape)}; config.json implies {shape}")
         return t.to(dtype)
-
-
-def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return {
-        "attn_norm.weight": (h,), "ffn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h),
-        "wv.weight": (kv, h), "wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,), "wo.weight": (h, q),
-        "w_gate.weight": (i, h), "w_up.weight": (i, h), "w_down.weight": (h, i),
-    }
 
 
 def ids(value) -> list[int]:

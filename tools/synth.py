@@ -9,23 +9,10 @@ from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.fused import unit_shapes as matrix_shapes
 from nodes.manifest import DTYPES, FileEntry, ModelConfig, StoreError
 from nodes.quant import BITS, GROUP, Format, writing_format
+from nodes.shapes import PRESETS, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file
-
-# Published shapes (their config.json), and tiny ones for tests.
-PRESETS: dict[str, ModelConfig] = {
-    "llama3-8b": ModelConfig("llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 1e-5, 500000.0),
-    "llama3-70b": ModelConfig("llama", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 1e-5, 500000.0),
-    "qwen2.5-32b": ModelConfig("qwen2", 5120, 27648, 64, 40, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
-    "qwen2.5-72b": ModelConfig("qwen2", 8192, 29568, 80, 64, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
-    # Tiny stores for tests: a few MB, fast on two cores.
-    "tiny": ModelConfig("llama", 64, 128, 8, 4, 2, 16, 320, 512, tie_embeddings=True),
-    "tiny-qwen2": ModelConfig("qwen2", 64, 160, 6, 4, 2, 16, 320, 512, qkv_bias=True),
-    # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
-    "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
-}
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -43,27 +30,6 @@ def byte_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     return tok
-
-
-def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    shapes = {
-        "attn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h), "wv.weight": (kv, h),
-        "wo.weight": (h, q), "ffn_norm.weight": (h,), "w_gate.weight": (i, h), "w_up.weight": (i, h),
-        "w_down.weight": (h, i),
-    }
-    if cfg.qkv_bias:
-        shapes.update({"wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,)})
-    return shapes
-
-
-def unit_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
-    units = {"embed": {"embed.weight": (cfg.vocab, cfg.hidden)}}
-    units.update({f"layer.{i}": layer_shapes(cfg) for i in range(cfg.n_layers)})
-    units["head"] = {"norm.weight": (cfg.hidden,)}
-    if not cfg.tie_embeddings:
-        units["head"]["output.weight"] = (cfg.vocab, cfg.hidden)
-    return units
 
 
 def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
