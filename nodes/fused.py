@@ -5,21 +5,13 @@ import torch
 from nodes.manifest import ModelConfig
 from nodes.model import Layer, Weight
 from nodes.quant import Format
-from nodes.shapes import matrix_shapes as unit_shapes
+from nodes.shapes import layer_params, matrix_params, matrix_shapes
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
     """A Layer of uninitialised tensors with the shapes `Layer.from_unit` makes (64-byte aligned, like it)."""
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return Layer(
-        attn_norm=torch.empty(h, dtype=dtype),
-        wqkv=torch.empty(q + 2 * kv, h, dtype=dtype),
-        bqkv=torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None,
-        wo=torch.empty(h, q, dtype=dtype),
-        ffn_norm=torch.empty(h, dtype=dtype),
-        w_gate_up=torch.empty(2 * i, h, dtype=dtype),
-        w_down=torch.empty(h, i, dtype=dtype),
-    )
+    matrices = {unit: torch.empty(shape, dtype=dtype) for unit, shape in matrix_shapes(cfg).items()}
+    return Layer(**empty_small(cfg, dtype), **matrices)
 
 
 def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -54,7 +46,7 @@ def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
                  dtype: torch.dtype) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The tensors (dtype, shape) that hold one of STREAM_UNITS in memory: one fused float matrix, or a
     quantized one's two stored tensors (named as in the unit file)."""
-    shape = unit_shapes(cfg)[unit]
+    shape = matrix_shapes(cfg)[unit]
     if fmt is None:
         return {unit: (dtype, shape)}
     return {f"{unit}.{part}": spec for part, spec in fmt.parts(shape).items()}
@@ -100,9 +92,8 @@ def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
-    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    small = (2 * cfg.hidden + bias) * dtype.itemsize
-    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in unit_shapes(cfg).values())
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases
+    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
 
 
 def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
