@@ -5,7 +5,7 @@ import torch
 from nodes.manifest import ModelConfig
 from nodes.model import Layer, Weight
 from nodes.quant import Format
-from nodes.shapes import layer_params, matrix_params, matrix_shapes
+from nodes.shapes import FUSED, fused_rows, layer_params, matrix_params, matrix_shapes
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
@@ -16,30 +16,19 @@ def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
 
 def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit tensor name -> the (contiguous) part of `layer` it fills; from_unit's torch.cat, without the copy."""
-    q, kv, i = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    out = {
-        "attn_norm.weight": layer.attn_norm, "ffn_norm.weight": layer.ffn_norm,
-        "wq.weight": layer.wqkv[:q], "wk.weight": layer.wqkv[q:q + kv], "wv.weight": layer.wqkv[q + kv:],
-        "wo.weight": layer.wo, "w_gate.weight": layer.w_gate_up[:i], "w_up.weight": layer.w_gate_up[i:],
-        "w_down.weight": layer.w_down,
-    }
-    if layer.bqkv is not None:
-        out.update({"wq.bias": layer.bqkv[:q], "wk.bias": layer.bqkv[q:q + kv], "wv.bias": layer.bqkv[q + kv:]})
+    out = small_targets({"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm, "bqkv": layer.bqkv}, cfg)
+    for unit in STREAM_UNITS:
+        out.update(unit_targets(unit, getattr(layer, unit), cfg))
     return out
 
 
-STREAM_UNITS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's matrices: the units of residency and streaming
+STREAM_UNITS = tuple(FUSED)  # a layer's matrices: the units of residency and streaming
 SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
 
 
 def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit file tensor name -> its part of the fused matrix `t` (one of STREAM_UNITS)."""
-    q, kv, i = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    if unit == "wqkv":
-        return {"wq.weight": t[:q], "wk.weight": t[q:q + kv], "wv.weight": t[q + kv:]}
-    if unit == "w_gate_up":
-        return {"w_gate.weight": t[:i], "w_up.weight": t[i:]}
-    return {f"{unit}.weight": t}
+    return {name: t[rows] for name, rows in fused_rows(unit, cfg).items()}
 
 
 def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
@@ -82,11 +71,10 @@ def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor 
 
 def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit file tensor name -> its part of a layer's small tensors (SMALL; bqkv may be None)."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     out = {"attn_norm.weight": small["attn_norm"], "ffn_norm.weight": small["ffn_norm"]}
     b = small.get("bqkv")
     if b is not None:
-        out.update({"wq.bias": b[:q], "wk.bias": b[q:q + kv], "wv.bias": b[q + kv:]})
+        out.update({name: b[rows] for name, rows in fused_rows("wqkv", cfg, "bias").items()})
     return out
 
 

@@ -32,10 +32,25 @@ def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# A layer's matrices as the nodes hold them, fused: each one's unit-file matrices, stacked by rows in this order.
+FUSED = {"wqkv": ("wq", "wk", "wv"), "wo": ("wo",), "w_gate_up": ("w_gate", "w_up"), "w_down": ("w_down",)}
+
+
+def fused_rows(unit: str, cfg: ModelConfig, suffix: str = "weight") -> dict[str, slice]:
+    """Unit-file tensor name -> its rows in the fused `unit` (suffix "bias": the fused bias of wqkv)."""
+    shapes, out, row = layer_shapes(cfg), {}, 0
+    for part in FUSED[unit]:
+        n = shapes[f"{part}.{suffix}"][0]
+        out[f"{part}.{suffix}"] = slice(row, row + n)
+        row += n
+    return out
+
+
 def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """A layer's matrices as the nodes hold them, fused (q, k, v in one; gate and up in one)."""
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return {"wqkv": (q + 2 * kv, h), "wo": (h, q), "w_gate_up": (2 * i, h), "w_down": (h, i)}
+    """The fused matrices' shapes (FUSED)."""
+    shapes = layer_shapes(cfg)
+    return {unit: (sum(shapes[f"{p}.weight"][0] for p in parts), shapes[f"{parts[0]}.weight"][1])
+            for unit, parts in FUSED.items()}
 
 
 def layer_params(cfg: ModelConfig) -> int:
