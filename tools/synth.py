@@ -11,7 +11,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from nodes.manifest import DTYPES, FileEntry, ModelConfig, StoreError
 from nodes.quant import BITS, GROUP, Format, writing_format
-from nodes.shapes import PRESETS, matrix_shapes, unit_shapes
+from nodes.shapes import PRESETS, layer_shapes, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file
 
 CHAT_TEMPLATE = (
@@ -51,12 +51,11 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
     fill=False: values left as they come (for sizes only)."""
     g = torch.Generator().manual_seed(seed)
     randint = (lambda lo, hi, shape, dtype, generator: torch.empty(shape, dtype=dtype)) if not fill else torch.randint
-    if unit == "embed":
-        shapes = {"embed": (cfg.vocab, cfg.hidden)}
-    elif unit == "head":
-        shapes = {} if cfg.tie_embeddings else {"output": (cfg.vocab, cfg.hidden)}
+    tensors = layer_shapes(cfg) if unit.startswith("layer.") else unit_shapes(cfg)[unit]
+    if unit.startswith("layer."):
+        shapes = matrix_shapes(cfg)  # quantized layers hold fused matrices
     else:
-        shapes = matrix_shapes(cfg)
+        shapes = {name.removesuffix(".weight"): s for name, s in tensors.items() if len(s) == 2}
     out = {}
     for name, (n, k) in shapes.items():
         if fmt.name == "int4":  # q uniform in [0, 16): (q - 8) has std ~4.6
@@ -66,14 +65,9 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
         else:  # uniform in [-127, 127]: std ~73
             out[f"{name}.qweight"] = randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
             out[f"{name}.scales"] = torch.full((n,), 1 / (73 * k ** 0.5))
-    if unit == "head":
-        out["norm.weight"] = torch.ones(cfg.hidden)
-    elif unit != "embed":
-        out.update({"attn_norm.weight": torch.ones(cfg.hidden), "ffn_norm.weight": torch.ones(cfg.hidden)})
-        if cfg.qkv_bias:
-            out["wq.bias"], out["wk.bias"], out["wv.bias"] = (
-                torch.randn(b, generator=g) * 0.02 for b in (cfg.n_heads * cfg.head_dim,) + (cfg.n_kv_heads *
-                                                                                           cfg.head_dim,) * 2)
+    for name, shape in tensors.items():  # norms (ones) and biases, in float32
+        if len(shape) == 1:
+            out[name] = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=g) * 0.02
     return out
 
 
