@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from nodes.config import StoreError
+from nodes.manifest import StoreError
 
 try:
     import fcntl

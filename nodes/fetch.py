@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import grpc
 
-from nodes.config import MANIFEST, FileEntry, Manifest, StoreError
+from nodes.manifest import MANIFEST, FileEntry, Manifest, StoreError
 from nodes.store import LayerStore
 from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.v1 import prima_pb2 as pb

@@ -2,63 +2,40 @@
 
 import torch
 
-from nodes.config import ModelConfig
+from nodes.manifest import ModelConfig
 from nodes.model import Layer, Weight
 from nodes.quant import Format
+from nodes.shapes import FUSED, fused_rows, layer_params, matrix_params, matrix_shapes
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
     """A Layer of uninitialised tensors with the shapes `Layer.from_unit` makes (64-byte aligned, like it)."""
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return Layer(
-        attn_norm=torch.empty(h, dtype=dtype),
-        wqkv=torch.empty(q + 2 * kv, h, dtype=dtype),
-        bqkv=torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None,
-        wo=torch.empty(h, q, dtype=dtype),
-        ffn_norm=torch.empty(h, dtype=dtype),
-        w_gate_up=torch.empty(2 * i, h, dtype=dtype),
-        w_down=torch.empty(h, i, dtype=dtype),
-    )
+    matrices = {unit: torch.empty(shape, dtype=dtype) for unit, shape in matrix_shapes(cfg).items()}
+    return Layer(**empty_small(cfg, dtype), **matrices)
 
 
 def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit tensor name -> the (contiguous) part of `layer` it fills; from_unit's torch.cat, without the copy."""
-    q, kv, i = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    out = {
-        "attn_norm.weight": layer.attn_norm, "ffn_norm.weight": layer.ffn_norm,
-        "wq.weight": layer.wqkv[:q], "wk.weight": layer.wqkv[q:q + kv], "wv.weight": layer.wqkv[q + kv:],
-        "wo.weight": layer.wo, "w_gate.weight": layer.w_gate_up[:i], "w_up.weight": layer.w_gate_up[i:],
-        "w_down.weight": layer.w_down,
-    }
-    if layer.bqkv is not None:
-        out.update({"wq.bias": layer.bqkv[:q], "wk.bias": layer.bqkv[q:q + kv], "wv.bias": layer.bqkv[q + kv:]})
+    out = small_targets({"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm, "bqkv": layer.bqkv}, cfg)
+    for unit in STREAM_UNITS:
+        out.update(unit_targets(unit, getattr(layer, unit), cfg))
     return out
 
 
-STREAM_UNITS = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's matrices: the units of residency and streaming
+STREAM_UNITS = tuple(FUSED)  # a layer's matrices: the units of residency and streaming
 SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
-
-
-def unit_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return {"wqkv": (q + 2 * kv, h), "wo": (h, q), "w_gate_up": (2 * i, h), "w_down": (h, i)}
 
 
 def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit file tensor name -> its part of the fused matrix `t` (one of STREAM_UNITS)."""
-    q, kv, i = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    if unit == "wqkv":
-        return {"wq.weight": t[:q], "wk.weight": t[q:q + kv], "wv.weight": t[q + kv:]}
-    if unit == "w_gate_up":
-        return {"w_gate.weight": t[:i], "w_up.weight": t[i:]}
-    return {f"{unit}.weight": t}
+    return {name: t[rows] for name, rows in fused_rows(unit, cfg).items()}
 
 
 def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
                  dtype: torch.dtype) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The tensors (dtype, shape) that hold one of STREAM_UNITS in memory: one fused float matrix, or a
     quantized one's two stored tensors (named as in the unit file)."""
-    shape = unit_shapes(cfg)[unit]
+    shape = matrix_shapes(cfg)[unit]
     if fmt is None:
         return {unit: (dtype, shape)}
     return {f"{unit}.{part}": spec for part, spec in fmt.parts(shape).items()}
@@ -94,19 +71,17 @@ def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor 
 
 def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit file tensor name -> its part of a layer's small tensors (SMALL; bqkv may be None)."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     out = {"attn_norm.weight": small["attn_norm"], "ffn_norm.weight": small["ffn_norm"]}
     b = small.get("bqkv")
     if b is not None:
-        out.update({"wq.bias": b[:q], "wk.bias": b[q:q + kv], "wv.bias": b[q + kv:]})
+        out.update({name: b[rows] for name, rows in fused_rows("wqkv", cfg, "bias").items()})
     return out
 
 
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
-    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    small = (2 * cfg.hidden + bias) * dtype.itemsize
-    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in unit_shapes(cfg).values())
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases
+    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
 
 
 def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:

@@ -14,7 +14,7 @@ import typer
 
 from nodes import metrics
 from nodes.auth import TokenAuth
-from nodes.config import StoreError
+from nodes.manifest import StoreError
 from nodes.node import Node, NodeConfig
 from nodes.services import ControlService, InferenceService, RingService
 from nodes.work import RequestFailed

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from nodes import frames, recovery
-from nodes.config import StoreError
+from nodes.manifest import StoreError
 from nodes.recovery import Keep, Probe, Rejoin, RingView, RouteAround
 from nodes.routing import Windows
 from nodes.work import Rejected, RequestFailed

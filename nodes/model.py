@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nodes.config import ModelConfig
+from nodes.manifest import ModelConfig
 from nodes.quant import Format, Int4, Int8, embed_rows, linear
 
 Weight = torch.Tensor | Int4 | Int8  # a matrix [N, K]: float, or quantized (nodes/quant.py); used through linear()

@@ -19,10 +19,10 @@ import structlog
 import torch
 
 from nodes import fetch, frames
-from nodes.config import StoreError
 from nodes.fused import layer_bytes
 from nodes.head import Head
 from nodes.link import LinkDown, RingLink
+from nodes.manifest import StoreError
 from nodes.members import PROBE_INTERVAL
 from nodes.quant import compute_dtype
 from nodes.routing import Step, Windows

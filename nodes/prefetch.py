@@ -26,8 +26,8 @@ from itertools import combinations
 import psutil
 import torch
 
-from nodes.config import ModelConfig, StoreError
 from nodes.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
+from nodes.manifest import ModelConfig, StoreError
 from nodes.quant import Format
 from nodes.store import LayerStore
 

@@ -1,11 +1,10 @@
 """Calibrate the profile's compute rates on the node's own path: decode steps through a Shard of the store.
 
-One decoder layer timed alone (nodes/profile_model.py) ran faster than the same layers in a ring node
+One decoder layer timed alone (how the profiler first calibrated) ran faster than the same layers in a ring node
 (SmolLM2 here: 0.8 vs 1.0 ms a layer, and predicted TPOTs 20-30 % low). A node runs its window through
 nodes.shard.Shard: one layer after another, each with its own weights, a KV cache of the reserve's
 capacity, a growing context. This times exactly that on the store's first layers (as many as SWEEP_BYTES
-hold, at least one, so their weights come from memory, not cache) and reports per-layer rates as
-profile_model did.
+hold, at least one, so their weights come from memory, not cache) and reports per-layer rates.
 """
 
 import statistics
@@ -17,6 +16,7 @@ import torch
 from nodes.fused import layer_bytes
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.routing import Windows
+from nodes.shapes import layer_flops
 from nodes.shard import Shard
 from nodes.store import LayerStore
 
@@ -50,5 +50,5 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
     finally:
         shard.close()
     layer_s = statistics.median(times) / n
-    return {"layer_s": layer_s, "flops_rate": 2 * cfg.layer_params() / layer_s, "bytes_rate": nbytes / layer_s,
+    return {"layer_s": layer_s, "flops_rate": layer_flops(cfg) / layer_s, "bytes_rate": nbytes / layer_s,
             "layers": n}

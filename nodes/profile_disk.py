@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from nodes.config import MANIFEST, StoreError, read_manifest
+from nodes.manifest import MANIFEST, StoreError, read_manifest
 
 try:
     import fcntl

@@ -56,9 +56,9 @@ from pathlib import Path
 import structlog
 import torch
 
-from nodes.config import StoreError
 from nodes.diskio import emulated_rate
 from nodes.link import LinkDown, RingLink
+from nodes.manifest import StoreError
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_compute import measure_node_layers

@@ -1,6 +1,6 @@
 """What the head does about its members: pure decisions from a frozen snapshot, tested with tables.
 
-The head probes every member each second (nodes/watch.py performs the effects). A member that
+The head probes every member each second (nodes/members.py performs the effects). A member that
 misses enough probes in a row is routed around: the survivors are rewired and re-planned under a
 new epoch, and waiting requests replay. A lost member that answers again rejoins in its old place
 once the ring is idle. Nothing here does I/O.

@@ -10,9 +10,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from nodes import fetch, frames, metrics
-from nodes.config import MANIFEST, StoreError
 from nodes.generation import GenerateParams, Generation
 from nodes.link import LinkDown
+from nodes.manifest import MANIFEST, StoreError
 from nodes.node import Node
 from nodes.prefetch import MAX_BUFFER_LAYERS
 from nodes.profiler import profile_device

@@ -12,7 +12,6 @@ from collections.abc import Callable
 import structlog
 import torch
 
-from nodes.config import StoreError
 from nodes.fused import (
     STREAM_UNITS,
     empty_layer,
@@ -26,6 +25,7 @@ from nodes.fused import (
     small_targets,
     stream_parts,
 )
+from nodes.manifest import StoreError
 from nodes.model import (
     STAGES,
     Head,

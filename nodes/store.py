@@ -13,8 +13,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load
 
-from nodes.config import FileEntry, StoreError, read_manifest
 from nodes.diskio import ChunkReader
+from nodes.manifest import FileEntry, StoreError, read_manifest
 
 CHUNK = 1 << 20
 MAX_HEADER = 16 << 20

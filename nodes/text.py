@@ -7,7 +7,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from nodes.config import Manifest, StoreError
+from nodes.manifest import Manifest, StoreError
 
 
 class PromptError(ValueError):

@@ -1,11 +1,13 @@
-"""Model profile: per-layer bytes, FLOPs and KV-cache size of a dense decoder, from a store manifest."""
+"""Model profile: per-layer bytes, FLOPs and KV-cache size of a dense decoder, from a parsed store manifest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
-DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+from nodes.manifest import ARCHITECTURES, DTYPES, FileEntry, Manifest, ModelConfig, StoreError
+from nodes.shapes import layer_flops, layer_params, matrix_params, matrix_shapes
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 2, "int4": 2}  # KV elements: quantized stores
 # compute (and cache) in bfloat16
 ACT_ELEM_BYTES = 4  # activations travel the ring as fp32
@@ -28,6 +30,7 @@ class ModelProfile:
     layer_bytes: tuple[int, ...]  # [L] on-disk bytes of each decoder layer file
     embed_bytes: int  # embedding file
     head_bytes: int  # final norm + output projection file
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -54,24 +57,28 @@ class ModelProfile:
                 raise ValueError(f"{key} must be an int >= 0, got {v!r}")
 
     # --- derived quantities (per decode token) ---
-    @property
-    def layer_params(self) -> int:
-        h, nh, nkv, hd = self.hidden, self.n_heads, self.n_kv_heads, self.head_dim
-        attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h  # wq, wk, wv, wo
-        return attn + 3 * h * self.intermediate  # w1, w2, w3
+    @cached_property
+    def config(self) -> ModelConfig:
+        """The shape as the nodes hold it (nodes.shapes computes from it)."""
+        return ModelConfig(self.architecture, self.hidden, self.intermediate, self.n_layers, self.n_heads,
+                           self.n_kv_heads, self.head_dim, self.vocab, self.max_seq_len, qkv_bias=self.qkv_bias,
+                           tie_embeddings=self.tie_embeddings)
 
-    @property
+    @cached_property
+    def layer_params(self) -> int:
+        return layer_params(self.config)
+
+    @cached_property
     def serial_fraction(self) -> float:
         """The share of a layer's compute that a streaming node cannot overlap with its reads in a turn:
         the attention stage of the round's first layer (its reads wait for it to free the buffer) and
         the down projection of the last (computed after its read); nodes.model.STAGES."""
-        h, nh, nkv, hd = self.hidden, self.n_heads, self.n_kv_heads, self.head_dim
-        attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
-        return (attn + h * self.intermediate) / self.layer_params
+        m = {unit: a * b for unit, (a, b) in matrix_shapes(self.config).items()}
+        return (m["wqkv"] + m["wo"] + m["w_down"]) / matrix_params(self.config)
 
-    @property
+    @cached_property
     def layer_flops(self) -> int:
-        return 2 * self.layer_params  # one multiply-add per weight per token
+        return layer_flops(self.config)
 
     @property
     def layer_bytes_max(self) -> int:
@@ -108,50 +115,52 @@ class ModelProfile:
 
     # --- constructors ---
     @classmethod
-    def from_manifest(cls, manifest: dict) -> ModelProfile:
-        if not isinstance(manifest, dict):
-            raise ValueError(f"manifest must be a dict, got {type(manifest).__name__}")
+    def from_manifest(cls, manifest: Manifest) -> ModelProfile:
+        c = manifest.config
+        return cls(c.architecture, c.hidden, c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                   c.vocab, c.max_seq_len, manifest.dtype, manifest.bits_per_weight, c.tie_embeddings,
+                   tuple(f.bytes for f in manifest.layers), manifest.embed.bytes, manifest.head.bytes, c.qkv_bias)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelProfile:
+        """From a manifest's JSON (parsed by nodes.manifest, the one parser); ValueError when it is malformed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"manifest must be a dict, got {type(data).__name__}")
         try:
-            dims, files = manifest["dims"], manifest["files"]
-            return cls(
-                architecture=manifest["architecture"],
-                hidden=dims["hidden"], intermediate=dims["intermediate"], n_layers=dims["n_layers"],
-                n_heads=dims["n_heads"], n_kv_heads=dims["n_kv_heads"], head_dim=dims["head_dim"],
-                vocab=dims["vocab"], max_seq_len=dims["max_seq_len"],
-                dtype=manifest["dtype"], bits_per_weight=float(manifest["bits_per_weight"]),
-                tie_embeddings=bool(manifest["tie_embeddings"]),
-                layer_bytes=tuple(f["bytes"] for f in files["layers"]),
-                embed_bytes=files["embed"]["bytes"], head_bytes=files["head"]["bytes"],
-            )
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"manifest is missing or mistypes {e!s}") from e
+            return cls.from_manifest(Manifest.from_json(data))
+        except StoreError as e:
+            raise ValueError(str(e)) from None
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, bits_per_weight: float = 4.5, dtype: str = "bfloat16") -> ModelProfile:
+        """Shape-only profile: matrices at bits_per_weight / 8 bytes a weight, norms and biases in float32,
+        as a manifest-only store would list them."""
+        matrices = matrix_params(cfg)
+        layer = int(matrices * bits_per_weight / 8) + (layer_params(cfg) - matrices) * 4
+        embed = int(cfg.vocab * cfg.hidden * bits_per_weight / 8)
+        head = cfg.hidden * 4 + (0 if cfg.tie_embeddings else embed)
+        return cls(cfg.architecture, cfg.hidden, cfg.intermediate, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+                   cfg.head_dim, cfg.vocab, cfg.max_seq_len, dtype, bits_per_weight, cfg.tie_embeddings,
+                   (layer,) * cfg.n_layers, embed, head, cfg.qkv_bias)
 
     @classmethod
     def from_dims(cls, *, hidden: int, intermediate: int, n_layers: int, n_heads: int, n_kv_heads: int,
                   vocab: int, head_dim: int | None = None, max_seq_len: int = 8192,
                   bits_per_weight: float = 4.5, architecture: str = "llama", dtype: str = "bfloat16",
                   tie_embeddings: bool = False) -> ModelProfile:
-        """Shape-only profile: file sizes are params * bits_per_weight / 8, as a store would write them."""
-        hd = head_dim or hidden // n_heads
-        tmp = cls(architecture, hidden, intermediate, n_layers, n_heads, n_kv_heads, hd, vocab, max_seq_len,
-                  dtype, bits_per_weight, tie_embeddings, (1,) * n_layers, 0, 0)
-        norms = 2 * hidden * 4  # two fp32 RMSNorm vectors per layer
-        layer = int(tmp.layer_params * bits_per_weight / 8) + norms
-        embed = int(vocab * hidden * bits_per_weight / 8)
-        head = hidden * 4 + (0 if tie_embeddings else embed)
-        return cls(architecture, hidden, intermediate, n_layers, n_heads, n_kv_heads, hd, vocab, max_seq_len,
-                   dtype, bits_per_weight, tie_embeddings, (layer,) * n_layers, embed, head)
+        """Shape-only profile of these dims (from_config)."""
+        cfg = ModelConfig(architecture, hidden, intermediate, n_layers, n_heads, n_kv_heads,
+                          head_dim or hidden // n_heads, vocab, max_seq_len, tie_embeddings=tie_embeddings)
+        return cls.from_config(cfg, bits_per_weight=bits_per_weight, dtype=dtype)
 
     def to_manifest(self) -> dict:
-        """A minimal manifest with the keys `from_manifest` reads (paths are placeholders)."""
-        return {
-            "architecture": self.architecture,
-            "dims": {"hidden": self.hidden, "intermediate": self.intermediate, "n_layers": self.n_layers,
-                     "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim,
-                     "vocab": self.vocab, "max_seq_len": self.max_seq_len},
-            "tie_embeddings": self.tie_embeddings, "dtype": self.dtype, "bits_per_weight": self.bits_per_weight,
-            "files": {"embed": {"path": "embed.safetensors", "bytes": self.embed_bytes},
-                      "layers": [{"path": f"layer_{i:03d}.safetensors", "bytes": b}
-                                 for i, b in enumerate(self.layer_bytes)],
-                      "head": {"path": "head.safetensors", "bytes": self.head_bytes}},
-        }
+        """A manifest-only store's manifest JSON of this profile (paths are placeholders)."""
+        def entry(path: str, size: int) -> FileEntry:
+            return FileEntry(path=path, bytes=size)
+
+        return Manifest(
+            name=f"profile-{self.architecture}", config=self.config, dtype=self.dtype,
+            bits_per_weight=self.bits_per_weight, embed=entry("embed.safetensors", self.embed_bytes),
+            layers=tuple(entry(f"layer_{i:03d}.safetensors", b) for i, b in enumerate(self.layer_bytes)),
+            head=entry("head.safetensors", self.head_bytes), manifest_only=True,
+        ).to_json()

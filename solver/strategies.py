@@ -59,7 +59,7 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
              must_stay: Collection[str] = ()) -> dict:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
-    model = ModelProfile.from_manifest(manifest)
+    model = ModelProfile.from_json(manifest)
     inst = Instance(devices, model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):

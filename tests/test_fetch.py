@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from nodes.config import MANIFEST, StoreError, read_manifest
 from nodes.fetch import PART, Fetcher, read_manifest_from, safe_name
+from nodes.manifest import MANIFEST, StoreError, read_manifest
 from prima_rpc.app.local_ring import launch
 
 TOKEN = "fetch-secret"

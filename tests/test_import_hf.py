@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from nodes.config import StoreError, read_manifest
+from nodes.manifest import StoreError, read_manifest
 from nodes.reference import ReferenceModel
 from nodes.store import LayerStore
 from tools.import_hf import import_hf, read_config, rope, special_tokens

@@ -14,10 +14,10 @@ import psutil
 import pytest
 import torch
 
-from nodes.config import StoreError
 from nodes.diskio import ChunkReader
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_shapes, unit_targets
+from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_targets
 from nodes.generation import GenerateParams
+from nodes.manifest import StoreError
 from nodes.model import STAGES, Layer
 from nodes.prefetch import (
     KV_RESERVE_TOKENS,
@@ -32,6 +32,7 @@ from nodes.prefetch import (
 )
 from nodes.reference import ReferenceModel
 from nodes.routing import Step, Windows
+from nodes.shapes import matrix_shapes
 from nodes.shard import Shard
 from nodes.store import LayerStore
 
@@ -137,7 +138,7 @@ class FakeStore:
 
 
 def streaming_plan(cfg, budget_layers: float, prefetch: bool = True, buffer_layers: float = 0):
-    units = {u: aligned(torch.Size(s).numel() * 4) for u, s in unit_shapes(cfg).items()}
+    units = {u: aligned(torch.Size(s).numel() * 4) for u, s in matrix_shapes(cfg).items()}
     layer = sum(units.values())
     return plan_memory(list(range(8)), units, 0, 0, int(budget_layers * layer), prefetch, int(buffer_layers * layer))
 

@@ -10,9 +10,9 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from nodes.config import StoreError
 from nodes.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.generation import GenerateParams
+from nodes.manifest import StoreError
 from nodes.model import Layer
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.quant import (

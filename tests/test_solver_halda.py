@@ -139,7 +139,7 @@ def test_halda_picks_the_rounds_that_hide_the_disk(tmp_path, share, k):
     enough rounds read them all in the gaps, at the bound (README, offload benchmark). Halda must find
     such k from the profiles alone, with one-layer stream buffers: more would only add reads."""
     store = synth(tmp_path / "o72", "offload-1g", layers=72, manifest_only=True)
-    model = ModelProfile.from_manifest(json.loads((store / "manifest.json").read_text()))
+    model = ModelProfile.from_json(json.loads((store / "manifest.json").read_text()))
     budget = int(share * 24 * model.layer_bytes_max)
     devs = tuple(DeviceProfile(name=f"n{i}", os="linux", cpu_flops=1e12, gpu_flops=0, gpu_kind="none",
                                ram_bandwidth=16e9, vram_bandwidth=0, disk_seq_read=245e6, disk_rand_read=245e6,

@@ -1,13 +1,17 @@
 """Device/model profiles: JSON round trips, validation messages, derived sizes, presets."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
+from nodes.manifest import read_manifest
+from nodes.shapes import PUBLISHED, layer_params, layer_shapes
 from solver.model_profile import ModelProfile
 from solver.presets import PRESETS, preset
 from solver.profiles import DeviceProfile, devices_from_json, devices_to_json, load_profiles
+from tools.synth import synth
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
 
@@ -73,10 +77,10 @@ def test_profiles_document_validation():
 
 def test_llama3_8b_shape():
     m = preset("llama3-8b")
-    assert m.layer_params == 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert m.layer_params == 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096  # and two norms
     total = m.layer_params * m.n_layers + 2 * m.vocab * m.hidden
     assert 8.0e9 < total < 8.1e9
-    assert m.layer_flops == 2 * m.layer_params
+    assert m.layer_flops == 2 * (m.layer_params - 2 * 4096)  # a multiply-add per matrix weight
     assert m.kv_bytes_per_token_layer == 2 * 8 * 128 * 2
     assert m.output_flops == 2 * 4096 * 128256
     assert m.activation_bytes == 4096 * 4
@@ -85,33 +89,44 @@ def test_llama3_8b_shape():
 
 
 def test_presets_have_published_dims():
-    assert set(PRESETS) == {"llama3-8b", "llama3-70b", "qwen2.5-32b", "qwen2.5-72b"}
+    assert set(PUBLISHED) <= set(PRESETS)
     m = preset("qwen2.5-72b", bits_per_weight=32)
     assert (m.hidden, m.intermediate, m.n_layers, m.n_heads, m.n_kv_heads, m.vocab) == \
         (8192, 29568, 80, 64, 8, 152064)
-    assert m.layer_bytes[0] == m.layer_params * 4 + 2 * 8192 * 4
+    assert m.layer_bytes[0] == m.layer_params * 4  # matrices, norms and biases, all 32-bit
     with pytest.raises(ValueError, match="unknown preset"):
         preset("gpt-5")
 
 
 def test_manifest_round_trip_and_validation():
     m = preset("qwen2.5-32b")
-    assert ModelProfile.from_manifest(m.to_manifest()) == m
+    assert ModelProfile.from_json(m.to_manifest()) == m
     man = m.to_manifest()
     man["files"]["layers"] = man["files"]["layers"][:-1]
-    with pytest.raises(ValueError, match="files.layers has 63 entries"):
-        ModelProfile.from_manifest(man)
+    with pytest.raises(ValueError, match="63 layer files for 64 layers"):
+        ModelProfile.from_json(man)
     man = m.to_manifest()
     del man["dims"]["vocab"]
     with pytest.raises(ValueError, match="vocab"):
-        ModelProfile.from_manifest(man)
+        ModelProfile.from_json(man)
     man = m.to_manifest()
     man["architecture"] = "gpt2"
     with pytest.raises(ValueError, match="architecture"):
-        ModelProfile.from_manifest(man)
+        ModelProfile.from_json(man)
 
 
 def test_tied_embeddings_use_embedding_for_output():
     m = ModelProfile.from_dims(hidden=64, intermediate=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab=100,
                                tie_embeddings=True, bits_per_weight=32)
     assert m.head_bytes == 64 * 4 and m.output_weight_bytes == m.embed_bytes == 100 * 64 * 4
+
+
+def test_solver_and_nodes_count_a_layer_alike(tmp_path):
+    """One definition of a layer's parameters (nodes.shapes): the profile built from a store's parsed
+    manifest counts what the node's config counts, norms and q/k/v biases included."""
+    for name in ("tiny", "tiny-qwen2"):
+        manifest, _ = read_manifest(synth(tmp_path / name, name, manifest_only=True))
+        profile = ModelProfile.from_manifest(manifest)
+        assert profile.layer_params == layer_params(manifest.config) == sum(
+            math.prod(s) for s in layer_shapes(manifest.config).values())
+    assert preset("qwen2.5-32b").layer_params == layer_params(PRESETS["qwen2.5-32b"])

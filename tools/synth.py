@@ -9,23 +9,10 @@ from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.config import DTYPES, FileEntry, ModelConfig, StoreError
-from nodes.fused import unit_shapes as matrix_shapes
+from nodes.manifest import DTYPES, FileEntry, ModelConfig, StoreError
 from nodes.quant import BITS, GROUP, Format, writing_format
+from nodes.shapes import PRESETS, layer_shapes, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file
-
-# Published shapes (their config.json), and tiny ones for tests.
-PRESETS: dict[str, ModelConfig] = {
-    "llama3-8b": ModelConfig("llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 1e-5, 500000.0),
-    "llama3-70b": ModelConfig("llama", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 1e-5, 500000.0),
-    "qwen2.5-32b": ModelConfig("qwen2", 5120, 27648, 64, 40, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
-    "qwen2.5-72b": ModelConfig("qwen2", 8192, 29568, 80, 64, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
-    # Tiny stores for tests: a few MB, fast on two cores.
-    "tiny": ModelConfig("llama", 64, 128, 8, 4, 2, 16, 320, 512, tie_embeddings=True),
-    "tiny-qwen2": ModelConfig("qwen2", 64, 160, 6, 4, 2, 16, 320, 512, qkv_bias=True),
-    # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
-    "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
-}
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -43,27 +30,6 @@ def byte_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     return tok
-
-
-def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
-    shapes = {
-        "attn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h), "wv.weight": (kv, h),
-        "wo.weight": (h, q), "ffn_norm.weight": (h,), "w_gate.weight": (i, h), "w_up.weight": (i, h),
-        "w_down.weight": (h, i),
-    }
-    if cfg.qkv_bias:
-        shapes.update({"wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,)})
-    return shapes
-
-
-def unit_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
-    units = {"embed": {"embed.weight": (cfg.vocab, cfg.hidden)}}
-    units.update({f"layer.{i}": layer_shapes(cfg) for i in range(cfg.n_layers)})
-    units["head"] = {"norm.weight": (cfg.hidden,)}
-    if not cfg.tie_embeddings:
-        units["head"]["output.weight"] = (cfg.vocab, cfg.hidden)
-    return units
 
 
 def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -85,12 +51,11 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
     fill=False: values left as they come (for sizes only)."""
     g = torch.Generator().manual_seed(seed)
     randint = (lambda lo, hi, shape, dtype, generator: torch.empty(shape, dtype=dtype)) if not fill else torch.randint
-    if unit == "embed":
-        shapes = {"embed": (cfg.vocab, cfg.hidden)}
-    elif unit == "head":
-        shapes = {} if cfg.tie_embeddings else {"output": (cfg.vocab, cfg.hidden)}
+    tensors = layer_shapes(cfg) if unit.startswith("layer.") else unit_shapes(cfg)[unit]
+    if unit.startswith("layer."):
+        shapes = matrix_shapes(cfg)  # quantized layers hold fused matrices
     else:
-        shapes = matrix_shapes(cfg)
+        shapes = {name.removesuffix(".weight"): s for name, s in tensors.items() if len(s) == 2}
     out = {}
     for name, (n, k) in shapes.items():
         if fmt.name == "int4":  # q uniform in [0, 16): (q - 8) has std ~4.6
@@ -100,14 +65,9 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
         else:  # uniform in [-127, 127]: std ~73
             out[f"{name}.qweight"] = randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
             out[f"{name}.scales"] = torch.full((n,), 1 / (73 * k ** 0.5))
-    if unit == "head":
-        out["norm.weight"] = torch.ones(cfg.hidden)
-    elif unit != "embed":
-        out.update({"attn_norm.weight": torch.ones(cfg.hidden), "ffn_norm.weight": torch.ones(cfg.hidden)})
-        if cfg.qkv_bias:
-            out["wq.bias"], out["wk.bias"], out["wv.bias"] = (
-                torch.randn(b, generator=g) * 0.02 for b in (cfg.n_heads * cfg.head_dim,) + (cfg.n_kv_heads *
-                                                                                           cfg.head_dim,) * 2)
+    for name, shape in tensors.items():  # norms (ones) and biases, in float32
+        if len(shape) == 1:
+            out[name] = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=g) * 0.02
     return out
 
 

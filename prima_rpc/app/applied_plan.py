@@ -44,7 +44,7 @@ def predict(head: str, token: str | None) -> dict:
     profiles, manifest = profile_ring(head, token)
     if len(profiles["devices"]) != len(windows):
         raise NoPlan("The ring changed while it was profiled; ask again.")
-    inst = Instance(devices_from_json(profiles), ModelProfile.from_manifest(manifest), n_ctx=KV_RESERVE_TOKENS)
+    inst = Instance(devices_from_json(profiles), ModelProfile.from_json(manifest), n_ctx=KV_RESERVE_TOKENS)
     gpu, members = [0] * len(windows), [True] * len(windows)  # nodes run their layers on CPU; the walk finds members
     plan = build_plan(inst, k, windows, gpu, members, 0.0, "applied")
     return plan_to_json(plan, inst.model.n_layers, evaluate(inst, k, windows, gpu, members))

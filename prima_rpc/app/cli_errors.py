@@ -13,7 +13,7 @@ import grpc
 import typer
 from typer.exceptions import TyperException
 
-from nodes.config import StoreError
+from nodes.manifest import StoreError
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import PrimaError
 

@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from nodes.config import read_manifest
+from nodes.manifest import read_manifest
 from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
 

@@ -41,6 +41,6 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
     # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
     result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS)
     if "devices" in result:  # nodes without the model fetch their layers from the head first
-        add_first_start(result, ModelProfile.from_manifest(manifest), devices, profiles["_holds_model"])
+        add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
     return result

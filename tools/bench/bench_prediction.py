@@ -50,7 +50,7 @@ async def tpot(head: str, tokens: int) -> float:
 
 def predict(devices, manifest: dict, windows: list[int]) -> RingPlan:
     """The cost model's plan for exactly these windows (with its stream buffers)."""
-    model = ModelProfile.from_manifest(manifest)
+    model = ModelProfile.from_json(manifest)
     inst = Instance(devices, model, n_ctx=KV_RESERVE_TOKENS)  # the KV room a node's budget keeps
     k = model.n_layers // sum(windows)
     in_ring = [True] * len(windows)  # relays stay in the ring: they still cost a hop

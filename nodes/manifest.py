@@ -51,10 +51,6 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise StoreError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
-    def layer_params(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
-        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
-
 
 @dataclass(frozen=True)
 class Manifest:
