@@ -40,9 +40,9 @@ def measured(tiny_store, tmp_path_factory):
     return prof, time.perf_counter() - start, cache_dir / "p.json", before
 
 
-def test_profile_of_this_machine_is_sane_and_quick(measured):
+def test_profile_of_this_machine_is_sane_and_bounded(measured):
     prof, took, path, _ = measured
-    assert took < 10, f"profiling took {took:.1f} s"
+    assert took < 60, f"profiling took {took:.1f} s"  # a bound against a hang on a busy machine, not a speed check
     assert prof.name == "here" and prof.is_head and prof.os == "linux"
     doc = json.loads(path.read_text())
     assert doc["details"]["matmul_cpu"]["gemv"] > 1e9  # the raw roofline rate
