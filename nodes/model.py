@@ -152,15 +152,16 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
     t = x.shape[0]
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     qkv = linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
-    q, k, v = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1).split([nh, nkv, nkv])
-    kv[0, :, pos:pos + t] = rope.apply(k, pos)
-    kv[1, :, pos:pos + t] = v
+    heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
+    q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])  # q and k rotated at once: half the ops
+    kv[0, :, pos:pos + t] = k
+    kv[1, :, pos:pos + t] = heads[nh + nkv:]
     keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
     mask = None
     if t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
-        rope.apply(q, pos).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
         attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
     )  # [1, nh, T, hd]
     return x + linear(att[0].transpose(0, 1).reshape(t, nh * hd), wo)

@@ -32,8 +32,15 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
     """x @ w.T (+ bias) for a float weight [N, K] or a quantized one."""
     if isinstance(w, torch.Tensor):
         return torch.nn.functional.linear(x, w, bias)
-    y = w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
+    y = w.mm(x) if x.dim() == 2 else w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
     return y if bias is None else y + bias
+
+
+def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x contiguous in `dtype`; no dispatch when it already is (the usual case: a few per layer per token)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    return x if x.is_contiguous() else x.contiguous()
 
 
 def embed_rows(w, ids: torch.Tensor) -> torch.Tensor:
@@ -153,7 +160,7 @@ class Int4:
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, K] in the activation dtype (the kernel wants it contiguous and of the scales' dtype)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.sz.dtype).contiguous(), self.packed, GROUP,
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(as_kernel_input(x, self.sz.dtype), self.packed, GROUP,
                                                           self.sz)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -176,7 +183,7 @@ class Int8:
         self.shape = tuple(q.shape)
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x.to(self.scale.dtype).contiguous(), self.q, self.scale)
+        return torch.ops.aten._weight_int8pack_mm(as_kernel_input(x, self.scale.dtype), self.q, self.scale)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return (self.q[ids].float() * self.scale[ids].float()[..., None]).to(self.scale.dtype)

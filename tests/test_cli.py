@@ -54,7 +54,7 @@ def test_import_default_creates_the_store_once(tmp_path):
     env = {"PRIMA_HOME": str(tmp_path)}
     first = ctl("import", "--default", env=env)
     assert first.returncode == 0, first.stderr
-    store = tmp_path / "models" / "SmolLM2-135M-Instruct"
+    store = tmp_path / "models" / "SmolLM2-135M-Instruct-int4"  # --default alone: int4 (tools/default_model.py)
     assert first.stdout.strip().splitlines()[-1] == str(store)
     assert (store / "manifest.json").is_file() and not list(tmp_path.glob("models/.*partial*"))
     stamp = (store / "manifest.json").stat().st_mtime_ns

@@ -36,12 +36,13 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
             out: Path = typer.Argument(None, help="the store directory to create"),
             default: bool = typer.Option(False, "--default", help="import SmolLM2 into $PRIMA_HOME/models"),
             dtype: str = typer.Option(None, help="weight dtype of the store: float32, bfloat16, float16, int8 or int4 "
-                                                 "(GGUF Q4_0/Q4_1 blocks become int4 exactly)"),
+                                                 "(GGUF Q4_0/Q4_1 blocks become int4 exactly; --default alone: int4)"),
             overwrite: bool = typer.Option(False, help="replace an existing store")):
     """Import a GGUF file or a Hugging Face directory into a per-layer store."""
     if default:
-        from tools.default_model import default_store_dir, ensure_default_store
+        from tools.default_model import DEFAULT_DTYPE, default_store_dir, ensure_default_store
 
+        dtype = dtype or DEFAULT_DTYPE
         with bar(f"importing SmolLM2 into {default_store_dir(dtype)}") as progress:
             print(ensure_default_store(progress=progress, dtype=dtype))
         return
@@ -83,7 +84,7 @@ def synth(out: Path = typer.Argument(..., help="the store directory to create"),
 @app.command()
 @guarded
 def run(prompt: str = typer.Argument(..., help="one user message (or raw text with --raw)"),
-        model: Path = typer.Option(None, help="store directory (default: SmolLM2, imported if missing)"),
+        model: Path = typer.Option(None, help="store directory (default: SmolLM2 in int4, imported if missing)"),
         max_tokens: int = typer.Option(128), temperature: float = typer.Option(0.0),
         top_k: int = typer.Option(0), top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
         stop: list[str] = typer.Option([], help="stop string (repeatable)"),
@@ -151,9 +152,9 @@ cli_serve.register(app, state)
 
 
 def _default_model() -> Path:
-    from tools.default_model import ensure_default_store
+    from tools.default_model import DEFAULT_DTYPE, ensure_default_store
 
-    return ensure_default_store()
+    return ensure_default_store(dtype=DEFAULT_DTYPE)
 
 
 if __name__ == "__main__":  # python -m prima_rpc.app.cli

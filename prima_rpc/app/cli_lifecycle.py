@@ -45,10 +45,10 @@ def register(app: typer.Typer, state: dict) -> None:
             fail(f"--windows gives {len(sizes)} windows for {local} nodes")
         cli_args.text(prompt, "--prompt")
         if model is None:
-            from tools.default_model import ensure_default_store
+            from tools.default_model import DEFAULT_DTYPE, ensure_default_store
 
             with bar("importing SmolLM2 (once)") as progress:
-                model = ensure_default_store(progress=progress)
+                model = ensure_default_store(progress=progress, dtype=DEFAULT_DTYPE)
         cli_args.store(model)
         running = local_ring.Recorded.read(local_ring.run_dir(base_port))
         alive = running.alive() if running else {}

@@ -1,0 +1,71 @@
+"""A running prima-node on an int4 store with a bad unit file: Assign answers with one line naming the file,
+the node stays up (Info answers), and once the file is fixed the same node assigns."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
+from tools.synth import synth
+
+
+@pytest.fixture(scope="module")
+def tiny_int4(tmp_path_factory) -> Path:
+    return synth(tmp_path_factory.mktemp("stores") / "tiny-int4", "tiny", seed=3, dtype="int4")
+
+
+def linked_copy(store: Path, to: Path, own: tuple[str, ...]) -> Path:
+    """`store` as hard links, except the files in `own`, which are copies this test may damage."""
+    to.mkdir()
+    for f in store.iterdir():
+        if f.name in own:
+            shutil.copyfile(f, to / f.name)
+        else:
+            os.link(f, to / f.name)
+    return to
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def sizes_match_the_truncated_file(store: Path) -> None:
+    """The manifest says the truncated file's size (and no hash): the tensors' sizes still do not fit."""
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["files"]["layers"][1]["bytes"] = (store / "layer_001.safetensors").stat().st_size
+    manifest["files"]["layers"][1]["sha256"] = ""
+    (store / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage, error", [
+    ("truncated", r"layer_001\.safetensors: \d+ bytes, manifest says"),
+    ("sizes", r"layer_001\.safetensors"),
+])
+def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, damage, error):
+    broken = linked_copy(tiny_int4, tmp_path / "broken", ("layer_001.safetensors", "manifest.json"))
+    good = (tiny_int4 / "layer_001.safetensors").read_bytes()
+    truncate(broken / "layer_001.safetensors")
+    if damage == "sizes":
+        sizes_match_the_truncated_file(broken)
+    head = broken if damage == "sizes" else tiny_int4  # an edited manifest is another model id: both hold it
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[head, broken])
+    try:
+        with pytest.raises(ring.RingError, match=error) as err:
+            ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
+        assert "\n" not in str(err.value).strip()
+        assert local.processes[1].poll() is None
+        info = ring.walk(local.addresses[1])[0][1]
+        assert "layer_001.safetensors" in info.error and not info.loaded
+
+        if damage == "sizes":
+            return  # the node read this manifest when it started: fixing it takes a restart
+        (broken / "layer_001.safetensors").write_bytes(good)  # fixed: the same node now assigns
+        ring.start(local.addresses[0], [4, 4])
+        infos = ring.walk(local.addresses[0])
+        assert [info.loaded for _, info in infos] == [True, True], [(i.loaded, i.error, i.state) for _, i in infos]
+    finally:
+        local.stop()
