@@ -197,8 +197,8 @@ class Fetcher:
                     async for chunk in self._stub(source).Fetch(
                             pb.FetchRequest(model_id=self.model_id, name=name, offset=got), metadata=self.md):
                         if chunk.total_bytes != size or got + len(chunk.data) > size:
-                            raise StoreError(f"{source} serves {name} with {chunk.total_bytes} bytes, the manifest "
-                                             f"says {size}")
+                            raise StoreError(f"{source} serves {name} ({part.name.removesuffix('.part')}) with "
+                                             f"{chunk.total_bytes} bytes, the manifest says {size}")
                         f.write(chunk.data)
                         hasher.update(chunk.data)
                         got += len(chunk.data)

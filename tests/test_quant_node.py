@@ -1,5 +1,6 @@
-"""A running prima-node on an int4 store with a bad unit file: Assign answers with one line naming the file,
-the node stays up (Info answers), and once the file is fixed the same node assigns."""
+"""A running prima-node on an int4 store with a bad unit file: when no ring member has a good copy, Assign answers
+with one line naming the file, the node stays up (Info answers), and once the file is fixed the same node assigns;
+when the head has a good copy, the node fetches it (weights travel over the ring) and assigns."""
 
 import json
 import os
@@ -42,7 +43,7 @@ def sizes_match_the_truncated_file(store: Path) -> None:
 
 
 @pytest.mark.parametrize("damage, error", [
-    ("truncated", r"layer_001\.safetensors: \d+ bytes, manifest says"),
+    ("truncated", r"layer_001\.safetensors"),
     ("sizes", r"layer_001\.safetensors"),
 ])
 def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, damage, error):
@@ -51,8 +52,8 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
     truncate(broken / "layer_001.safetensors")
     if damage == "sizes":
         sizes_match_the_truncated_file(broken)
-    head = broken if damage == "sizes" else tiny_int4  # an edited manifest is another model id: both hold it
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[head, broken])
+    # Both nodes hold the broken store, so no member can send node1 a good copy of the unit.
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[broken, broken])
     try:
         with pytest.raises(ring.RingError, match=error) as err:
             ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
@@ -67,5 +68,18 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
         ring.start(local.addresses[0], [4, 4])
         infos = ring.walk(local.addresses[0])
         assert [info.loaded for _, info in infos] == [True, True], [(i.loaded, i.error, i.state) for _, i in infos]
+    finally:
+        local.stop()
+
+
+def test_a_truncated_int4_unit_is_fetched_again_from_the_head(tiny_int4, tmp_path):
+    broken = linked_copy(tiny_int4, tmp_path / "broken", ("layer_001.safetensors",))
+    truncate(broken / "layer_001.safetensors")
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_int4, broken])
+    try:
+        ring.start(local.addresses[0], [4, 4])  # node1 holds [0, 4): its layer 1 comes from the head
+        infos = ring.walk(local.addresses[0])
+        assert [info.loaded for _, info in infos] == [True, True], [(i.loaded, i.error) for _, i in infos]
+        assert infos[1][1].fetched_bytes > 0
     finally:
         local.stop()
