@@ -30,6 +30,11 @@ def linked_copy(store: Path, to: Path, own: tuple[str, ...]) -> Path:
     return to
 
 
+def own_caches(tmp_path: Path, n: int) -> list[list[str]]:
+    """Each node its own fetch cache: $PRIMA_HOME/cache outlives the test and would supply a good copy."""
+    return [["--cache", str(tmp_path / f"cache{i}")] for i in range(n)]
+
+
 def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
@@ -53,7 +58,8 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
     if damage == "sizes":
         sizes_match_the_truncated_file(broken)
     # Both nodes hold the broken store, so no member can send node1 a good copy of the unit.
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[broken, broken])
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[broken, broken],
+                   extra_args=own_caches(tmp_path, 2))
     try:
         with pytest.raises(ring.RingError, match=error) as err:
             ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
@@ -75,7 +81,8 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
 def test_a_truncated_int4_unit_is_fetched_again_from_the_head(tiny_int4, tmp_path):
     broken = linked_copy(tiny_int4, tmp_path / "broken", ("layer_001.safetensors",))
     truncate(broken / "layer_001.safetensors")
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_int4, broken])
+    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_int4, broken],
+                   extra_args=own_caches(tmp_path, 2))
     try:
         ring.start(local.addresses[0], [4, 4])  # node1 holds [0, 4): its layer 1 comes from the head
         infos = ring.walk(local.addresses[0])
