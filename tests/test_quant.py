@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
+from test_offload import ring_step  # in-process shards in ring order, shared with the float tests
 
 from nodes.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.generation import GenerateParams
@@ -27,7 +28,7 @@ from nodes.quant import (
     unpack_int4,
 )
 from nodes.reference import ReferenceModel
-from nodes.routing import Step, Windows
+from nodes.routing import Windows
 from nodes.shard import Shard
 from nodes.store import LayerStore
 from tools.default_model import default_gguf, ensure_default_store
@@ -153,14 +154,6 @@ def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, sm
 
 
 # ------------------------------------------------------------------ shards, streaming and rings on int4
-
-
-def ring_step(shards: list[Shard], caches: list, ids: list[int], pos: int) -> torch.Tensor:
-    x, next_layer, n = shards[0].embed(ids), 0, shards[0].cfg.n_layers
-    while next_layer < n:
-        i = next(i for i, s in enumerate(shards) if s.windows.step(next_layer) is Step.COMPUTE)
-        x, next_layer = shards[i].compute(x, caches[i], pos, next_layer)
-    return shards[0].logits(x)
 
 
 @pytest.mark.parametrize("ranges, budget, buffer_layers", [
