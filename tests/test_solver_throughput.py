@@ -7,6 +7,7 @@ import pytest
 
 from solver.cost_model import Instance, evaluate
 from solver.halda import halda
+from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible
 from solver.profiles import DeviceProfile, devices_from_json
@@ -174,3 +175,47 @@ def test_invalid_input(call, msg):
     plan = halda(inst, select=False)
     with pytest.raises(ValueError, match=msg):
         call(plan, inst)
+
+
+def one_fast_device():
+    """A fast head and two slower devices, each able to hold the whole model."""
+    inst = loopback(host="")
+    slow = [replace(d, cpu_flops=1e10, ram_bandwidth=1.5e10) for d in inst.devices[1:]]
+    return replace(inst, devices=(inst.devices[0], *slow))
+
+
+def test_halda_for_eight_requests_spreads_what_one_request_keeps_on_one_device():
+    inst = one_fast_device()
+    one = halda(inst)
+    assert one.window_sizes == [30, 0, 0]  # one request: the fast head alone, no hops
+    plan, t8 = halda_for(inst, 8)
+    assert plan.window_sizes != one.window_sizes and all(plan.window_sizes)  # eight: every device works at once
+    assert t8.micro_batches > 1
+    # it beats the one-request plan at its own best batching, and it is priced as every plan is (one request)
+    assert t8.aggregate_tps > predict_throughput(one, inst, 8).aggregate_tps * 1.05
+    assert t8 == predict_throughput(plan, inst, 8, t8.max_batch, t8.micro_batches)
+    assert plan.predicted_tpot_s == evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring).tpot_s
+
+
+def test_halda_for_one_request_is_halda():
+    for seed in range(30):
+        inst = with_batches(small_instance(seed), random.Random(seed))
+        base, got = halda(inst), halda_for(inst, 1)
+        if isinstance(base, Infeasible):
+            assert isinstance(got, Infeasible)
+            continue
+        plan, t = got
+        assert (plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring) == \
+            (base.k, base.window_sizes, base.gpu_layers, base.in_ring)
+        assert t.tpot_s == base.predicted_tpot_s
+
+
+def test_halda_for_concurrency_never_loses_to_the_one_request_plan():
+    for seed in range(12):
+        inst = with_batches(small_instance(seed, max_devices=3), random.Random(seed))
+        base = halda(inst)
+        if isinstance(base, Infeasible):
+            continue
+        for M in (2, 8):
+            _, t = halda_for(inst, M)
+            assert t.tpot_s <= predict_throughput(base, inst, M).tpot_s * (1 + 1e-9)
