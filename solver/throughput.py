@@ -20,8 +20,8 @@ the round trip when the ring is not full, else the busiest resource's work for a
   - a host's CPU: the compute of every device on it (compute beside its disk reads, the head's output layer
     and per-request work); one device per host in a home cluster, all of them on a loopback ring
   - a link (a node's send coroutine, one frame after another): its k hops
-  - a streaming device's disk: its reads (one read of a streamed layer serves a whole batch); its CPU then
-    counts its turns (compute and the reads its gaps cannot hide, cost_model), not all its reads
+  - a streaming device's disk: its reads (one read of a streamed layer serves a whole batch); a device waiting
+    for its disk leaves the CPU to others (its reads in its own turns are in R, not in the CPU's work)
   - "async" (what the ring does: a node sends on its own send coroutine, so its next compute overlaps its
     sends; heteropipe's Theorem 2): links are resources of their own; "blocking": a send holds its sender
     (sigma = tau + d, Theorem 3); "free": sends cost nothing (Theorem 1). A link between two devices of one
@@ -82,8 +82,8 @@ def resources(inst: Instance, br: Breakdown, in_ring: list[bool], mode: str) -> 
     on_host: dict[str, list[int]] = {}
     for m in members:
         on_host.setdefault(host[m], []).append(m)
-    # A device's turns (compute, and the reads it cannot hide), the head's constant; its disk is a resource too.
-    cpu = {h: sum(br.turn_s[m] + (br.kappa_s if m == 0 else 0.0) for m in ms) for h, ms in on_host.items()}
+    # A device's compute (with copying what it reads into its buffer), the head's constant; its disk apart.
+    cpu = {h: sum(br.compute_s[m] + (br.kappa_s if m == 0 else 0.0) for m in ms) for h, ms in on_host.items()}
     disks = {f"disk of {devs[m].name}": br.disk_s[m] for m in members if br.disk_s[m] > 0}
     links: dict[str, float] = {}
     wire = 0.0
