@@ -40,6 +40,7 @@ from solver.plan import RingPlan
 
 MAX_MICRO_BATCHES = 8  # the most batches in flight a plan considers (the ring has at most this many busy stages
 # in a home)
+NEAR = 0.01  # batchings this close to the best period count as equal (the fewest batches in flight wins)
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,12 @@ def predict_throughput(plan: RingPlan, inst: Instance, concurrency: int, max_bat
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if max_batch is None or micro_batches is None:
-        options = candidates(concurrency, max_batch, micro_batches)
-        return min((predict_throughput(plan, inst, concurrency, b, g, mode, prefetch) for b, g in options),
-                   key=lambda t: (round(t.tpot_s, 12), t.micro_batches, t.max_batch))
+        options = [predict_throughput(plan, inst, concurrency, b, g, mode, prefetch)
+                   for b, g in candidates(concurrency, max_batch, micro_batches)]
+        best = min(t.tpot_s for t in options)
+        # Within NEAR of the best, the fewest batches in flight: each costs the ring its own pass over the weights
+        # (its own disk reads), its buffers and frames, which the model prices only where they are the bottleneck
+        return min((t for t in options if t.tpot_s <= best * (1 + NEAR)), key=lambda t: (t.micro_batches, t.tpot_s))
     sizes = batch_sizes(concurrency, max_batch, micro_batches)
     trips, busy = [], []
     for b in sorted(set(sizes)):
