@@ -23,7 +23,8 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
   output_s                 with a store's weights: its final norm and output projection for one token
   host                     this machine (a hash of its machine id): nodes on one host share its CPU
   batch_cost               with a store's weights: a decode step of b = 1, 2, 4, 8 requests at once over one
-                           request's, per layer (nodes/profile_compute.measure_batch_cost); none: b (no gain)
+                           request's, per layer (nodes/profile_compute.measure_batch_cost); none: b (no gain);
+                           output_batch_cost the same for the output layer (one large matrix: its own curve)
   link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
@@ -183,6 +184,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         token_s=measure_token_overhead(vocab, hidden, getattr(torch, dtype), _text(store)),
         output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
         host=host_id(), batch_cost=batch["batch_cost"] if batch else {},
+        output_batch_cost=batch["output_batch_cost"] if batch else {},
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,

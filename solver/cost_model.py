@@ -139,11 +139,11 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
 def kappa(inst: Instance) -> float:
     """Per-token constant: the head's output projection on its CPU (measured, output_s, or its roofline; the
     embedding lookup is one row) and its own work around it (token_s: hand-offs to its compute thread,
-    sampling, detokenising, the token's event). For a batch: the output layer in one pass (the head's batch
-    curve), its own work per request."""
+    sampling, detokenising, the token's event). For a batch: the output layer in one pass (its batch curve),
+    the head's own work per request."""
     head, m = inst.devices[0], inst.model
     output = head.output_s or layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
-    return output * head.batch_factor(inst.batch) + inst.batch * head.token_s
+    return output * head.output_batch_factor(inst.batch) + inst.batch * head.token_s
 
 
 # ------------------------------------------------------------------ one device's terms

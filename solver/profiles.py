@@ -25,6 +25,8 @@ JSON schema (plain JSON, keys = field names, SI units):
                                         # optional: a decode step of b requests at once (one pass over the
                                         #   weights, attention per request) / one request's, per layer;
                                         #   missing: b (no gain assumed, see DeviceProfile.batch_factor)
+       "output_batch_cost": {"1": 1.0, "8": 1.4},   # optional: the same for the model's output layer (the
+                                        #   head's, one pass for the batch's rows; missing: b)
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -40,7 +42,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "is_head", "host", "batch_cost")
+OPTIONAL = ("frame_s", "token_s", "output_s", "is_head", "host", "batch_cost", "output_batch_cost")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class DeviceProfile:
     is_head: bool = False
     host: str = ""
     batch_cost: tuple[tuple[int, float], ...] = ()  # (b, cost of b rows / cost of 1 row), b ascending, from 1
+    output_batch_cost: tuple[tuple[int, float], ...] = ()  # the same for the output layer
 
 
     def __post_init__(self) -> None:
@@ -76,7 +79,7 @@ class DeviceProfile:
         if self.gpu_kind == "metal" and self.os != "macos":
             raise ValueError(f"{self.name}: gpu_kind 'metal' needs os 'macos', got {self.os!r}")
         for f in fields(self):
-            if f.name in ("name", "os", "gpu_kind", "is_head", "host", "batch_cost"):
+            if f.name in ("name", "os", "gpu_kind", "is_head", "host", "batch_cost", "output_batch_cost"):
                 continue
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -92,7 +95,8 @@ class DeviceProfile:
             raise ValueError(f"{self.name}: is_head must be a bool, got {self.is_head!r}")
         if not isinstance(self.host, str):
             raise ValueError(f"{self.name}: host must be a string, got {self.host!r}")
-        object.__setattr__(self, "batch_cost", _batch_cost(self.name, self.batch_cost))
+        for key in ("batch_cost", "output_batch_cost"):
+            object.__setattr__(self, key, _batch_cost(f"{self.name}: {key}", getattr(self, key)))
 
     @property
     def has_gpu(self) -> bool:
@@ -110,16 +114,11 @@ class DeviceProfile:
         from before batches were measured): b, i.e. no gain from batching. That is the conservative choice (a
         plan never promises a throughput that depends on a gain nobody measured) and it equals what a node that
         computes requests one at a time costs; re-profiling measures the curve."""
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"batch size must be an int >= 1, got {b!r}")
-        pts = self.batch_cost
-        if len(pts) < 2:
-            return float(b)
-        for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
-            if b <= b1:
-                return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
-        (b0, c0), (b1, c1) = pts[-2], pts[-1]
-        return c1 + max(c1 - c0, 0.0) / (b1 - b0) * (b - b1)
+        return _interpolate(self.batch_cost, b)
+
+    def output_batch_factor(self, b: int) -> float:
+        """The same for the output layer (its own curve: one large matrix scales unlike a layer's small ones)."""
+        return _interpolate(self.output_batch_cost, b)
 
     @classmethod
     def from_json(cls, obj: dict) -> DeviceProfile:
@@ -136,8 +135,21 @@ class DeviceProfile:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out["batch_cost"] = {str(b): c for b, c in self.batch_cost}
+        for key in ("batch_cost", "output_batch_cost"):
+            out[key] = {str(b): c for b, c in getattr(self, key)}
         return out
+
+
+def _interpolate(pts: tuple[tuple[int, float], ...], b: int) -> float:
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"batch size must be an int >= 1, got {b!r}")
+    if len(pts) < 2:
+        return float(b)
+    for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
+        if b <= b1:
+            return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
+    (b0, c0), (b1, c1) = pts[-2], pts[-1]
+    return c1 + max(c1 - c0, 0.0) / (b1 - b0) * (b - b1)
 
 
 def _batch_cost(name: str, raw) -> tuple[tuple[int, float], ...]:
@@ -147,14 +159,14 @@ def _batch_cost(name: str, raw) -> tuple[tuple[int, float], ...]:
     try:
         pts = sorted((int(b), c) for b, c in items)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: batch_cost must map batch sizes to costs, got {raw!r}") from None
+        raise ValueError(f"{name} must map batch sizes to costs, got {raw!r}") from None
     if not pts:
         return ()
     for b, c in pts:
         if b < 1 or isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
-            raise ValueError(f"{name}: batch_cost needs sizes >= 1 and costs > 0, got {b!r}: {c!r}")
+            raise ValueError(f"{name} needs sizes >= 1 and costs > 0, got {b!r}: {c!r}")
     if pts[0] != (1, 1.0) or len({b for b, _ in pts}) != len(pts):
-        raise ValueError(f"{name}: batch_cost must hold size 1 at cost 1.0 once (costs are relative to one row), "
+        raise ValueError(f"{name} must hold size 1 at cost 1.0 once (costs are relative to one row), "
                          f"got {raw!r}")
     return tuple((b, float(c)) for b, c in pts)
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from solver.cost_model import Instance, evaluate
+from solver.cost_model import Instance, device_costs, evaluate, kappa
 from solver.halda import halda
 from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
@@ -93,13 +93,15 @@ def test_one_request_is_todays_prediction():
         assert t.aggregate_tps == pytest.approx(1 / plan.predicted_tpot_s)
 
 
-def loopback(n=3, batch_cost=((1, 1.0), (2, 1.2), (4, 1.6), (8, 2.4)), host="same"):
+def loopback(n=3, batch_cost=((1, 1.0), (2, 1.2), (4, 1.6), (8, 2.4)), host="same", output_cost=None):
     base = dict(os="linux", cpu_flops=2e10, gpu_flops=0.0, gpu_kind="none", ram_bandwidth=3e10, vram_bandwidth=0.0,
                 disk_seq_read=1e9, disk_rand_read=1e8, ram_available=8 << 30, vram_free=0, link_latency_s=1e-4,
                 link_bandwidth=1e9, frame_s=1e-4, token_s=2e-4, output_s=1e-3)
     devs = devices_from_json({"devices": [
         dict(base, name=f"n{i}", host=host if host else f"h{i}",
-             batch_cost={str(b): c for b, c in batch_cost}) for i in range(n)]})
+             batch_cost={str(b): c for b, c in batch_cost},
+             output_batch_cost={str(b): c for b, c in (batch_cost if output_cost is None else output_cost)})
+        for i in range(n)]})
     model = ModelProfile.from_dims(hidden=576, intermediate=1536, n_layers=30, n_heads=9, n_kv_heads=3,
                                    vocab=49152, max_seq_len=2048)
     return Instance(devs, model, n_ctx=256)
@@ -155,10 +157,11 @@ def test_batch_cost_validation(bad, msg):
 
 
 def test_profiles_round_trip_with_host_and_curve():
-    d = loopback().devices[1]
-    assert DeviceProfile.from_json(d.to_json()) == d
-    old = {k: v for k, v in d.to_json().items() if k not in ("host", "batch_cost")}
-    assert DeviceProfile.from_json(old).batch_cost == ()
+    d = replace(loopback().devices[1], output_batch_cost=((1, 1.0), (8, 1.5)))
+    assert DeviceProfile.from_json(d.to_json()) == d and d.output_batch_factor(4) == pytest.approx(1 + 0.5 * 3 / 7)
+    old = {k: v for k, v in d.to_json().items() if k not in ("host", "batch_cost", "output_batch_cost")}
+    assert DeviceProfile.from_json(old).batch_cost == DeviceProfile.from_json(old).output_batch_cost == ()
+    assert DeviceProfile.from_json(old).output_batch_factor(3) == 3.0
 
 
 @pytest.mark.parametrize("call,msg", [
@@ -219,3 +222,16 @@ def test_halda_for_concurrency_never_loses_to_the_one_request_plan():
         for M in (2, 8):
             _, t = halda_for(inst, M)
             assert t.tpot_s <= predict_throughput(base, inst, M).tpot_s * (1 + 1e-9)
+
+
+def test_a_batch_costs_its_layers_output_hops_and_head_work_by_their_own_rules():
+    inst = loopback(host="", output_cost=((1, 1.0), (8, 1.5)))
+    one, eight = (device_costs(replace(inst, batch=b)) for b in (1, 8))
+    d, m = inst.devices[1], inst.model
+    assert eight[1].alpha == pytest.approx(2.4 * one[1].alpha)  # the layers' curve
+    assert eight[1].serial == pytest.approx(2.4 * one[1].serial) and eight[1].copy == one[1].copy  # reads: once
+    # a hop: the latency once, each frame's bytes and software cost
+    assert eight[1].hop == pytest.approx(d.link_latency_s + 8 * (m.activation_bytes / d.link_bandwidth + d.frame_s))
+    head = inst.devices[0]
+    assert kappa(replace(inst, batch=8)) == pytest.approx(head.output_s * 1.5 + 8 * head.token_s)
+    assert kappa(inst) == head.output_s + head.token_s
