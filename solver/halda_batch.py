@@ -48,4 +48,40 @@ def halda_for(inst: Instance, concurrency: int, select: bool = True) -> tuple[Ri
             t = predict_throughput(plan, inst, concurrency, b, g)
             if t.tpot_s < best_t.tpot_s * (1 - EPS):
                 best, best_t = plan, t
+    best, best_t = improve(inst, concurrency, best, best_t)
     return replace(best, solve_ms=(time.perf_counter() - t0) * 1e3), best_t
+
+
+def improve(inst: Instance, concurrency: int, plan: RingPlan, t: Throughput, max_steps: int = 50
+            ) -> tuple[RingPlan, Throughput]:
+    """Local search on the throughput itself: move one layer between two devices (or one of a device's layers
+    on or off its GPU) while that shortens the period. The ILP's period rows are a linear stand-in (a loopback
+    hop counted as a link, no disk rows), so its optimum can miss the predictor's by a few layers."""
+    k, strategy = plan.k, plan.strategy
+    for _ in range(max_steps):
+        w, n, ring = plan.window_sizes, plan.gpu_layers, list(plan.in_ring)
+        moves = [(i, j) for i in range(len(w)) for j in range(len(w)) if i != j and w[i] > 0 and ring[j]]
+        found = None
+        for i, j in moves + [(i, None) for i in range(len(w))] + [(None, j) for j in range(len(w))]:
+            w2, n2 = list(w), list(n)
+            if i is not None and j is not None:  # one layer from i to j
+                w2[i], w2[j] = w2[i] - 1, w2[j] + 1
+                n2[i] = min(n2[i], w2[i])
+            elif i is not None:  # one GPU layer of i back to its CPU
+                if n2[i] == 0:
+                    continue
+                n2[i] -= 1
+            else:  # one CPU layer of j onto its GPU
+                if n2[j] >= w2[j] or k * (n2[j] + 1) > device_costs(inst)[j].gpu_cap:
+                    continue
+                n2[j] += 1
+            if evaluate(inst, k, w2, n2, ring, strict=True) is None:
+                continue
+            cand = build_plan(inst, k, w2, n2, ring, 0.0, strategy)
+            ct = predict_throughput(cand, inst, concurrency)
+            if ct.tpot_s < (found[1] if found else t).tpot_s * (1 - EPS):
+                found = (cand, ct)
+        if found is None:
+            break
+        plan, t = found
+    return plan, t

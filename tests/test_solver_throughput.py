@@ -1,5 +1,7 @@
 """Throughput for M concurrent requests (solver/throughput.py) vs the ring simulated event by event, edge cases."""
 
+import itertools
+import math
 import random
 from dataclasses import replace
 
@@ -9,7 +11,7 @@ from solver.cost_model import Instance, device_costs, evaluate, kappa
 from solver.halda import halda
 from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
-from solver.plan import Infeasible
+from solver.plan import Infeasible, build_plan
 from solver.profiles import DeviceProfile, devices_from_json
 from solver.ring_sim import Member, simulate_ring
 from solver.simulator import simulate
@@ -235,3 +237,32 @@ def test_a_batch_costs_its_layers_output_hops_and_head_work_by_their_own_rules()
     head = inst.devices[0]
     assert kappa(replace(inst, batch=8)) == pytest.approx(head.output_s * 1.5 + 8 * head.token_s)
     assert kappa(inst) == head.output_s + head.token_s
+
+
+def best_by_enumeration(inst: Instance, M: int) -> float:
+    """The least period for M requests over every (k, w, n) of a small instance, each at its best batching."""
+    cs, L, best = device_costs(inst), inst.model.n_layers, math.inf
+    for k in (k for k in range(1, L + 1) if L % k == 0):
+        for w in itertools.product(range(L // k + 1), repeat=len(cs)):
+            if sum(w) != L // k:
+                continue
+            ring = [wm > 0 or not c.routable for c, wm in zip(cs, w)]
+            for n in itertools.product(*[range(min(wm, c.gpu_cap // k) + 1) for c, wm in zip(cs, w)]):
+                if evaluate(inst, k, list(w), list(n), ring, strict=True) is not None:
+                    plan = build_plan(inst, k, list(w), list(n), ring, 0.0, "enumerated")
+                    best = min(best, predict_throughput(plan, inst, M).tpot_s)
+    return best
+
+
+def test_halda_for_concurrency_finds_the_best_plan_of_small_instances():
+    checked = 0
+    for seed in range(24):
+        rng = random.Random(seed)
+        inst = with_batches(small_instance(seed, L=rng.choice([4, 6, 8]), max_devices=3), rng)
+        if isinstance(halda(inst), Infeasible):
+            continue
+        for M in (4, 8):
+            _, t = halda_for(inst, M)
+            assert t.tpot_s == pytest.approx(best_by_enumeration(inst, M), rel=1e-9), (seed, M)
+            checked += 1
+    assert checked >= 20
