@@ -55,6 +55,15 @@ def route(members: list[Member], k: int, kappa_s: dict[int, float], b: int, mode
 def simulate_ring(members: list[Member], k: int, kappa_s: dict[int, float], batches: list[int], mode: str,
                   steps: int = 60) -> float:
     """Steady-state period: seconds per step of every batch (the mean over the second half of `steps`)."""
+    done_steps = ring_steps(members, k, kappa_s, batches, mode, steps)
+    half = steps // 2
+    return max((t[-1] - t[half]) / (len(t) - 1 - half) for t in done_steps)
+
+
+def ring_steps(members: list[Member], k: int, kappa_s: dict[int, float], batches: list[int], mode: str,
+               steps: int) -> list[list[float]]:
+    """When each batch finished each of its steps; all start at t = 0 (the first wave is heteropipe's
+    makespan of len(batches) micro-batches, pipeline.makespan, where no two visits share a resource)."""
     routes = [route(members, k, kappa_s, b, mode) for b in batches]
     queue: dict[str, deque] = {}
     busy: dict[str, bool] = {}
@@ -90,5 +99,4 @@ def simulate_ring(members: list[Member], k: int, kappa_s: dict[int, float], batc
         busy[res] = False
         arrive(i, j + 1, now)
         start(res, now)
-    half = steps // 2
-    return max((t[-1] - t[half]) / (len(t) - 1 - half) for t in done_steps)
+    return done_steps

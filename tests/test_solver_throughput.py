@@ -8,12 +8,14 @@ from dataclasses import replace
 import pytest
 
 from solver.cost_model import Instance, device_costs, evaluate, kappa
+from solver.event_sim import simulate_pipeline
 from solver.halda import halda
 from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
+from solver.pipeline import makespan
 from solver.plan import Infeasible, build_plan
 from solver.profiles import DeviceProfile, devices_from_json
-from solver.ring_sim import Member, simulate_ring
+from solver.ring_sim import Member, ring_steps, simulate_ring
 from solver.simulator import simulate
 from solver.synthetic import small_instance
 from solver.throughput import batch_sizes, candidates, predict_throughput
@@ -266,3 +268,18 @@ def test_halda_for_concurrency_finds_the_best_plan_of_small_instances():
             assert t.tpot_s == pytest.approx(best_by_enumeration(inst, M), rel=1e-9), (seed, M)
             checked += 1
     assert checked >= 20
+
+
+@pytest.mark.parametrize("mode", ["free", "async"])
+def test_the_simulated_ring_s_first_wave_is_heteropipe_s_makespan(mode):
+    # One round, every member on its own host, hops no longer than any compute (no send waits for another):
+    # G batches started together reach the head after event_sim's (and pipeline.makespan's) time for G micro-batches.
+    rng = random.Random(7)
+    for _ in range(50):
+        S, G = rng.randint(1, 5), rng.randint(1, 6)
+        tau = [rng.uniform(1.0, 5.0) for _ in range(S)]
+        d = [rng.uniform(0.0, 1.0) for _ in range(S)] if S > 1 else [0.0]
+        members = [Member(f"m{s}", f"h{s}", {1: tau[s]}, {1: d[s]}) for s in range(S)]
+        first = max(steps[0] for steps in ring_steps(members, 1, {1: 0.0}, [1] * G, mode, 1))
+        assert first == pytest.approx(makespan(tau, d, G, mode), rel=1e-12)
+        assert first == pytest.approx(simulate_pipeline(tau, d, G, mode), rel=1e-12)
