@@ -116,8 +116,8 @@ def period(round_trips: list[float], busy: list[dict[str, float]]) -> tuple[floa
 
 def predict_throughput(plan: RingPlan, inst: Instance, concurrency: int, max_batch: int | None = None,
                        micro_batches: int | None = None, mode: str = "async", prefetch: bool = True) -> Throughput:
-    """Aggregate tokens/s and per-request TPOT of `plan` for `concurrency` requests; max_batch / micro_batches
-    None: the best for this concurrency (best_batching)."""
+    """Aggregate tokens/s and per-request TPOT of `plan` for `concurrency` requests with this batching (None: the
+    best of `candidates` for it, the fewest batches in flight among those within NEAR of the best period)."""
     if [d.name for d in plan.devices] != [d.name for d in inst.devices]:
         raise ValueError("the plan's devices do not match the profiles (names / ring order)")
     if mode not in MODES:
