@@ -7,14 +7,19 @@ capacity, a growing context. This times exactly that on the store's first layers
 hold, at least one, so their weights come from memory, not cache) and reports per-layer rates.
 """
 
+import itertools
+import math
 import statistics
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from nodes.fused import layer_bytes
+from nodes.model import down_stage, gate_up_stage, rms_norm
 from nodes.prefetch import KV_RESERVE_TOKENS
+from nodes.quant import linear
 from nodes.routing import Windows
 from nodes.shapes import layer_flops
 from nodes.shard import Shard
@@ -52,3 +57,79 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
     layer_s = statistics.median(times) / n
     return {"layer_s": layer_s, "flops_rate": layer_flops(cfg) / layer_s, "bytes_rate": nbytes / layer_s,
             "layers": n}
+
+
+BATCH_SIZES = (1, 2, 4, 8)  # decode rows a batch cost curve is measured at
+BATCH_BUDGET_S = 0.12  # per size: the curve adds about half a second to a profile
+BATCH_SWEEP_BYTES = 64 << 20  # weights cycled (past a last-level cache, as in decode), fewer than SWEEP_BYTES: quick
+BATCH_POS = 64  # each request's context length while timing (attention is per request, over its own cache)
+
+
+def measure_batch_cost(store_dir: Path, dtype: str) -> dict | None:
+    """{"batch_cost": {b: cost of a decode step of b requests / of one}, "output_batch_cost": the same for the
+    output layer, "step_s" and "output_s": {b: seconds}} per layer of the store's first layers, computed as a
+    node computes a batch: every matrix once for all b rows (one pass over the weights; float or the store's
+    quantized kernel), attention per request over its own KV cache; the head's output layer once for the b rows.
+    None for a store without weights."""
+    store = LayerStore(store_dir)
+    if store.manifest.manifest_only:
+        return None
+    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    n = max(1, min(cfg.n_layers, BATCH_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
+    shard = Shard(store, Windows(((0, n),), cfg.n_layers, True), torch_dtype, budget=0, depth=0)
+    try:
+        caches = [shard.cache_for(f"profile-{r}", 0, 2 * BATCH_POS, 1) for r in range(max(BATCH_SIZES))]
+        for c in caches:  # a context of BATCH_POS tokens (never uninitialised memory: denormals are slow)
+            for kv in c.kv.values():
+                kv.normal_(0, 0.1)
+        # Each layer and the output timed alone, the fastest of each kept: on shared cores (other nodes, other
+        # programs) the least time is the work's own, and a short piece of work often runs uninterrupted.
+        best = {(b, i): math.inf for b in BATCH_SIZES for i in range(n + 1)}  # i = n: the output layer
+        xs = {b: torch.randn(b, cfg.hidden).to(torch_dtype) for b in BATCH_SIZES}
+        deadline = time.perf_counter() + BATCH_BUDGET_S * len(BATCH_SIZES)
+        with torch.inference_mode():
+            for turn in itertools.count():  # sizes interleaved: a busy machine's drift hits them alike
+                for b in BATCH_SIZES:
+                    y = xs[b]
+                    for i in range(n + 1):
+                        start = time.perf_counter()
+                        if i < n:
+                            y = _batched_layer(y, shard.layers[i], [c.kv[i] for c in caches[:b]], shard, cfg)
+                        else:
+                            shard.head.logits(xs[b], cfg.norm_eps)
+                        if turn >= 1:  # the first turn warms up
+                            best[b, i] = min(best[b, i], time.perf_counter() - start)
+                if turn >= 3 and time.perf_counter() > deadline:
+                    break
+    finally:
+        shard.close()
+    step_s = {b: sum(best[b, i] for i in range(n)) / n for b in BATCH_SIZES}
+    output_s = {b: best[b, n] for b in BATCH_SIZES}
+    return {"batch_cost": _curve(step_s), "output_batch_cost": _curve(output_s), "step_s": step_s,
+            "output_s": output_s, "layers": n}
+
+
+def _curve(seconds: dict[int, float]) -> dict[int, float]:
+    """Costs relative to one row; noise aside, b rows in one pass cost at least as much as fewer rows, and no
+    more than b passes of one."""
+    curve, prev = {}, 1.0
+    for b in BATCH_SIZES:
+        curve[b] = prev = min(max(seconds[b] / seconds[1], prev), float(b))
+    return curve
+
+
+def _batched_layer(x: torch.Tensor, layer, kvs: list[torch.Tensor], shard: Shard, cfg) -> torch.Tensor:
+    """One decoder layer for b requests at once (rows of x), each at position BATCH_POS of its own cache."""
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv = linear(rms_norm(x, layer.attn_norm, cfg.norm_eps), layer.wqkv, layer.bqkv)
+    rows = []
+    for r, kv in enumerate(kvs):  # attention: per request
+        heads = qkv[r:r + 1].view(1, nh + 2 * nkv, hd).transpose(0, 1)
+        q, k = shard.rope.apply(heads[:nh + nkv], BATCH_POS).split([nh, nkv])
+        kv[0, :, BATCH_POS:BATCH_POS + 1] = k
+        kv[1, :, BATCH_POS:BATCH_POS + 1] = heads[nh + nkv:]
+        att = F.scaled_dot_product_attention(q.unsqueeze(0), kv[0, :, :BATCH_POS + 1].unsqueeze(0),
+                                             kv[1, :, :BATCH_POS + 1].unsqueeze(0), enable_gqa=nh != nkv)
+        rows.append(att[0].transpose(0, 1).reshape(1, nh * hd))
+    h = x + linear(torch.cat(rows), layer.wo)
+    return down_stage(h, gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg), layer.w_down)

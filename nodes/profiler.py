@@ -21,6 +21,10 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            through the compute thread, the ring's answer on the event loop, sampling,
                            detokenising (with a store's tokenizer) and the token's Generate event
   output_s                 with a store's weights: its final norm and output projection for one token
+  host                     this machine (a hash of its machine id): nodes on one host share its CPU
+  batch_cost               with a store's weights: a decode step of b = 1, 2, 4, 8 requests at once over one
+                           request's, per layer (nodes/profile_compute.measure_batch_cost); none: b (no gain);
+                           output_batch_cost the same for the output layer (one large matrix: its own curve)
   link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
@@ -41,12 +45,14 @@ only the link.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import math
 import os
 import random
 import re
+import socket
 import statistics
 import tempfile
 import time
@@ -61,7 +67,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.manifest import StoreError
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
-from nodes.profile_compute import measure_node_layers
+from nodes.profile_compute import measure_batch_cost, measure_node_layers
 from nodes.profile_disk import measure_disk
 from nodes.profile_frame import measure_frame_overhead, measure_output_layer, measure_token_overhead
 from nodes.profile_host import available_ram, gpu_info, os_kind
@@ -74,7 +80,8 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/3"  # /3: token_s, output_s, rates from the node's path (an older cache is measured again)
+FORMAT = "prima-profile/4"  # /4: host, batch_cost (/3: token_s, output_s, rates from the node's path); an older
+# cache is measured again
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 IDLE_S = 0.01  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
@@ -162,6 +169,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     has_gpu = gpu_rates is not None
     # With a store, the CPU rates are calibrated on the node's own compute path (see profile_compute).
     decode = measure_node_layers(store_dir, dtype) if store_dir else None
+    batch = measure_batch_cost(store_dir, dtype) if store_dir else None
     store = LayerStore(store_dir) if store_dir else None
     hidden = store.config.hidden if store else DEFAULT_HIDDEN
     vocab = store.config.vocab if store else DEFAULT_VOCAB
@@ -175,13 +183,30 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         frame_s=measure_frame_overhead(hidden, getattr(torch, dtype)),
         token_s=measure_token_overhead(vocab, hidden, getattr(torch, dtype), _text(store)),
         output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
+        host=host_id(), batch_cost=batch["batch_cost"] if batch else {},
+        output_batch_cost=batch["output_batch_cost"] if batch else {},
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
                    gpu=asdict(gpu), gpu_error=gpu_error, disk=asdict(disk), disk_dir=str(disk_dir),
-                   decode_layer=decode, torch_threads=torch.get_num_threads(),
+                   decode_layer=decode, batch=batch, torch_threads=torch.get_num_threads(),
                    local_s=time.perf_counter() - start)
     return fields, details
+
+
+def host_id() -> str:
+    """This machine, the same for every node on it (their compute shares its cores): a hash of its machine id
+    (not the id itself, which is meant to stay private), or of its hostname where there is none."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            ident = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if ident:
+            break
+    else:
+        ident = socket.gethostname()
+    return hashlib.sha256(f"prima-host:{ident}".encode()).hexdigest()[:16]
 
 
 def _text(store: LayerStore | None) -> TextCodec | None:

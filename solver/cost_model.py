@@ -30,7 +30,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -48,6 +48,7 @@ class Instance:
     model: ModelProfile
     n_ctx: int = 0  # tokens of KV cache to reserve per layer; 0 -> min(DEFAULT_CTX, max_seq_len)
     must_stay: frozenset[str] = field(default_factory=frozenset)  # devices the ring cannot route around
+    batch: int = 1  # requests computed together per step (issue 16): the costs below are per batch of this many
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -63,6 +64,8 @@ class Instance:
             raise ValueError(f"must_stay names unknown devices {unknown}")
         if self.n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0, got {self.n_ctx}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {self.batch!r}")
         object.__setattr__(self, "must_stay", frozenset(self.must_stay))
         if self.n_ctx == 0:
             object.__setattr__(self, "n_ctx", min(DEFAULT_CTX, self.model.max_seq_len))
@@ -112,30 +115,35 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
     bp = b + m.kv_bytes_per_token_layer * inst.n_ctx
     out = []
     for d in inst.devices:
+        f = d.batch_factor(inst.batch)  # a batch computes in one pass over the weights (1.0 for one request)
         ram = d.ram_available - (m.head_extra_bytes if d.is_head else 0)
         gpu_cap = 0
         gpu = math.inf
         if d.has_gpu:
-            gpu = layer_time(m.layer_flops, b, d.gpu_flops, d.vram_bandwidth)
+            gpu = f * layer_time(m.layer_flops, b, d.gpu_flops, d.vram_bandwidth)
             gpu_cap = int(min(d.vram_free, max(ram, 0)) if d.unified_memory else d.vram_free) // bp
         out.append(DeviceCosts(
             name=d.name, is_head=d.is_head, routable=not d.is_head and d.name not in inst.must_stay,
             uma=d.unified_memory, macos=d.os == "macos", forced_fit=d.disk_seq_read < SLOW_DISK,
-            alpha=layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
+            alpha=f * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
             hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s, disk=d.disk_seq_read,
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
-            serial=m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
+            serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
             copy=1.0 / d.ram_bandwidth))
+    if inst.batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
+        out = [replace(c, hop=c.hop + (inst.batch - 1) * (m.activation_bytes / d.link_bandwidth + d.frame_s))
+               for c, d in zip(out, inst.devices)]  # and software cost (nodes send a batch as its frames)
     return tuple(out)
 
 
 def kappa(inst: Instance) -> float:
     """Per-token constant: the head's output projection on its CPU (measured, output_s, or its roofline; the
     embedding lookup is one row) and its own work around it (token_s: hand-offs to its compute thread,
-    sampling, detokenising, the token's event)."""
+    sampling, detokenising, the token's event). For a batch: the output layer in one pass (its batch curve),
+    the head's own work per request."""
     head, m = inst.devices[0], inst.model
     output = head.output_s or layer_time(m.output_flops, m.output_weight_bytes, head.cpu_flops, head.ram_bandwidth)
-    return output + head.token_s
+    return output * head.output_batch_factor(inst.batch) + inst.batch * head.token_s
 
 
 # ------------------------------------------------------------------ one device's terms

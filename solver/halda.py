@@ -93,9 +93,12 @@ class Lda:
     x: list[mip.Var | float]
 
 
-def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = math.inf) -> Lda:
+def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = math.inf,
+                micro_batches: int = 1) -> Lda:
     """The LDA for a fixed k. select=False: every device stays and computes >= 1 layer if it can.
-    bound_s: only plans with T below it are wanted (lets slow devices' windows be capped)."""
+    bound_s: only plans with T below it are wanted (lets slow devices' windows be capped).
+    micro_batches > 1 (issue 16): T + kappa is the period of that many batches in flight (solver/throughput.py),
+    at least each host's CPU and each link times micro_batches."""
     cs = device_costs(inst)
     W = inst.model.n_layers // k
     Ms = range(len(cs))
@@ -142,6 +145,16 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
     turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m]) for m in Ms]
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
+    if micro_batches > 1:  # the busiest resource's work for all batches (a loopback hop counted as a link here)
+        kap = kappa(inst) / unit
+        hosts: dict[str, list[int]] = {}
+        for m in Ms:
+            hosts.setdefault(inst.devices[m].host or f"\0{m}", []).append(m)
+        for i, ms in enumerate(hosts.values()):
+            model += T >= micro_batches * (mip.xsum(turns[m] for m in ms) + (kap if 0 in ms else 0.0)) - kap, \
+                f"period_cpu({i})"
+        for m in Ms:
+            model += T >= micro_batches * k * cs[m].hop / unit * x_hop[m] - kap, f"period_link({m})"
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
 

@@ -20,6 +20,13 @@ JSON schema (plain JSON, keys = field names, SI units):
        "token_s": 0.0001,               # optional (0): the head's own work per token here (hand-offs of the
                                         #   embedding and logits, sampling, detokenising, the token's event)
        "output_s": 0.008,               # optional (0: from the roofline): the model's output layer here
+       "host": "3f2a...",               # optional (""): the machine; devices with the same host share its CPU
+       "batch_cost": {"1": 1.0, "2": 1.1, "4": 1.4, "8": 2.1},
+                                        # optional: a decode step of b requests at once (one pass over the
+                                        #   weights, attention per request) / one request's, per layer;
+                                        #   missing: b (no gain assumed, see DeviceProfile.batch_factor)
+       "output_batch_cost": {"1": 1.0, "8": 1.4},   # optional: the same for the model's output layer (the
+                                        #   head's, one pass for the batch's rows; missing: b)
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -35,7 +42,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "is_head")
+OPTIONAL = ("frame_s", "token_s", "output_s", "is_head", "host", "batch_cost", "output_batch_cost")
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,10 @@ class DeviceProfile:
     token_s: float = 0.0
     output_s: float = 0.0
     is_head: bool = False
+    host: str = ""
+    batch_cost: tuple[tuple[int, float], ...] = ()  # (b, cost of b rows / cost of 1 row), b ascending, from 1
+    output_batch_cost: tuple[tuple[int, float], ...] = ()  # the same for the output layer
+
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -68,7 +79,7 @@ class DeviceProfile:
         if self.gpu_kind == "metal" and self.os != "macos":
             raise ValueError(f"{self.name}: gpu_kind 'metal' needs os 'macos', got {self.os!r}")
         for f in fields(self):
-            if f.name in ("name", "os", "gpu_kind", "is_head"):
+            if f.name in ("name", "os", "gpu_kind", "is_head", "host", "batch_cost", "output_batch_cost"):
                 continue
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -82,6 +93,10 @@ class DeviceProfile:
             object.__setattr__(self, key, int(getattr(self, key)))
         if not isinstance(self.is_head, bool):
             raise ValueError(f"{self.name}: is_head must be a bool, got {self.is_head!r}")
+        if not isinstance(self.host, str):
+            raise ValueError(f"{self.name}: host must be a string, got {self.host!r}")
+        for key in ("batch_cost", "output_batch_cost"):
+            object.__setattr__(self, key, _batch_cost(f"{self.name}: {key}", getattr(self, key)))
 
     @property
     def has_gpu(self) -> bool:
@@ -91,6 +106,19 @@ class DeviceProfile:
     def unified_memory(self) -> bool:
         # Apple Silicon with Metal: GPU layers live in the same RAM pool.
         return self.gpu_kind == "metal" and self.gpu_flops > 0
+
+    def batch_factor(self, b: int) -> float:
+        """Cost of a decode step of b requests computed together over one of one request (per layer).
+
+        Between measured sizes: linear; past the largest: its last segment's slope per row. No curve (a profile
+        from before batches were measured): b, i.e. no gain from batching. That is the conservative choice (a
+        plan never promises a throughput that depends on a gain nobody measured) and it equals what a node that
+        computes requests one at a time costs; re-profiling measures the curve."""
+        return _interpolate(self.batch_cost, b)
+
+    def output_batch_factor(self, b: int) -> float:
+        """The same for the output layer (its own curve: one large matrix scales unlike a layer's small ones)."""
+        return _interpolate(self.output_batch_cost, b)
 
     @classmethod
     def from_json(cls, obj: dict) -> DeviceProfile:
@@ -106,7 +134,41 @@ class DeviceProfile:
         return cls(**obj)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for key in ("batch_cost", "output_batch_cost"):
+            out[key] = {str(b): c for b, c in getattr(self, key)}
+        return out
+
+
+def _interpolate(pts: tuple[tuple[int, float], ...], b: int) -> float:
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"batch size must be an int >= 1, got {b!r}")
+    if len(pts) < 2:
+        return float(b)
+    for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
+        if b <= b1:
+            return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
+    (b0, c0), (b1, c1) = pts[-2], pts[-1]
+    return c1 + max(c1 - c0, 0.0) / (b1 - b0) * (b - b1)
+
+
+def _batch_cost(name: str, raw) -> tuple[tuple[int, float], ...]:
+    """A batch cost curve from JSON ({"1": 1.0, "2": 1.1, ...}) or pairs, checked: sizes ints >= 1 including 1 at
+    cost 1.0 (it is relative to one row), costs finite and > 0."""
+    items = raw.items() if isinstance(raw, dict) else raw
+    try:
+        pts = sorted((int(b), c) for b, c in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must map batch sizes to costs, got {raw!r}") from None
+    if not pts:
+        return ()
+    for b, c in pts:
+        if b < 1 or isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0:
+            raise ValueError(f"{name} needs sizes >= 1 and costs > 0, got {b!r}: {c!r}")
+    if pts[0] != (1, 1.0) or len({b for b, _ in pts}) != len(pts):
+        raise ValueError(f"{name} must hold size 1 at cost 1.0 once (costs are relative to one row), "
+                         f"got {raw!r}")
+    return tuple((b, float(c)) for b, c in pts)
 
 
 def devices_from_json(obj: dict) -> tuple[DeviceProfile, ...]:

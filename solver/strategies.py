@@ -8,9 +8,11 @@ from pathlib import Path
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
+from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
 from solver.profiles import DeviceProfile, load_profiles
+from solver.throughput import Throughput, predict_throughput
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
@@ -50,18 +52,35 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
 
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-                 must_stay: Collection[str] = ()) -> dict:
+                 must_stay: Collection[str] = (), concurrency: int = 1) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
-    return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay)
+    return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay,
+                    concurrency=concurrency)
 
 
 def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-             must_stay: Collection[str] = ()) -> dict:
+             must_stay: Collection[str] = (), concurrency: int = 1) -> dict:
+    """concurrency: requests decoding at once; Halda then optimises their throughput (halda_batch), and the
+    result carries the throughput fields (throughput_fields)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
     model = ModelProfile.from_json(manifest)
     inst = Instance(devices, model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
-    plan = STRATEGIES[strategy](inst)
+    if strategy.startswith("halda") and concurrency > 1:
+        got = halda_for(inst, concurrency, select=strategy == "halda")
+        plan, tput = got if not isinstance(got, Infeasible) else (got, None)
+    else:
+        plan = STRATEGIES[strategy](inst)
+        tput = None if isinstance(plan, Infeasible) else predict_throughput(plan, inst, concurrency)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
-    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    out = plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    return out | throughput_fields(tput)
+
+
+def throughput_fields(t: Throughput) -> dict:
+    """The plan's figures for `concurrency` requests at once (issue 16's JSON contract)."""
+    return {"concurrency": t.concurrency, "aggregate_tps": t.aggregate_tps, "tpot_ms_per_request": t.tpot_s * 1e3,
+            "mode": t.mode, "bottleneck": t.bottleneck, "max_batch": t.max_batch, "micro_batches": t.micro_batches}

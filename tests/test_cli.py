@@ -136,6 +136,7 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("up", "--prompt", b"\xe9t\xe9"), "--prompt is not valid UTF-8"),
     (("plan", "--profiles", "/nonexistent.json", "--model", "/bogus"), "not a layer store"),
     (("plan", "--profiles", "solver/testbeds/prima_d1_d4.json"), "--profiles needs --model"),
+    (("plan", "--concurrency", "0"), "--concurrency must be >= 1, got 0"),
 ])
 def test_bad_input_to_ring_commands_is_one_line_before_anything_starts(tmp_path, args, message):
     res = ctl(*args, env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
@@ -240,3 +241,16 @@ def test_synth_int4_writes_real_weights(tmp_path):
 
     bad = ctl("import", str(default_gguf()), str(tmp_path / "o"), "--dtype", "int3")
     assert bad.returncode != 0 and "unknown dtype 'int3'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_plan_concurrency_prints_the_throughput(tmp_path):
+    store = tmp_path / "l8"
+    res = ctl("synth", str(store), "--preset", "llama3-8b", "--manifest-only", "--bits-per-weight", "4.5")
+    assert res.returncode == 0, res.stderr
+    args = ("plan", "--profiles", "solver/testbeds/prima_d1_d4.json", "--model", str(store), "--concurrency", "4")
+    res = ctl(*args, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "4 requests at once: " in res.stdout and "tokens/s in all" in res.stdout and "bottleneck: " in res.stdout
+    out = json.loads(ctl(*args, "--json", timeout=120).stdout)
+    assert out["concurrency"] == 4 and out["tpot_ms_per_request"] > 0 and out["mode"] == "async"
+    assert out["max_batch"] * out["micro_batches"] >= 4

@@ -58,6 +58,12 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert 0 < prof.frame_s < 0.1, prof  # a hop's own software cost
     assert 0 < prof.token_s < 0.1, prof  # the head's own work per token
     assert 0 < prof.output_s < 1, prof  # the tiny store's output layer, measured
+    # batches of decode rows, measured on the store's layers: one row's cost at most b times, never less with more
+    for curve in (prof.batch_cost, prof.output_batch_cost):
+        sizes, costs = zip(*curve)
+        assert sizes == (1, 2, 4, 8) and costs[0] == 1.0, curve
+        assert all(a <= b <= n for a, b, n in zip(costs, costs[1:], sizes[1:])), curve
+    assert prof.host == profiler.host_id() and len(prof.host) == 16  # the machine, hashed
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):

@@ -131,3 +131,25 @@ def test_the_heads_measured_work_is_charged_once_per_token():
         pytest.approx(0.021 - kappa(inst))
     assert sum(br.terms_s.values()) == pytest.approx(br.tpot_s)
     assert br.terms_s["head"] == br.kappa_s
+
+
+THROUGHPUT_FIELDS = {"concurrency", "aggregate_tps", "tpot_ms_per_request", "mode", "bottleneck", "max_batch",
+                     "micro_batches"}
+
+
+def test_plan_json_adds_exactly_the_throughput_fields():
+    man = preset("llama3-8b").to_manifest()
+    one = json.loads(json.dumps(plan_offline(TESTBED, man)))
+    assert one["concurrency"] == 1 and one["max_batch"] == one["micro_batches"] == 1 and one["mode"] == "async"
+    assert one["tpot_ms_per_request"] == pytest.approx(one["predicted_tpot_ms"])
+    assert one["aggregate_tps"] == pytest.approx(1e3 / one["predicted_tpot_ms"])
+    for strategy in ("halda", "even"):
+        out = json.loads(json.dumps(plan_offline(TESTBED, man, strategy, concurrency=8)))
+        base = plan_offline(TESTBED, man, strategy)
+        assert set(out) == set(base) and THROUGHPUT_FIELDS <= set(out)  # every field as before, the same names
+        assert out["concurrency"] == 8 and out["aggregate_tps"] == pytest.approx(8e3 / out["tpot_ms_per_request"])
+        assert out["aggregate_tps"] >= base["aggregate_tps"]  # profiles without a batch curve: no gain assumed,
+        # but several batches in flight overlap the ring's devices
+        assert out["bottleneck"].startswith(("device ", "link ", "shared host CPU", "disk of "))
+    with pytest.raises(ValueError, match="concurrency"):
+        plan_offline(TESTBED, man, concurrency=0)

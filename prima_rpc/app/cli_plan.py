@@ -23,10 +23,14 @@ def register(app: typer.Typer, state: dict) -> None:
              json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
              out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
              refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
-             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg")):
+             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg"),
+             concurrency: int = typer.Option(1, help="requests decoding at once: predict their throughput (and "
+                                                     "with Halda, plan for it)")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
+        if concurrency < 1:
+            fail(f"--concurrency must be >= 1, got {concurrency}")
         if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
             fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:
@@ -34,14 +38,14 @@ def register(app: typer.Typer, state: dict) -> None:
                 fail("--profiles needs --model DIR (a store or a manifest-only store)")
             read_manifest(model)  # a clear error for a directory that is not a store
             manifest = json.loads((model / "manifest.json").read_text())
-            result = plan_offline(profiles, manifest, strategy)
+            result = plan_offline(profiles, manifest, strategy, concurrency=concurrency)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
             from prima_rpc.app.cli_ring import reach
             from prima_rpc.app.live_plan import plan_live
 
             reach(state)  # unreachable, or the token refused: said before profiling starts
-            result = plan_live(state["node"], state["token"], strategy, refresh)
+            result = plan_live(state["node"], state["token"], strategy, refresh, concurrency)
             title = f"the ring from {state['node']}"
         if out is not None:
             out.write_text(json.dumps(result, indent=1))
@@ -76,6 +80,16 @@ def show(result: dict) -> None:
     tables.show(table, console)
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms{terms(result)}; "
                   f"solved in {result['solve_ms']:.1f} ms")
+    if "concurrency" in result:
+        console.print(throughput_line(result))
+
+
+def throughput_line(r: dict) -> str:
+    """The plan's throughput for its concurrency, e.g. '8 requests at once: 95.1 tokens/s in all, ...'."""
+    who = "1 request" if r["concurrency"] == 1 else f"{r['concurrency']} requests at once"
+    return (f"{who}: {r['aggregate_tps']:.1f} tokens/s in all, {r['tpot_ms_per_request']:.1f} ms per token each "
+            f"(batches of up to {r['max_batch']}, {r['micro_batches']} in flight, {r['mode']} links); "
+            f"bottleneck: {r['bottleneck']}")
 
 
 def terms(result: dict) -> str:
