@@ -20,6 +20,8 @@ JSON schema (plain JSON, keys = field names, SI units):
        "token_s": 0.0001,               # optional (0): the head's own work per token here (hand-offs of the
                                         #   embedding and logits, sampling, detokenising, the token's event)
        "output_s": 0.008,               # optional (0: from the roofline): the model's output layer here
+       "visit_s": 0.0004,               # optional (0): a window visit's cost beyond its layers' (the ring
+                                        #   comes back to the node's window with its caches gone cold)
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "is_head")
+OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "is_head")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class DeviceProfile:
     frame_s: float = 0.0
     token_s: float = 0.0
     output_s: float = 0.0
+    visit_s: float = 0.0
     is_head: bool = False
 
     def __post_init__(self) -> None:

@@ -58,6 +58,7 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert 0 < prof.frame_s < 0.1, prof  # a hop's own software cost
     assert 0 < prof.token_s < 0.1, prof  # the head's own work per token
     assert 0 < prof.output_s < 1, prof  # the tiny store's output layer, measured
+    assert 0 <= prof.visit_s < 0.1, prof  # a window visit beyond its layers (a tiny layer: may be ~0)
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):
