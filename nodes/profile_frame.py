@@ -9,8 +9,8 @@ sends the token's event, and runs the output layer: measured here too.
 
 And a window visit costs more than its layers: a node's compute comes back to a window after the rest of
 the ring has worked, with its caches and threads gone cold, so one layer visited after a quiet gap takes
-longer than the per-layer rate of back-to-back decode steps (SmolLM2 fp32 here: 1.45 ms against 1.0). A
-k-round ring pays that k times per token on every node that holds layers: `measure_window_visit`.
+longer than a layer inside a long window (SmolLM2 fp32 here: 1.45 ms against 1.05). A k-round ring pays
+that k times per token on every node that holds layers: `measure_window_visit`.
 """
 
 import asyncio
@@ -121,9 +121,10 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
 
 
 def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
-    """Seconds a window visit costs beyond its layers' decode time (layer_s each, back to back): the median of
-    one-layer visits, each after VISIT_GAP_S of quiet as the ring leaves a node, less layer_s; 0.0 without
-    weights. The hand-off to the compute thread is frame_s's."""
+    """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
+    steps also after a quiet gap, over many layers): the median of one-layer visits, each after VISIT_GAP_S of
+    quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
+    frame_s's."""
     from nodes.prefetch import KV_RESERVE_TOKENS
     from nodes.routing import Windows
     from nodes.shard import Shard

@@ -15,6 +15,7 @@ with Halda's own plan for those nodes, applied (removed nodes routed around) and
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -27,13 +28,15 @@ from nodes.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.store import LayerStore
 from prima_rpc.app import ring
+from prima_rpc.app.cli_ring import status_row
 from prima_rpc.app.live_plan import plan_live, profile_ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
-from solver.cost_model import Instance
+from solver.cost_model import Instance, evaluate
 from solver.model_profile import ModelProfile
-from solver.plan import RingPlan, build_plan
+from solver.plan import build_plan
 from solver.profiles import devices_from_json
+from solver.strategies import plan_to_json
 from tools.default_model import ensure_default_store
 
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -48,13 +51,30 @@ async def tpot(head: str, tokens: int) -> float:
                 return event.tpot_ms
 
 
-def predict(devices, manifest: dict, windows: list[int]) -> RingPlan:
-    """The cost model's plan for exactly these windows (with its stream buffers)."""
+def predict(devices, manifest: dict, windows: list[int]) -> dict:
+    """The cost model's plan JSON for exactly these windows (with its stream buffers and terms)."""
     model = ModelProfile.from_json(manifest)
     inst = Instance(devices, model, n_ctx=KV_RESERVE_TOKENS)  # the KV room a node's budget keeps
     k = model.n_layers // sum(windows)
-    in_ring = [True] * len(windows)  # relays stay in the ring: they still cost a hop
-    return build_plan(inst, k, windows, [0] * len(windows), in_ring, 0.0, "fixed")
+    in_ring, gpu = [True] * len(windows), [0] * len(windows)  # relays stay in the ring: they still cost a hop
+    plan = build_plan(inst, k, windows, gpu, in_ring, 0.0, "fixed")
+    return plan_to_json(plan, model.n_layers, evaluate(inst, k, windows, gpu, in_ring))
+
+
+def apply(head: str, result: dict) -> None:
+    """Start the ring on a plan JSON as `prima-ctl start --plan` does: removed nodes routed around, the plan's
+    buffers, and its prediction kept by the nodes (status shows it beside what they measure)."""
+    devs = result["devices"]
+    ring.start(head, [d["window"] for d in devs], members=[d["role"] != "removed" for d in devs],
+               buffers=[d["buffer_layers"] for d in devs], predicted=[d["turn_ms"] for d in devs],
+               predicted_tpot_ms=result["predicted_tpot_ms"])
+
+
+def turns(head: str, result: dict) -> tuple[float, float]:
+    """(predicted, measured) ms a token of all nodes' compute and stalls, as `prima-ctl status` shows them: what
+    the nodes time themselves, so a row's error splits into theirs and the rest (hops, the head's own work)."""
+    rows = [status_row(*m) for m in ring.status(head)]
+    return sum(d["turn_ms"] for d in result["devices"]), sum(r["measured_ms"] or 0.0 for r in rows)
 
 
 def measured_tpot(head: str, tokens: int, repeats: int) -> float:
@@ -63,33 +83,30 @@ def measured_tpot(head: str, tokens: int, repeats: int) -> float:
 
 
 def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, logs: Path,
-            extra: list[list[str]] | None = None) -> list[tuple[str, list[int], int, float, float]]:
-    """(plan, windows, k, predicted ms, measured ms) per shape, on one set of fresh nodes profiled live; last,
-    the loop a user runs: `prima-ctl plan` (Halda on those profiles), applied as `start --plan` does (the nodes
-    it removes routed around), then generate."""
+            extra: list[list[str]] | None = None) -> list[tuple]:
+    """(plan, windows, k, predicted ms, measured ms, nodes' turns predicted ms, measured ms) per shape, on one set
+    of fresh nodes profiled live; last, the loop a user runs: `prima-ctl plan` (Halda on those profiles), applied
+    as `start --plan` does (the nodes it removes routed around), then generate."""
     rows = []
     local = launch(store, 3, log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
-        ring.start(local.addresses[0], shapes[0])
-        profiles, manifest = profile_ring(local.addresses[0], None, refresh=True)
+        head = local.addresses[0]
+        ring.start(head, shapes[0])
+        profiles, manifest = profile_ring(head, None, refresh=True)
         devices = devices_from_json(profiles)
-        print("profiled (ms): " + "; ".join(f"{d.name} hop {d.frame_s * 1e3:.2f} + link {d.link_latency_s * 1e3:.2f}, "
-                                           f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}"
-                                           for d in devices), flush=True)
-        for windows in shapes:
-            plan = predict(devices, manifest, windows)
-            ring.start(local.addresses[0], windows, buffers=[d.buffer_layers for d in plan.devices])
-            measured = measured_tpot(local.addresses[0], tokens, repeats)
-            rows.append(("fixed", windows, plan.k, plan.predicted_tpot_s * 1e3, measured))
-            print(f"{windows}: predicted {plan.predicted_tpot_s * 1e3:.1f} ms, measured {measured:.1f} ms", flush=True)
-        result = plan_live(local.addresses[0], None, "halda")  # the profiles cached above
-        devs = result["devices"]
-        ring.start(local.addresses[0], [d["window"] for d in devs], members=[d["role"] != "removed" for d in devs],
-                   buffers=[d["buffer_layers"] for d in devs])
-        measured = measured_tpot(local.addresses[0], tokens, repeats)
-        rows.append(("halda", [d["window"] for d in devs], result["k"], result["predicted_tpot_ms"], measured))
-        print(f"halda {[d['window'] for d in devs]}: predicted {result['predicted_tpot_ms']:.1f} ms "
-              f"({result['terms_ms']}), measured {measured:.1f} ms", flush=True)
+        print("profiled (ms): " + "; ".join(
+            f"{d.name} hop {d.frame_s * 1e3:.2f} + link {d.link_latency_s * 1e3:.2f}, visit {d.visit_s * 1e3:.2f}, "
+            f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}" for d in devices), flush=True)
+        plans = [("fixed", predict(devices, manifest, w)) for w in shapes]
+        plans.append(("halda", plan_live(head, None, "halda")))  # the profiles cached above
+        for name, result in plans:
+            apply(head, result)
+            measured = measured_tpot(head, tokens, repeats)
+            windows = [d["window"] for d in result["devices"]]
+            rows.append((name, windows, result["k"], result["predicted_tpot_ms"], measured, *turns(head, result)))
+            terms = ", ".join(f"{t} {v:.1f}" for t, v in result["terms_ms"].items())
+            print(f"{name} {windows}: predicted {result['predicted_tpot_ms']:.1f} ms ({terms}), "
+                  f"measured {measured:.1f} ms", flush=True)
     finally:
         local.stop()
     return rows
@@ -111,6 +128,7 @@ def main() -> None:
                    help="FRACTION:MBPS per offload part: budget / share of layer bytes, each node's emulated disk")
     p.add_argument("--offload-tokens", type=int, default=16)
     p.add_argument("--no-plain", action="store_true", help="only the offload parts")
+    p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = p.parse_args()
     store = ensure_default_store()
     with tempfile.TemporaryDirectory() as logs:
@@ -127,11 +145,17 @@ def main() -> None:
                 os.environ.pop(DISK_MBPS_ENV, None)
     print(f"SmolLM2-135M fp32, 3 nodes on loopback, {args.tokens} tokens ({args.offload_tokens} with offload), "
           f"median of {args.repeats}")
-    print("| budget/share, disk | plan | windows | k | predicted ms | measured ms | error |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
-    for budget, plan, windows, k, pred, meas in rows:
+    print("| budget/share, disk | plan | windows | k | predicted ms | measured ms | error | nodes' turns pred / meas "
+          "| rest pred / meas |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for budget, plan, windows, k, pred, meas, turn_pred, turn_meas in rows:
         print(f"| {budget} | {plan} | {', '.join(map(str, windows))} | {k} | {pred:.1f} | {meas:.1f} | "
-              f"{(pred - meas) / meas:+.1%} |")
+              f"{(pred - meas) / meas:+.1%} | {turn_pred:.1f} / {turn_meas:.1f} | "
+              f"{pred - turn_pred:.1f} / {meas - turn_meas:.1f} |")
+    if args.json:
+        keys = ("budget", "plan", "windows", "k", "predicted_ms", "measured_ms", "turns_predicted_ms",
+                "turns_measured_ms")
+        print(json.dumps([dict(zip(keys, r)) for r in rows]))
 
 
 if __name__ == "__main__":
