@@ -288,7 +288,8 @@ def status_row(address: str, member_state: str, info) -> dict:
             "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
             # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
             # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
-            "predicted_ms": info.predicted_ms or None, "predicted_tpot_ms": info.predicted_tpot_ms or None,
+            "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire
+            "predicted_tpot_ms": round(info.predicted_tpot_ms, 3) or None,
             "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None}
 
 
