@@ -23,9 +23,11 @@ import torch
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 
-ROUNDS = 100
-IDLE_S = 0.003  # each round starts after this long of quiet: in the ring the next frame finds the threads idle
-VISIT_GAP_S = 0.02  # a window is visited again after the rest of the ring's round: its caches have gone cold
+ROUNDS = 60
+# Each round starts after this long of quiet, as the ring meets a node: idle while the others work. How long
+# matters: after 3 ms a frame's path cost 0.12-0.19 ms and the head's token 0.17-0.27 ms, after 20 ms 0.42-0.44
+# and 0.47-0.48 (SmolLM2 shapes, this shared 2-core VM); the ring's rounds of a large model are longer still.
+IDLE_S = 0.02
 VISITS = 12
 
 
@@ -122,7 +124,7 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
 
 def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
     """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
-    steps also after a quiet gap, over many layers): the median of one-layer visits, each after VISIT_GAP_S of
+    steps also after a quiet gap, over many layers): the median of one-layer visits, each after IDLE_S of
     quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
     frame_s's."""
     from nodes.prefetch import KV_RESERVE_TOKENS
@@ -140,7 +142,7 @@ def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VI
         x = torch.randn(1, cfg.hidden).to(torch_dtype)
         times = []
         for pos in range(visits + 2):  # the first 2 warm up
-            time.sleep(VISIT_GAP_S)
+            time.sleep(IDLE_S)
             start = time.perf_counter()
             shard.compute(x, cache, pos, 0)
             times.append(time.perf_counter() - start)
