@@ -1,6 +1,7 @@
 """Predicted vs measured TPOT on real loopback rings: the cost model checked against the ring itself.
 
     python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--offload 0.6:200 0.95:1000]
+        [--four 0.6:200] [--json]
 
 Starts 3 prima-node processes with SmolLM2, profiles them live (Control.Profile, one at a time), then
 for each ring shape applies the windows, predicts TPOT with the solver's cost model for exactly those
@@ -10,7 +11,10 @@ from an emulated disk of MBPS ($PRIMA_DISK_MBPS; devices of a home have a disk e
 (the profile reports the budget and the emulated disk), shapes of 1, 2 and 5 rounds, each node given
 the stream buffer the cost model picks for it. 0.6:200 is read-bound; 0.95:1000 makes a node's reads
 in its turn about as long as its compute, where reading beside compute (not after it) shows. Each part ends
-with Halda's own plan for those nodes, applied (removed nodes routed around) and measured.
+with Halda's own plan for those nodes, applied (removed nodes routed around) and measured. Last, 4 nodes
+that must all offload (--four FRACTION:MBPS: budgets of FRACTION of 8 layers), shapes of 1, 2 and 3 rounds.
+Each row also splits the error: the nodes' own per-token compute and stalls (predicted turn_ms, measured on
+their one-token frames, as `prima-ctl status` shows them) and the rest (hops, the head's work).
 """
 
 import argparse
@@ -42,6 +46,7 @@ from tools.default_model import ensure_default_store
 PROMPT = "Write a short story about a robot who learns to paint."
 SHAPES = [[10, 10, 10], [20, 5, 5], [7, 3, 5], [3, 1, 1], [15, 15, 0]]
 OFFLOAD_SHAPES = [[10, 10, 10], [5, 5, 5], [2, 2, 2]]  # every node's share is 10 layers
+FOUR_SHAPES = [[8, 8, 7, 7], [4, 4, 4, 3], [3, 3, 2, 2]]  # 4 nodes: shares of at most 8 layers, k = 1, 2, 3
 
 
 async def tpot(head: str, tokens: int) -> float:
@@ -88,7 +93,7 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
     of fresh nodes profiled live; last, the loop a user runs: `prima-ctl plan` (Halda on those profiles), applied
     as `start --plan` does (the nodes it removes routed around), then generate."""
     rows = []
-    local = launch(store, 3, log_dir=logs, extra_args=extra, detach=False, timeout=120)
+    local = launch(store, len(shapes[0]), log_dir=logs, extra_args=extra, detach=False, timeout=120)
     try:
         head = local.addresses[0]
         ring.start(head, shapes[0])
@@ -112,11 +117,11 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
     return rows
 
 
-def budgets(store: Path, fraction: float, share: int = 10) -> list[int]:
+def budgets(store: Path, fraction: float, share: int = 10, nodes: int = 3) -> list[int]:
     """Per node: head units (node 0) + KV reserve + `fraction` of its share of layer bytes."""
     cfg, dtype = LayerStore(store).config, torch.float32
     fixed = [kv_bytes(cfg, dtype, share, KV_RESERVE_TOKENS) + (head_bytes(cfg, dtype) if i == 0 else 0)
-             for i in range(3)]
+             for i in range(nodes)]
     return [f + int(fraction * share * layer_bytes(cfg, dtype)) for f in fixed]
 
 
@@ -127,6 +132,8 @@ def main() -> None:
     p.add_argument("--offload", nargs="*", default=["0.6:200", "0.95:1000"],
                    help="FRACTION:MBPS per offload part: budget / share of layer bytes, each node's emulated disk")
     p.add_argument("--offload-tokens", type=int, default=16)
+    p.add_argument("--four", nargs="*", default=["0.6:200"],
+                   help="FRACTION:MBPS per part on 4 nodes that must all offload (budget / 8 layers)")
     p.add_argument("--no-plain", action="store_true", help="only the offload parts")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = p.parse_args()
@@ -143,8 +150,17 @@ def main() -> None:
                          measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra)]
             finally:
                 os.environ.pop(DISK_MBPS_ENV, None)
-    print(f"SmolLM2-135M fp32, 3 nodes on loopback, {args.tokens} tokens ({args.offload_tokens} with offload), "
-          f"median of {args.repeats}")
+        for part in args.four:
+            fraction, mbps = (float(x) for x in part.split(":"))
+            os.environ[DISK_MBPS_ENV] = str(mbps)
+            try:
+                extra = [["--mem-budget", str(b)] for b in budgets(store, fraction, 8, 4)]
+                rows += [(f"4 nodes, {fraction:.0%} of 8, {mbps:g} MB/s", *r) for r in
+                         measure(store, FOUR_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra)]
+            finally:
+                os.environ.pop(DISK_MBPS_ENV, None)
+    print(f"SmolLM2-135M fp32, 3 nodes (4 where said) on loopback, {args.tokens} tokens "
+          f"({args.offload_tokens} with offload), median of {args.repeats}")
     print("| budget/share, disk | plan | windows | k | predicted ms | measured ms | error | nodes' turns pred / meas "
           "| rest pred / meas |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
