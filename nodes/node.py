@@ -61,6 +61,8 @@ class Stats:
     link_s: float = 0.0
     frames: int = 0
     last_token_ms: float = 0.0
+    decode_s: float = 0.0  # of compute_s, frames of one token since the assignment: status's per-token figure
+    decode_frames: int = 0
 
 
 class Node:
@@ -86,6 +88,7 @@ class Node:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.cache_used: dict[str, float] = {}  # request id -> when its KV cache was last used
         self.stats = Stats()
+        self.predicted = (0.0, 0.0)  # the applied plan's (ms per token here, ring TPOT ms); Info reports it
         self.log = log.bind(node=cfg.name or self.address)
         self._fault_layer = cfg.fault_layer
 
@@ -98,13 +101,15 @@ class Node:
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
-                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "") -> None:
+                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "",
+                     predicted: tuple[float, float] = (0.0, 0.0)) -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
         ring: (head) every member's address in ring order, its own first, watched for failures.
         buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
-        head_address: (members) the ring's head, as the ring dials it."""
+        head_address: (members) the ring's head, as the ring dials it.
+        predicted: the plan's (per-token ms of this node, TPOT ms of the ring), shown by status; (0, 0): none."""
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
@@ -128,6 +133,8 @@ class Node:
             if old is not None:
                 await old.close()
             self.head_address = head_address
+        self.predicted = predicted  # what this assignment was planned to cost (a re-plan's has none)
+        self.stats.decode_s, self.stats.decode_frames = 0.0, 0  # measured against it from now on
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
 
@@ -207,7 +214,8 @@ class Node:
             resident_bytes=self.shard.resident_bytes() if self.shard else 0,
             disk_read_bytes=self.store.bytes_read if self.store else 0,
             compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s, frames=self.stats.frames,
-            last_token_ms=self.stats.last_token_ms, rss_bytes=rss,
+            last_token_ms=self.stats.last_token_ms, rss_bytes=rss, decode_s=self.stats.decode_s,
+            decode_frames=self.stats.decode_frames,
             active_requests=len(self.shard.caches) if self.shard else 0)
         return frames.node_info(
             stats=stats, windows=self.windows.ranges if self.windows else (),
@@ -218,7 +226,8 @@ class Node:
             model_name=self.store.manifest.name if self.store else "",
             mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
             node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address,
-            cached_units=self.cached_units, fetched_bytes=self.fetched_bytes)
+            cached_units=self.cached_units, fetched_bytes=self.fetched_bytes,
+            predicted_ms=self.predicted[0], predicted_tpot_ms=self.predicted[1])
 
     # ------------------------------------------------------------------ frames in
 
@@ -339,8 +348,12 @@ class Node:
         start = time.perf_counter()
         hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
             self.pool, self.shard.compute, w.hidden, cache, w.start_pos, w.next_layer)
-        self.stats.compute_s += time.perf_counter() - start
+        took = time.perf_counter() - start
+        self.stats.compute_s += took
         self.stats.frames += 1
+        if w.hidden.shape[0] == 1:
+            self.stats.decode_s += took
+            self.stats.decode_frames += 1
         return replace(w, hidden=hidden, next_layer=next_layer)
 
     def _inject_fault(self, next_layer: int) -> None:

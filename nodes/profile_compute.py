@@ -3,8 +3,9 @@
 One decoder layer timed alone (how the profiler first calibrated) ran faster than the same layers in a ring node
 (SmolLM2 here: 0.8 vs 1.0 ms a layer, and predicted TPOTs 20-30 % low). A node runs its window through
 nodes.shard.Shard: one layer after another, each with its own weights, a KV cache of the reserve's
-capacity, a growing context. This times exactly that on the store's first layers (as many as SWEEP_BYTES
-hold, at least one, so their weights come from memory, not cache) and reports per-layer rates.
+capacity, a growing context, each step after the rest of the ring's work. This times exactly that on the
+store's first layers (as many as SWEEP_BYTES hold, at least one, so their weights come from memory, not
+cache) and reports per-layer rates.
 """
 
 import itertools
@@ -28,6 +29,7 @@ from nodes.store import LayerStore
 BUDGET_S = 0.5
 WARM_UP = 4
 SWEEP_BYTES = 256 << 20
+QUIET_S = 0.02  # each step after a quiet gap: the ring comes back to a node after the others' work
 
 
 def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
@@ -46,6 +48,7 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
         times: list[float] = []
         deadline = time.perf_counter() + BUDGET_S
         for pos in range(cache.capacity):  # one token after another, as a request decodes
+            time.sleep(QUIET_S)  # back to back ran up to 1.6x faster than a ring's node while others ran
             start = time.perf_counter()
             shard.compute(x, cache, pos, 0)
             if pos >= WARM_UP:

@@ -6,6 +6,11 @@ thread, the outbox queue. The PING round trip of the link probe covers the trans
 covers the rest, on this device's CPU (it adds up over the k M hops of a token). The head, once per
 token, also hands the embedding and the logits through its compute thread, samples, detokenises and
 sends the token's event, and runs the output layer: measured here too.
+
+And a window visit costs more than its layers: a node's compute comes back to a window after the rest of
+the ring has worked, with its caches and threads gone cold, so one layer visited after a quiet gap takes
+longer than a layer inside a long window (SmolLM2 fp32 here: 1.45 ms against 1.05). A k-round ring pays
+that k times per token on every node that holds layers: `measure_window_visit`.
 """
 
 import asyncio
@@ -18,8 +23,12 @@ import torch
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 
-ROUNDS = 100
-IDLE_S = 0.003  # each round starts after this long of quiet: in the ring the next frame finds the threads idle
+ROUNDS = 60
+# Each round starts after this long of quiet, as the ring meets a node: idle while the others work. How long
+# matters: after 3 ms a frame's path cost 0.12-0.19 ms and the head's token 0.17-0.27 ms, after 20 ms 0.42-0.44
+# and 0.47-0.48 (SmolLM2 shapes, this shared 2-core VM); the ring's rounds of a large model are longer still.
+IDLE_S = 0.02
+VISITS = 12
 
 
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
@@ -111,3 +120,32 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
             head.logits(x, cfg.norm_eps)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
+    """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
+    steps also after a quiet gap, over many layers): the median of one-layer visits, each after IDLE_S of
+    quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
+    frame_s's."""
+    from nodes.prefetch import KV_RESERVE_TOKENS
+    from nodes.routing import Windows
+    from nodes.shard import Shard
+    from nodes.store import LayerStore
+
+    store = LayerStore(store_dir)
+    if store.manifest.manifest_only:
+        return 0.0
+    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    shard = Shard(store, Windows(((0, 1),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
+    try:
+        cache = shard.cache_for("profile", 0, min(KV_RESERVE_TOKENS, cfg.max_seq_len), 1)  # as a node's
+        x = torch.randn(1, cfg.hidden).to(torch_dtype)
+        times = []
+        for pos in range(visits + 2):  # the first 2 warm up
+            time.sleep(IDLE_S)
+            start = time.perf_counter()
+            shard.compute(x, cache, pos, 0)
+            times.append(time.perf_counter() - start)
+    finally:
+        shard.close()
+    return max(0.0, statistics.median(times[2:]) - layer_s)

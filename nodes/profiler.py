@@ -25,6 +25,8 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
   batch_cost               with a store's weights: a decode step of b = 1, 2, 4, 8 requests at once over one
                            request's, per layer (nodes/profile_compute.measure_batch_cost); none: b (no gain);
                            output_batch_cost the same for the output layer (one large matrix: its own curve)
+  visit_s                  with a store's weights: what a window visit costs beyond its layers (one layer
+                           visited after a quiet gap, as the ring comes back to a node, less layer_s)
   link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
@@ -69,7 +71,12 @@ from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_compute import measure_batch_cost, measure_node_layers
 from nodes.profile_disk import measure_disk
-from nodes.profile_frame import measure_frame_overhead, measure_output_layer, measure_token_overhead
+from nodes.profile_frame import (
+    measure_frame_overhead,
+    measure_output_layer,
+    measure_token_overhead,
+    measure_window_visit,
+)
 from nodes.profile_host import available_ram, gpu_info, os_kind
 from nodes.store import LayerStore
 from nodes.text import TextCodec
@@ -80,11 +87,11 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/4"  # /4: host, batch_cost (/3: token_s, output_s, rates from the node's path); an older
-# cache is measured again
+FORMAT = "prima-profile/5"  # /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from the node's
+# path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
-IDLE_S = 0.01  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
+IDLE_S = 0.02  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
 PAD_BYTES = 1 << 20  # padding per throughput frame
 MIN_TRANSFER_S = 0.05  # the throughput probe doubles its frames until a burst takes this long
 MAX_TRANSFER_BYTES = 64 << 20
@@ -185,6 +192,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
         host=host_id(), batch_cost=batch["batch_cost"] if batch else {},
         output_batch_cost=batch["output_batch_cost"] if batch else {},
+        visit_s=measure_window_visit(store_dir, dtype, decode["layer_s"]) if decode else 0.0,
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,

@@ -87,6 +87,10 @@ class ControlService(rpc.ControlServicer):
         if not 0 <= buffer <= MAX_BUFFER_LAYERS:  # also refuses NaN
             await abort(context, Code.INVALID_ARGUMENT,
                         f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
+        predicted = (request.predicted_ms, request.predicted_tpot_ms)
+        if not all(0 <= v < 1e9 for v in predicted):  # also refuses NaN
+            await abort(context, Code.INVALID_ARGUMENT, f"predicted_ms and predicted_tpot_ms must be in [0, 1e9) ms, "
+                                                        f"got {predicted[0]}, {predicted[1]}")
         if request.head_address and not _is_address(request.head_address):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
@@ -94,7 +98,7 @@ class ControlService(rpc.ControlServicer):
         async def load() -> None:
             try:
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                  list(request.ring), buffer, request.head_address)
+                                  list(request.ring), buffer, request.head_address, predicted)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 

@@ -3,8 +3,10 @@
 # One token goes round the ring k times; in each round device m computes w_m layers, n_m of them
 # on its GPU. Per token, with s_m = k w_m layers on m (its share):
 #
-#     P_m = k (alpha_m (w_m - n_m) + g_m n_m)           compute (decode is memory bound), plus, when it
-#                                                        streams, copying O_m + b into its buffer
+#     P_m = k (alpha_m (w_m - n_m) + g_m n_m + v_m)     compute (decode is memory bound) and, when it holds
+#                                                        layers, k window visits (v_m: a visit's cold start
+#                                                        beyond its layers); plus, when it streams, copying
+#                                                        O_m + b into its buffer
 #     O_m = k (w_m - n_m) b' - ram_m                     bytes of the share its memory cannot keep
 #     D_m = (O_m + B_m) / disk_m                         disk reads per token; B_m: its stream buffer
 #     I_m = max(0, D_m - k h_m / disk_m)                 the reads its k gaps cannot hide (h_m <= B_m each)
@@ -94,6 +96,7 @@ class DeviceCosts:
     gpu_cap: int  # layers that fit in VRAM (0 without a GPU)
     serial: float = 0.0  # s per round of compute a streaming turn cannot overlap with its reads
     copy: float = 0.0  # s per byte read: the reader copies it into the buffer, beside the compute (1 / RAM B/s)
+    visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
 
     @property
     def beta(self) -> float:
@@ -129,7 +132,7 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s, disk=d.disk_seq_read,
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
             serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
-            copy=1.0 / d.ram_bandwidth))
+            copy=1.0 / d.ram_bandwidth, visit=d.visit_s))
     if inst.batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
         out = [replace(c, hop=c.hop + (inst.batch - 1) * (m.activation_bytes / d.link_bandwidth + d.frame_s))
                for c, d in zip(out, inst.devices)]  # and software cost (nodes send a batch as its frames)
@@ -153,8 +156,9 @@ def kappa(inst: Instance) -> float:
 
 
 def compute_time(c: DeviceCosts, k: int, w, n):
-    """Seconds per token computing w layers a round, n of them on the GPU (ints or numpy arrays)."""
-    return k * (c.alpha * (w - n) + (c.gpu * n if c.gpu_cap else 0.0))  # no GPU: n is 0
+    """Seconds per token computing w layers a round, n of them on the GPU, and visiting the window k times when
+    w > 0 (ints or numpy arrays)."""
+    return k * (c.alpha * (w - n) + (c.gpu * n if c.gpu_cap else 0.0) + c.visit * (w > 0))  # no GPU: n is 0
 
 
 def fits(c: DeviceCosts, k: int, w, n):
@@ -229,14 +233,20 @@ def stream_turn(d, b, s, k: int, P, ovf, G):
 
 
 def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
-                may_offload: bool = True):
+                may_offload: bool = True, member=None):
     """Halda's rows for device m (mip variables w, n; hop_on: 1 when it talks; T: the cycle bound, all in
     units of `unit` seconds): the terms of `device_terms` and `stream_turn` in linear form. Returns its turns
     per token (an expression or a variable). may_offload=False: only plans where its share fits are wanted
-    (any other costs more than the caller's bound). Equation numbers: prima.cpp's paper, as in halda.py."""
+    (any other costs more than the caller's bound). member: a binary that w > 0 forces to 1 (it pays the
+    window visits; None: one is made when visits cost). Equation numbers: prima.cpp's paper, as in halda.py."""
     import mip  # only Halda builds rows: the rest of the cost model needs no solver
 
     P = k / unit * (c.alpha * w + (c.beta * n if isinstance(n, mip.Var) else 0.0))
+    if c.visit > 0:  # k visits a token when it holds layers (compute_time's w > 0)
+        if member is None:
+            member = model.add_var(f"holds({m})", var_type=mip.BINARY)
+            model += w <= W * member, f"holds({m})"
+        P = P + k * c.visit / unit * member
     cpu_w = w if c.uma else w - n  # layers per window held in RAM
     if c.uma:
         model += cpu_w <= c.ram_layers, f"window({m})"  # one window fits: its mmap prefetch can work
@@ -363,6 +373,7 @@ class Breakdown:
     compute_s: tuple[float, ...]  # P_m
     disk_s: tuple[float, ...]  # D_m
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
+    visit_s: tuple[float, ...]  # k v_m for devices that hold layers (inside compute_s), else 0
     inline_s: tuple[float, ...]  # I_m: the reads in the device's own turns (beside its compute when prefetching)
     serial_s: tuple[float, ...]  # s_m: compute its turns' reads cannot overlap (streaming devices, else 0)
     turn_s: tuple[float, ...]  # z_m: its turns, compute and the reads it cannot hide
@@ -386,11 +397,12 @@ class Breakdown:
 
     @property
     def terms_s(self) -> dict[str, float]:
-        """TPOT as a sum: compute, reads (what outlasts the compute they run beside), hops, head (kappa) and
-        wait (a device's cycle longer than the ring's round)."""
-        compute = sum(self.compute_s)
-        return {"compute": compute, "reads": sum(self.turn_s) - compute, "hops": sum(self.hop_s),
-                "head": self.kappa_s, "wait": self.tpot_s - self.ring_s}
+        """TPOT as a sum: compute (the layers), visits (each window visit's cold start beyond its layers), reads
+        (what outlasts the compute they run beside), hops, head (kappa) and wait (a device's cycle longer than
+        the ring's round)."""
+        compute, visits = sum(self.compute_s), sum(self.visit_s)
+        return {"compute": compute - visits, "visits": visits, "reads": sum(self.turn_s) - compute,
+                "hops": sum(self.hop_s), "head": self.kappa_s, "wait": self.tpot_s - self.ring_s}
 
 
 def check_assignment(inst: Instance, k: int, w: list[int], n: list[int]) -> None:
@@ -441,6 +453,7 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
     tpot = max([tpot, ring] + cycle)
-    return Breakdown(tpot, tuple(t.compute for t in terms), tuple(D), tuple(H), tuple(inline), tuple(serial),
+    V = tuple(k * c.visit if wm else 0.0 for c, wm in zip(cs, w))
+    return Breakdown(tpot, tuple(t.compute for t in terms), tuple(D), tuple(H), V, tuple(inline), tuple(serial),
                      tuple(turn), tuple(cycle), tuple(int(round(b)) for b in buf),
                      tuple(t.label if r else "-" for t, r in zip(terms, in_ring)), ring, kap, prefetch)

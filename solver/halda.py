@@ -143,7 +143,8 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
             model += w[m] <= max(cap[m], 0) * x[m], f"ring({m})"
         elif not select and c.ram_layers + c.gpu_cap // k >= 1:
             model += w[m] >= 1, f"keep({m})"  # prima.cpp without selection: every device computes
-    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m]) for m in Ms]
+    turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m],
+                         x[m] if isinstance(x[m], mip.Var) else None) for m in Ms]  # w > 0 forces x = 1
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
     if micro_batches > 1:  # the busiest resource's work for all batches (a loopback hop counted as a link here)
         kap = kappa(inst) / unit

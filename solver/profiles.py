@@ -27,6 +27,8 @@ JSON schema (plain JSON, keys = field names, SI units):
                                         #   missing: b (no gain assumed, see DeviceProfile.batch_factor)
        "output_batch_cost": {"1": 1.0, "8": 1.4},   # optional: the same for the model's output layer (the
                                         #   head's, one pass for the batch's rows; missing: b)
+       "visit_s": 0.0004,               # optional (0): a window visit's cost beyond its layers' (the ring
+                                        #   comes back to the node's window with its caches gone cold)
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -42,7 +44,7 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "is_head", "host", "batch_cost", "output_batch_cost")
+OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "is_head", "host", "batch_cost", "output_batch_cost")
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,11 @@ class DeviceProfile:
     frame_s: float = 0.0
     token_s: float = 0.0
     output_s: float = 0.0
+    visit_s: float = 0.0
     is_head: bool = False
     host: str = ""
     batch_cost: tuple[tuple[int, float], ...] = ()  # (b, cost of b rows / cost of 1 row), b ascending, from 1
     output_batch_cost: tuple[tuple[int, float], ...] = ()  # the same for the output layer
-
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -45,7 +45,7 @@ def simulate(plan: RingPlan, inst: Instance, prompt_tokens: int = 128, concurren
         flops = prompt_tokens * m_.layer_flops
         cpu = layer_time(flops, c.b, d.cpu_flops, d.ram_bandwidth)
         gpu = layer_time(flops, c.b, d.gpu_flops, d.vram_bandwidth) if nm else 0.0
-        pre.append(k * (cpu * (wm - nm) + gpu * nm))
+        pre.append(k * (cpu * (wm - nm) + gpu * nm + (c.visit if wm else 0.0)))
         hops.append(k * (d.link_latency_s + prompt_tokens * m_.activation_bytes / d.link_bandwidth
                           + d.frame_s) if r else 0.0)
 

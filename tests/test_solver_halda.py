@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,33 @@ def test_matches_exhaustive_search(select, chunk):
         assert not isinstance(plan, Infeasible), (seed, plan, opt)
         assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
         check_rows(inst, plan)
+
+
+def with_visits(inst: Instance, seed: int) -> Instance:
+    """The instance with a window-visit cost per device (0 to 3 of its layers' time: the term that makes a
+    device's every round cost more than its layers)."""
+    rng = random.Random(seed)
+    devs = tuple(dataclasses.replace(d, visit_s=rng.choice([0.0, rng.uniform(0, 3) * c.alpha]))
+                 for d, c in zip(inst.devices, device_costs(inst)))
+    return dataclasses.replace(inst, devices=devs)
+
+
+@pytest.mark.parametrize("select", [True, False])
+def test_matches_exhaustive_search_with_window_visits(select):
+    charged = 0
+    for seed in range(300, 380):
+        inst = with_visits(small_instance(seed), seed)
+        plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
+        if opt is None:
+            assert isinstance(plan, Infeasible), (seed, plan)
+            continue
+        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
+        check_rows(inst, plan)
+        br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring)
+        charged += sum(v > 0 for v in br.visit_s)
+        assert br.terms_s["visits"] == pytest.approx(sum(plan.k * d.visit_s for d, w in
+                                                         zip(inst.devices, plan.window_sizes) if w))
+    assert charged > 20  # the term is really exercised
 
 
 @pytest.mark.parametrize("seed, L", [(1, 24), (2, 32), (3, 24), (5, 32), (7, 32), (9, 24)])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from prima_rpc.app.cli_plan import terms
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Instance, evaluate, kappa
 from solver.halda import halda
@@ -102,6 +103,11 @@ def test_plan_offline_json():
             assert {"name", "role", "window", "gpu_layers", "set", "memory_bytes", "predicted_ms"} <= set(d)
             assert d["role"] in ("head", "worker", "relay", "removed")
         assert out["k"] * sum(d["window"] for d in out["devices"]) == 80
+        # what the TPOT is made of, as `prima-ctl plan` prints it beside the TPOT
+        assert set(out["terms_ms"]) == {"compute", "visits", "reads", "hops", "head", "wait"}
+        assert sum(out["terms_ms"].values()) == pytest.approx(out["predicted_tpot_ms"])
+        line = terms(out)
+        assert all(f"{t} " in line for t in ("compute", "reads", "hops", "head")), line
     with pytest.raises(ValueError, match="strategy must be one of"):
         plan_offline(TESTBED, man, "random")
 

@@ -27,12 +27,13 @@ def register(app: typer.Typer, state: dict) -> None:
         """Assign windows to the ring (the --node becomes the head) and wait until every node has loaded.
 
         Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
+        predicted = None
         if windows is not None:
             sizes, members, buffers = cli_args.windows(windows), None, None
         reach(state)
         if windows is None:
-            sizes, members, buffers = _plan_windows(state, plan)
-        nodes = _start(state, sizes, members, buffers)
+            sizes, members, buffers, predicted = _plan_windows(state, plan)
+        nodes = _start(state, sizes, members, buffers, predicted=predicted)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
 
     @app.command()
@@ -47,7 +48,7 @@ def register(app: typer.Typer, state: dict) -> None:
             except ring.RingError as exc:
                 fail(str(exc))
             if json_out:
-                print(json.dumps({"nodes": rows}, indent=1))
+                print(json.dumps({"nodes": rows, **ring_prediction(rows)}, indent=1))
             else:
                 tables.show(_status_table(state["node"], rows))
             return
@@ -131,9 +132,10 @@ def reach(state: dict) -> pb.NodeInfo:
         fail(rpc_message(exc.code(), exc.details(), state["node"]))
 
 
-def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[bool], list[float]]:
+def _plan_windows(state: dict, plan_file: Path | None):
     """Windows in ring order from a saved or freshly solved plan, which devices stay in the ring
-    (removed ones are routed around; relays stay), and their stream buffers in layers (0: default)."""
+    (removed ones are routed around; relays stay), their stream buffers in layers (0: default), and the plan's
+    prediction: (each device's per-token compute and stalls, turn_ms, and the TPOT, in ms) or None."""
     if plan_file is not None:
         try:
             result = json.loads(plan_file.read_text())
@@ -152,9 +154,12 @@ def _plan_windows(state: dict, plan_file: Path | None) -> tuple[list[int], list[
     if result.get("first_start_s"):
         print(f"first start: ~{result['first_start_s']:.1f} s of fetching before the layers load", file=sys.stderr)
     try:
-        return ([int(d["window"]) for d in result["devices"]],
-                [d.get("role") != "removed" for d in result["devices"]],
-                [float(d.get("buffer_layers", 0.0)) for d in result["devices"]])
+        devices = result["devices"]
+        predicted = None
+        if all("turn_ms" in d for d in devices) and "predicted_tpot_ms" in result:
+            predicted = ([float(d["turn_ms"]) for d in devices], float(result["predicted_tpot_ms"]))
+        return ([int(d["window"]) for d in devices], [d.get("role") != "removed" for d in devices],
+                [float(d.get("buffer_layers", 0.0)) for d in devices], predicted)
     except (KeyError, TypeError, ValueError, AttributeError):
         fail("the plan has no valid devices list")
 
@@ -167,7 +172,7 @@ def _walk(state: dict):
 
 
 def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None,
-           logs: Path | None = None):
+           logs: Path | None = None, predicted: tuple[list[float], float] | None = None):
     loaded: dict[str, tuple[int, int]] = {}
     fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
     with bar("loading windows") as progress:
@@ -185,7 +190,8 @@ def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buf
 
         try:
             nodes = ring.start(state["node"], sizes, state["token"], progress=report, members=members,
-                               buffers=buffers)
+                               buffers=buffers, predicted=predicted[0] if predicted else None,
+                               predicted_tpot_ms=predicted[1] if predicted else 0.0)
         except ring.RingError as exc:
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
     for address, f in fetched.items():
@@ -201,6 +207,11 @@ def _rate(address: str, done: float, total: float, first: float, last: float) ->
 
 STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "fetch\nMiB", "frames",
                   "active\nreqs", "compute\ns", "stall\ns", "link\ns", "token\nms")
+PLAN_COLUMNS = ("pred\nms", "meas\nms")  # once a plan's prediction is applied: per-token compute + stalls
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
@@ -214,9 +225,16 @@ def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
               str(r["active_requests"]),
               f"{r['compute_s']:.2f}", f"{r['stall_s']:.2f}", f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}"]
              for r in rows]
+    columns, plan = STATUS_COLUMNS, ring_prediction(rows)
+    if plan["predicted_tpot_ms"] is not None:  # the applied plan's prediction beside what the ring measures
+        columns += PLAN_COLUMNS
+        for r, row in zip(rows, cells):
+            row += [_ms(r["predicted_ms"]), _ms(r["measured_ms"])]
+        caption = (f"TPOT predicted {_ms(plan['predicted_tpot_ms'])} ms, measured {_ms(plan['measured_tpot_ms'])} ms "
+                   f"(last token); pred / meas ms: per-token compute + stalls" + (f"\n{caption}" if caption else ""))
     table = Table(title=f"ring from {head}", caption=caption or None, box=box.SIMPLE_HEAD, show_edge=False,
                   collapse_padding=True)
-    for j, col in enumerate(STATUS_COLUMNS):
+    for j, col in enumerate(columns):
         if j < 3:  # text: the address folds only when the terminal is narrow
             width = max([len(r["address"]) for r in rows] + [len(r["name"]) for r in rows]) if j == 0 else 7
             table.add_column(col, overflow="fold", min_width=min(width, 21))
@@ -243,7 +261,7 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
         if json_out:
             while True:
                 rows, error = snapshot()
-                print(json.dumps({"time": time.time(), "nodes": rows} if rows is not None
+                print(json.dumps({"time": time.time(), "nodes": rows, **ring_prediction(rows)} if rows is not None
                                  else {"time": time.time(), "error": error}), flush=True)
                 time.sleep(seconds)
         with Live(Text("walking the ring..."), auto_refresh=False) as live:
@@ -267,7 +285,19 @@ def status_row(address: str, member_state: str, info) -> dict:
             "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
             "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
-            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes}
+            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
+            # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
+            # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
+            "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire
+            "predicted_tpot_ms": round(info.predicted_tpot_ms, 3) or None,
+            "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None}
+
+
+def ring_prediction(rows: list[dict]) -> dict:
+    """The applied plan's TPOT (the head's copy) and the head's last decode step, in ms (None: unknown)."""
+    head = next((r for r in rows if r["role"] == "head"), None)
+    return {"predicted_tpot_ms": head["predicted_tpot_ms"] if head else None,
+            "measured_tpot_ms": (head["last_token_ms"] or None) if head else None}
 
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):

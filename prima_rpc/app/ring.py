@@ -95,12 +95,14 @@ def _info(address: str, token: str | None, timeout: float) -> pb.NodeInfo | None
 
 def start(head: str, windows: list[int], token: str | None = None,
           progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None,
-          members: list[bool] | None = None, buffers: list[float] | None = None) -> list[tuple[str, pb.NodeInfo]]:
+          members: list[bool] | None = None, buffers: list[float] | None = None,
+          predicted: list[float] | None = None, predicted_tpot_ms: float = 0.0) -> list[tuple[str, pb.NodeInfo]]:
     """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel.
 
     members: which nodes stay (default: all). The others are routed around: each member's successor
     becomes the next member (Control.SetPeer), and they are left without layers (an unused relay).
-    buffers: each node's stream buffer in layers, the plan's choice (0 or None: the node's default)."""
+    buffers: each node's stream buffer in layers, the plan's choice (0 or None: the node's default).
+    predicted, predicted_tpot_ms: the plan's per-token ms of each node and its TPOT, kept by the nodes for status."""
     ring = walk(head, token)
     if len(windows) != len(ring):
         raise RingError(f"{len(windows)} windows for a ring of {len(ring)} nodes: "
@@ -108,8 +110,12 @@ def start(head: str, windows: list[int], token: str | None = None,
     buffers = list(buffers) if buffers is not None else [0.0] * len(ring)
     if len(buffers) != len(ring):
         raise RingError(f"{len(buffers)} buffers for a ring of {len(ring)} nodes")
+    predicted = list(predicted) if predicted is not None else [0.0] * len(ring)
+    if len(predicted) != len(ring):
+        raise RingError(f"{len(predicted)} predictions for a ring of {len(ring)} nodes")
     if members is not None and not all(members):
         buffers = [b for b, m in zip(buffers, members) if m]
+        predicted = [p for p, m in zip(predicted, members) if m]
         ring, windows = _route_around(ring, windows, members, token)
     head_info = ring[0][1]
     if not head_info.model_id:
@@ -126,7 +132,8 @@ def start(head: str, windows: list[int], token: str | None = None,
         req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges[i]], head=(i == 0),
                                model_id=head_info.model_id, ring_layers=head_info.n_layers, epoch=epoch,
                                ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
-                               head_address=ring[-1][1].peer, stream_buffer_layers=buffers[i])
+                               head_address=ring[-1][1].peer, stream_buffer_layers=buffers[i],
+                               predicted_ms=predicted[i], predicted_tpot_ms=predicted_tpot_ms)
         try:
             for update in control(address).Assign(req, metadata=metadata(token)):
                 progress(address, update)

@@ -106,7 +106,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes")
+    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "decode_s", "decode_frames")
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,8 @@ class NodeStats(_message.Message):
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FRAMES_FIELD_NUMBER: _ClassVar[int]
     resident_bytes: int
     disk_read_bytes: int
     compute_s: float
@@ -125,14 +127,16 @@ class NodeStats(_message.Message):
     frames: int
     active_requests: int
     rss_bytes: int
-    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
+    decode_s: float
+    decode_frames: int
+    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +156,8 @@ class NodeInfo(_message.Message):
     HEAD_FIELD_NUMBER: _ClassVar[int]
     CACHED_UNITS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -171,7 +177,9 @@ class NodeInfo(_message.Message):
     head: str
     cached_units: int
     fetched_bytes: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ...) -> None: ...
+    predicted_ms: float
+    predicted_tpot_ms: float
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("address", "state")
@@ -182,7 +190,7 @@ class Member(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address", "predicted_ms", "predicted_tpot_ms")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +200,8 @@ class AssignRequest(_message.Message):
     RING_FIELD_NUMBER: _ClassVar[int]
     STREAM_BUFFER_LAYERS_FIELD_NUMBER: _ClassVar[int]
     HEAD_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
     head: bool
     model_id: str
@@ -201,7 +211,9 @@ class AssignRequest(_message.Message):
     ring: _containers.RepeatedScalarFieldContainer[str]
     stream_buffer_layers: float
     head_address: str
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ...) -> None: ...
+    predicted_ms: float
+    predicted_tpot_ms: float
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready", "fetch")

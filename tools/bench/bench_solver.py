@@ -5,7 +5,7 @@ Solve times are wall-clock medians over clusters (one warm-up solve first, CBC t
 thread): prima.cpp's D1-D4 cycled with +-30 % variation (issue 18), and random home clusters.
 Predictions come from solver.simulator with prefetch on.
 
-    python -m tools.bench.bench_solver [--runs 5] [--sizes 4,8,16,32,64] [--small 200]
+    python -m tools.bench.bench_solver [--runs 5] [--sizes 4,8,16,32,64] [--small 200] [--visit-ms 0.5]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from solver.baselines import even_split, exo_split, halda_noselect
@@ -34,8 +35,10 @@ def testbed_devices(n: int, seed: int):
     return cycled_devices(load_profiles(TESTBED), n, seed)
 
 
-def solve_times(sizes: list[int], runs: int) -> None:
-    print(f"\n## Halda solve time (ms), median / max over {runs} clusters, solver {solver_name()}")
+def solve_times(sizes: list[int], runs: int, visit_s: float = 0.0) -> None:
+    """visit_s: every device's window-visit cost, as measured profiles carry one (0: none, as in prima.cpp's)."""
+    print(f"\n## Halda solve time (ms), median / max over {runs} clusters, solver {solver_name()}, "
+          f"window visits {visit_s * 1e3:g} ms")
     print(f"{'devices':>7} | {'70B D1-D4 +-30%':>15} | {'8B mixed':>14} | {'70B mixed':>14} | {'70B starved':>14} | "
           f"{'k, ring (70B starved)':>22}")
     halda(Instance(random_devices(4, 99), preset("llama3-8b")))  # warm-up: loads CBC
@@ -45,7 +48,7 @@ def solve_times(sizes: list[int], runs: int) -> None:
                            ("llama3-70b", random_devices), ("llama3-70b", starved_devices)):
             ms = []
             for seed in range(runs):
-                inst = Instance(make(n, seed), preset(name))
+                inst = Instance(tuple(replace(d, visit_s=visit_s) for d in make(n, seed)), preset(name))
                 t0 = time.perf_counter()
                 last = halda(inst)
                 ms.append((time.perf_counter() - t0) * 1e3)
@@ -98,10 +101,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sizes", default="4,8,16,32,64")
     ap.add_argument("--small", type=int, default=200, help="small instances checked against exhaustive search")
+    ap.add_argument("--visit-ms", type=float, default=0.5,
+                    help="each device's window-visit cost in the solve-time clusters (measured profiles carry one)")
+    ap.add_argument("--no-testbed", action="store_true", help="solve times (and --small) only")
     args = ap.parse_args()
-    solve_times([int(s) for s in args.sizes.split(",")], args.runs)
+    solve_times([int(s) for s in args.sizes.split(",")], args.runs, args.visit_ms / 1e3)
     optimality(args.small)
-    testbed()
+    if not args.no_testbed:
+        testbed()
 
 
 if __name__ == "__main__":
