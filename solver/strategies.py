@@ -11,6 +11,7 @@ from solver.halda import halda
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
 from solver.profiles import DeviceProfile, load_profiles
+from solver.speculation import speculation_json
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
@@ -50,13 +51,15 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
 
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-                 must_stay: Collection[str] = ()) -> dict:
+                 must_stay: Collection[str] = (), speculation: tuple[int, float] | None = None) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
-    return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay)
+    return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay,
+                    speculation=speculation)
 
 
 def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-             must_stay: Collection[str] = ()) -> dict:
+             must_stay: Collection[str] = (), speculation: tuple[int, float] | None = None) -> dict:
+    """speculation: (N, R), every trip verifying N drafted tokens accepted at rate R (adds `speculation`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     model = ModelProfile.from_json(manifest)
@@ -64,4 +67,8 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     plan = STRATEGIES[strategy](inst)
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
-    return plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    out = plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    if speculation is not None:
+        out["speculation"] = speculation_json(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.predicted_tpot_s,
+                                              *speculation)
+    return out

@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from nodes.manifest import read_manifest
+from nodes.speculate import DEFAULT_DRAFT
 from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
+from prima_rpc.client import DRAFT_TOKENS
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -23,10 +25,15 @@ def register(app: typer.Typer, state: dict) -> None:
              json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
              out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
              refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
-             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg")):
+             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg"),
+             speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
+                                                    "decoding whose drafts are accepted at rate R (0-1)"),
+             draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
+                                              f"--speculate-accept (1-16, default {DEFAULT_DRAFT})")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
+        speculation = speculation_option(speculate_accept, draft_tokens)
         if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
             fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:
@@ -34,14 +41,14 @@ def register(app: typer.Typer, state: dict) -> None:
                 fail("--profiles needs --model DIR (a store or a manifest-only store)")
             read_manifest(model)  # a clear error for a directory that is not a store
             manifest = json.loads((model / "manifest.json").read_text())
-            result = plan_offline(profiles, manifest, strategy)
+            result = plan_offline(profiles, manifest, strategy, speculation=speculation)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
             from prima_rpc.app.cli_ring import reach
             from prima_rpc.app.live_plan import plan_live
 
             reach(state)  # unreachable, or the token refused: said before profiling starts
-            result = plan_live(state["node"], state["token"], strategy, refresh)
+            result = plan_live(state["node"], state["token"], strategy, refresh, speculation)
             title = f"the ring from {state['node']}"
         if out is not None:
             out.write_text(json.dumps(result, indent=1))
@@ -56,6 +63,19 @@ def register(app: typer.Typer, state: dict) -> None:
 
             render(result, timeline, title)
             print(f"timeline: {timeline}", file=sys.stderr if json_out else sys.stdout)
+
+
+def speculation_option(rate: float | None, draft: int | None) -> tuple[int, float] | None:
+    if rate is None:
+        if draft is not None:
+            fail("--draft-tokens needs --speculate-accept R")
+        return None
+    draft = DEFAULT_DRAFT if draft is None else draft
+    if not 0.0 <= rate <= 1.0:
+        fail(f"--speculate-accept must be in [0, 1], got {rate}")
+    if not DRAFT_TOKENS[0] <= draft <= DRAFT_TOKENS[1]:
+        fail(f"--draft-tokens must be in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}], got {draft}")
+    return draft, rate
 
 
 def show(result: dict) -> None:
@@ -76,6 +96,11 @@ def show(result: dict) -> None:
     tables.show(table, console)
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms{terms(result)}; "
                   f"solved in {result['solve_ms']:.1f} ms")
+    if (s := result.get("speculation")) is not None:
+        console.print(f"speculating {s['draft_tokens']} tokens a trip accepted at {s['accept_rate']:g}: "
+                      f"{s['tokens_per_trip']:.2f} tokens a trip of {s['trip_ms']:.1f} ms, predicted TPOT "
+                      f"{s['tpot_ms_speculative']:.1f} ms (best: {s['best_draft_tokens']} drafted, "
+                      f"{s['tpot_ms_best']:.1f} ms)")
 
 
 def terms(result: dict) -> str:

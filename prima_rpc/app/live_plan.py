@@ -35,11 +35,12 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
     return {"devices": devices, "_holds_model": held}, json.loads(manifest)
 
 
-def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False) -> dict:
+def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
+              speculation: tuple[int, float] | None = None) -> dict:
     profiles, manifest = profile_ring(head, token, refresh)
     devices = devices_from_json(profiles)
     # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
-    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS)
+    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS, speculation=speculation)
     if "devices" in result:  # nodes without the model fetch their layers from the head first
         add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
