@@ -10,7 +10,13 @@ the first rejected position and overwrites them.
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
+
+from nodes.manifest import StoreError
+from nodes.text import TextCodec
+from nodes.work import Rejected
 from prima_rpc.client import DRAFT_TOKENS, SPECULATE, check_speculate
 
 DEFAULT_MODE = "off"  # chosen by tools/bench/bench_speculate.py
@@ -43,6 +49,29 @@ def prompt_lookup(context: list[int], n: int, max_ngram: int = 3) -> list[int]:
             if context[start:start + g] == suffix:
                 return context[start + g:start + g + n]
     return []
+
+
+def check_draft(draft: TextCodec, target: TextCodec, where: Path | str) -> None:
+    """A draft model must share the target's tokenizer (its ids are the target's ids): ValueError naming both."""
+    dv, tv = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    if dv != tv:
+        differ = (f"{len(dv)} vs {len(tv)} tokens" if len(dv) != len(tv)
+                  else f"{sum(tv.get(t) != i for t, i in dv.items())} of {len(tv)} tokens differ")
+        raise ValueError(f"the draft model {draft.manifest.name} ({where}) does not share the tokenizer of "
+                         f"{target.manifest.name}: {differ}")
+
+
+def load_draft(store: Path, target: TextCodec, dtype=None):
+    """The ReferenceModel of a draft store, checked against the target's tokenizer. A store that is missing,
+    broken or of another tokenizer: Rejected (FAILED_PRECONDITION), the request's error, not the node's."""
+    from nodes.reference import ReferenceModel  # it imports this module
+
+    try:
+        model = ReferenceModel(store, dtype=dtype)
+        check_draft(model.codec, target, store)
+    except (StoreError, ValueError) as exc:
+        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+    return model
 
 
 class DraftModel:

@@ -8,7 +8,10 @@ from scipy.stats import chisquare
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
 from nodes.sampling import Sampler, SamplingParams
-from nodes.speculate import DraftModel, SpeculateParams, Speculator, prompt_lookup
+from nodes.speculate import DraftModel, SpeculateParams, Speculator, load_draft, prompt_lookup
+from nodes.store import LayerStore
+from nodes.text import TextCodec
+from nodes.work import Rejected
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
 REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "
@@ -141,3 +144,17 @@ def test_a_draft_model_gives_the_targets_tokens(tiny_store, tiny_qwen_store, dra
 def test_draft_mode_needs_a_draft_model():
     with pytest.raises(ValueError, match="needs a draft model"):
         Speculator(SpeculateParams("draft", 4))
+
+
+def test_a_draft_of_another_tokenizer_is_refused(smol_store, tiny_store, tiny_qwen_store):
+    """The tiny synthetic stores share a byte-level tokenizer; SmolLM2 has its own 49,152 tokens."""
+    smol = LayerStore(smol_store)
+    target = TextCodec(smol.manifest, smol.tokenizer_path())
+    with pytest.raises(Rejected, match=rf"the draft model synthetic-tiny \({tiny_store}\) does not share the "
+                                       rf"tokenizer of {smol.manifest.name}: 259 vs 49152 tokens") as err:
+        load_draft(tiny_store, target)
+    assert "\n" not in str(err.value) and err.value.code.name == "FAILED_PRECONDITION"
+    with pytest.raises(Rejected, match="is not a layer store"):
+        load_draft(tiny_store / "missing", target)
+    same = ReferenceModel(tiny_store).codec
+    assert load_draft(tiny_qwen_store, same).cfg.n_layers > 0
