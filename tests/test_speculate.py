@@ -3,12 +3,14 @@ many rejections), and the rejection rule's output distribution (chi-square on th
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
 from nodes.sampling import Sampler, SamplingParams
-from nodes.speculate import DraftModel, SpeculateParams, Speculator, load_draft, prompt_lookup
+from nodes.speculate import DraftModel, PromptLookup, SpeculateParams, Speculator, load_draft
 from nodes.store import LayerStore
 from nodes.text import TextCodec
 from nodes.work import Rejected
@@ -29,7 +31,26 @@ NGRAM = SpeculateParams("ngram", 4)
     ([1, 2, 1, 2], 0, []),
 ])
 def test_prompt_lookup(context, n, expected):
-    assert prompt_lookup(context, n) == expected
+    assert PromptLookup()(context, n) == expected
+
+
+def scan(context: list[int], n: int) -> list[int]:
+    """Prompt lookup by its definition: search back from the end for the longest suffix of 3, then 2 tokens."""
+    for g in range(min(3, len(context) - 1), 1, -1):
+        for start in range(len(context) - g - 1, -1, -1):
+            if context[start:start + g] == context[-g:]:
+                return context[start + g:start + g + n]
+    return []
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 4), min_size=1, max_size=8))
+def test_indexed_lookup_equals_the_scan_as_the_context_grows(tokens, steps):
+    lookup, end = PromptLookup(), 0
+    for step in steps:  # the context grows by a few tokens a trip, as accepted tokens are appended
+        end += step
+        assert lookup(tokens[:end], 4) == scan(tokens[:end], 4), tokens[:end]
+    assert lookup(tokens[:end // 2] + [9, 9, 9], 2) == scan(tokens[:end // 2] + [9, 9, 9], 2)  # not an extension
 
 
 def test_bad_settings_are_refused():

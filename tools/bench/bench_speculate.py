@@ -1,16 +1,17 @@
 """Speculative decoding: TPOT and ring trips per token with and without, side by side in one run.
 
-    python -m tools.bench.bench_speculate [--tokens 48] [--draft-tokens 4] [--draft-layers 4] [--repeats 2]
+    python -m tools.bench.bench_speculate [--tokens 48] [--draft-tokens 4] [--draft-layers 4] [--repeats 3]
                                           [--dtype int4] [--no-ring] [--json]
 
-Where: the default model (SmolLM2, int4 unless --dtype) in one process, and on a 3-node loopback ring whose
-nodes stream layers from disk (--mem-budget 1: each is raised to its minimum). Prompts: one that repeats its
-context (prompt lookup's best case) and an ordinary chat prompt. Settings: off, ngram (prompt lookup) and draft
-(a truncated copy of the target, its first --draft-layers layers, made by tools/truncate_store.py; on the ring the
-head runs it, `prima-node --draft`). Greedy. The settings run interleaved, --repeats times each, and a row reports
-the median TPOT. Trips per token = (tokens - accepted) / tokens: every trip yields its accepted drafts plus one
-token of the target's own. TPOT is the mean time per token after the first (the head's Finished event on rings,
-the same clock in process). Ratios are against `off` on the same prompt and place.
+Where: the default model (SmolLM2, int4 unless --dtype) in one process, and on a 3-node loopback ring whose nodes
+stream layers from disk (--mem-budget 1: each is raised to its minimum). Prompts: one that repeats its context
+(prompt lookup's best case), an ordinary chat prompt, and an ordinary one on which prompt lookup drafts now and
+then (most drafts rejected). Settings: off, ngram (prompt lookup) and draft (a truncated copy of the target, its
+first --draft-layers layers, made by tools/truncate_store.py; on the ring the head runs it, `prima-node --draft`).
+Greedy. The settings run interleaved (each in turn first), --repeats times each; a row reports the median TPOT
+(--json: every run's too). Trips per token = (tokens - accepted) / tokens: every trip yields its accepted drafts
+plus one token of the target's own. TPOT is the mean time per token after the first (the head's Finished event on
+rings, the same clock in process). Ratios are against `off` on the same prompt and place.
 """
 
 import argparse
@@ -34,6 +35,7 @@ PROMPTS = {
     "repeating": ("Copy this paragraph exactly, twice: The ring carries one activation from device to device; each "
                   "device runs its layers and passes the result on, and the head samples the next token."),
     "chat": "Write a short story about a robot who learns to paint.",
+    "code": "Write a Python function that reverses a string, then explain it.",  # ordinary, but drafts some
 }
 MODES = ("off", "ngram", "draft")
 
@@ -66,8 +68,8 @@ def measure(where: str, generate, args) -> list[dict]:
     for name, prompt in PROMPTS.items():
         generate(prompt, 4, SpeculateParams("off"))  # warm-up
         runs = {mode: [] for mode in MODES}
-        for _ in range(args.repeats):
-            for mode in MODES:
+        for r in range(args.repeats):
+            for mode in MODES[r % 3:] + MODES[:r % 3]:  # each setting runs first, second and third in turn
                 runs[mode].append(generate(prompt, args.tokens, SpeculateParams(mode, args.draft_tokens)))
         base = None
         for mode in MODES:
@@ -77,6 +79,7 @@ def measure(where: str, generate, args) -> list[dict]:
             base = base or (trips, tpot)
             rows.append({"where": where, "prompt": name, "setting": mode, "tokens": n, "drafted": drafted,
                          "accepted": accepted, "trips_per_token": round(trips, 3), "tpot_ms": round(tpot, 2),
+                         "tpot_ms_runs": [round(r[3], 2) for r in runs[mode]],
                          "fewer_trips_x": round(base[0] / trips, 2), "tpot_speedup_x": round(base[1] / tpot, 2)})
             if not args.json:
                 print(json.dumps(rows[-1]), flush=True)
@@ -88,7 +91,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--draft-layers", type=int, default=4, help="layers of the truncated draft copy")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default=DEFAULT_DTYPE, help="the default model's store: float32 or int4")
     ap.add_argument("--no-ring", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
