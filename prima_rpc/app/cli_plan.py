@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.table import Table
 
 from nodes.manifest import read_manifest
-from nodes.speculate import DEFAULT_DRAFT
 from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
 from prima_rpc.client import DRAFT_TOKENS
@@ -29,7 +28,7 @@ def register(app: typer.Typer, state: dict) -> None:
              speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
                                                     "decoding whose drafts are accepted at rate R (0-1)"),
              draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
-                                              f"--speculate-accept (1-16, default {DEFAULT_DRAFT})")):
+                                              "--speculate-accept (1-16; default: the head's)")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
@@ -70,6 +69,8 @@ def speculation_option(rate: float | None, draft: int | None) -> tuple[int, floa
         if draft is not None:
             fail("--draft-tokens needs --speculate-accept R")
         return None
+    from nodes.speculate import DEFAULT_DRAFT  # torch: only when planning with speculation
+
     draft = DEFAULT_DRAFT if draft is None else draft
     if not 0.0 <= rate <= 1.0:
         fail(f"--speculate-accept must be in [0, 1], got {rate}")
