@@ -16,7 +16,7 @@ from nodes import frames
 from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.members import Members
 from nodes.reference import ReferenceModel
-from nodes.speculate import DraftModel, Speculator
+from nodes.speculate import DraftModel, Speculator, load_draft
 from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 
@@ -146,7 +146,7 @@ class Head:
         """The head's draft model, loaded on first use (prima-node --draft DIR); shared by its requests."""
         if self.draft_model is None:
             self.draft_model = await asyncio.get_running_loop().run_in_executor(
-                self.node.pool, ReferenceModel, self.node.cfg.draft)
+                self.node.pool, load_draft, self.node.cfg.draft, self.node.text)  # Rejected: the node stays up
         return self.draft_model
 
     async def _ring_ready(self, req: HeadRequest) -> None:

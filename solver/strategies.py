@@ -12,6 +12,7 @@ from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
 from solver.profiles import DeviceProfile, load_profiles
+from solver.speculation import speculation_json
 from solver.throughput import Throughput, predict_throughput
 
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
@@ -52,16 +53,19 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
 
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-                 must_stay: Collection[str] = (), concurrency: int = 1) -> dict:
+                 must_stay: Collection[str] = (), concurrency: int = 1,
+                 speculation: tuple[int, float] | None = None) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
     return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay,
-                    concurrency=concurrency)
+                    concurrency=concurrency, speculation=speculation)
 
 
 def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
-             must_stay: Collection[str] = (), concurrency: int = 1) -> dict:
+             must_stay: Collection[str] = (), concurrency: int = 1,
+             speculation: tuple[int, float] | None = None) -> dict:
     """concurrency: requests decoding at once; Halda then optimises their throughput (halda_batch), and the
-    result carries the throughput fields (throughput_fields)."""
+    result carries the throughput fields (throughput_fields). speculation: (N, R), every trip verifying N
+    drafted tokens accepted at rate R (adds `speculation`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -77,6 +81,9 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
     out = plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    if speculation is not None:
+        out["speculation"] = speculation_json(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.predicted_tpot_s,
+                                              *speculation)
     return out | throughput_fields(tput)
 
 

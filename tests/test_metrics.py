@@ -100,7 +100,7 @@ async def finished(address: str, **kwargs) -> Finished:
 def test_counters_move_after_a_request(metered_ring):
     local, urls = metered_ring
     before = [scrape(u) for u in urls]
-    asyncio.run(generate(local.addresses[0], max_tokens=8))
+    asyncio.run(generate(local.addresses[0], max_tokens=8, speculate="off"))  # a frame per token
     with pytest.raises(PrimaError):  # a prompt beyond the model's context: only the head can refuse it
         asyncio.run(generate(local.addresses[0], max_tokens=8, messages=[{"role": "user", "content": "hi " * 9000}]))
     after = [scrape(u) for u in urls]

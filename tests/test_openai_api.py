@@ -214,11 +214,14 @@ def test_chat_equals_the_grpc_client(client, head):
     assert reply.choices[0].finish_reason == done.finish_reason and reply.object == "chat.completion"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (done.prompt_tokens, done.completion_tokens)
     assert reply.usage.total_tokens == done.prompt_tokens + done.completion_tokens
-    assert reply.usage.model_extra["drafted"] == done.drafted == 0  # the head's default: no speculation
+    assert reply.usage.model_extra["drafted"] == done.drafted  # the head's default (ngram) both ways
     fast = client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
                                           extra_body={"speculate": "ngram", "draft_tokens": 4})
     assert fast.choices[0].message.content == expected  # greedy speculation: the same text
     assert 0 <= fast.usage.model_extra["accepted"] <= fast.usage.model_extra["drafted"]
+    plain = client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
+                                           extra_body={"speculate": "off"})
+    assert plain.choices[0].message.content == expected and plain.usage.model_extra["drafted"] == 0
 
     chunks = list(client.chat.completions.create(model="any", messages=CHAT, max_tokens=TOKENS, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))

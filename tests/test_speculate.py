@@ -3,12 +3,17 @@ many rejections), and the rejection rule's output distribution (chi-square on th
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
 from nodes.sampling import Sampler, SamplingParams
-from nodes.speculate import DraftModel, SpeculateParams, Speculator, prompt_lookup
+from nodes.speculate import DraftModel, PromptLookup, SpeculateParams, Speculator, load_draft
+from nodes.store import LayerStore
+from nodes.text import TextCodec
+from nodes.work import Rejected
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
 REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "
@@ -19,12 +24,33 @@ NGRAM = SpeculateParams("ngram", 4)
 @pytest.mark.parametrize("context, n, expected", [
     ([1, 2, 3, 9, 1, 2, 3], 2, [9, 1]),        # longest suffix [1, 2, 3] found earlier
     ([1, 2, 5, 2, 7, 1, 2], 3, [5, 2, 7]),     # suffix [1, 2]
-    ([4, 2, 8, 2, 6, 2], 1, [6]),              # suffix [2]: its latest earlier match wins
+    ([4, 2, 8, 2, 6, 4, 2], 1, [8]),           # suffix [4, 2]: the only earlier match
+    ([5, 2, 7, 5, 2, 6, 5, 2], 1, [6]),        # suffix [5, 2]: its latest earlier match wins
+    ([4, 2, 8, 2, 6, 2], 1, []),               # a one-token suffix [2] is no evidence
     ([1, 2, 3], 4, []),                        # nothing repeats
     ([1, 2, 1, 2], 0, []),
 ])
 def test_prompt_lookup(context, n, expected):
-    assert prompt_lookup(context, n) == expected
+    assert PromptLookup()(context, n) == expected
+
+
+def scan(context: list[int], n: int) -> list[int]:
+    """Prompt lookup by its definition: search back from the end for the longest suffix of 3, then 2 tokens."""
+    for g in range(min(3, len(context) - 1), 1, -1):
+        for start in range(len(context) - g - 1, -1, -1):
+            if context[start:start + g] == context[-g:]:
+                return context[start + g:start + g + n]
+    return []
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 4), min_size=1, max_size=8))
+def test_indexed_lookup_equals_the_scan_as_the_context_grows(tokens, steps):
+    lookup, end = PromptLookup(), 0
+    for step in steps:  # the context grows by a few tokens a trip, as accepted tokens are appended
+        end += step
+        assert lookup(tokens[:end], 4) == scan(tokens[:end], 4), tokens[:end]
+    assert lookup(tokens[:end // 2] + [9, 9, 9], 2) == scan(tokens[:end // 2] + [9, 9, 9], 2)  # not an extension
 
 
 def test_bad_settings_are_refused():
@@ -73,8 +99,8 @@ def test_many_rejections_leave_no_trace(tiny_store):
     over again and again; tokens still equal plain decoding."""
     model = ReferenceModel(tiny_store)
     prompt = "abcabcabdabcabxyzabc" * 3
-    plain, _ = run(model, prompt, 200, raw=True)
-    fast, spec = run(model, prompt, 200, SpeculateParams("ngram", 6), raw=True)
+    plain, _ = run(model, prompt, 400, raw=True)
+    fast, spec = run(model, prompt, 400, SpeculateParams("ngram", 6), raw=True)
     assert fast == plain
     assert spec.drafted - spec.accepted >= 20, (spec.drafted, spec.accepted)
 
@@ -141,3 +167,17 @@ def test_a_draft_model_gives_the_targets_tokens(tiny_store, tiny_qwen_store, dra
 def test_draft_mode_needs_a_draft_model():
     with pytest.raises(ValueError, match="needs a draft model"):
         Speculator(SpeculateParams("draft", 4))
+
+
+def test_a_draft_of_another_tokenizer_is_refused(smol_store, tiny_store, tiny_qwen_store):
+    """The tiny synthetic stores share a byte-level tokenizer; SmolLM2 has its own 49,152 tokens."""
+    smol = LayerStore(smol_store)
+    target = TextCodec(smol.manifest, smol.tokenizer_path())
+    with pytest.raises(Rejected, match=rf"the draft model synthetic-tiny \({tiny_store}\) does not share the "
+                                       rf"tokenizer of {smol.manifest.name}: 259 vs 49152 tokens") as err:
+        load_draft(tiny_store, target)
+    assert "\n" not in str(err.value) and err.value.code.name == "FAILED_PRECONDITION"
+    with pytest.raises(Rejected, match="is not a layer store"):
+        load_draft(tiny_store / "missing", target)
+    same = ReferenceModel(tiny_store).codec
+    assert load_draft(tiny_qwen_store, same).cfg.n_layers > 0

@@ -93,3 +93,18 @@ def test_a_head_with_a_draft_model(smol_store, reference, tmp_path):
             assert done.accepted >= 0.5 * done.drafted > 0
     finally:
         local.stop()
+
+
+def test_a_draft_of_another_tokenizer_fails_the_request_not_the_node(smol_store, tiny_store, tmp_path):
+    from prima_rpc.app.local_ring import launch
+
+    local = launch(smol_store, 1, log_dir=tmp_path, detach=False, extra_args=[["--draft", str(tiny_store)]])
+    try:
+        ring.start(local.addresses[0], [30])
+        with pytest.raises(PrimaError, match="synthetic-tiny .* does not share the tokenizer of") as err:
+            asyncio.run(collect(local.addresses[0], PROMPTS[0], speculate="draft"))
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        tokens, _ = asyncio.run(collect(local.addresses[0], PROMPTS[0], speculate="ngram"))
+        assert tokens  # the node stays up and serves
+    finally:
+        local.stop()

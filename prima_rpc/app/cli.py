@@ -97,7 +97,8 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
-    from nodes.speculate import DraftModel, SpeculateParams, Speculator
+    from nodes.speculate import DraftModel, SpeculateParams, Speculator, load_draft
+    from nodes.work import Rejected
 
     try:
         speculation = SpeculateParams(speculate, draft_tokens)
@@ -124,9 +125,10 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
     prompt_ids = ref.codec.prompt_ids(prompt, raw=raw)
     drafter = None
     if speculate == "draft":
-        drafter = DraftModel(ReferenceModel(draft, dtype=torch_dtype))
-        if drafter.model.codec.encode("speculate") != ref.codec.encode("speculate"):
-            fail(f"the draft model {draft} does not share the model's tokenizer")
+        try:
+            drafter = DraftModel(load_draft(draft, ref.codec, torch_dtype))
+        except Rejected as exc:
+            fail(str(exc))
     tokens, text, stamps, spec = [], [], [], Speculator(speculation, drafter)
     start = time.perf_counter()
     for out in ref.generate_ids(prompt_ids, params, spec):

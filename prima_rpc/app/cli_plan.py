@@ -12,6 +12,7 @@ from rich.table import Table
 from nodes.manifest import read_manifest
 from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
+from prima_rpc.client import DRAFT_TOKENS
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -25,12 +26,17 @@ def register(app: typer.Typer, state: dict) -> None:
              refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
              timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg"),
              concurrency: int = typer.Option(1, help="requests decoding at once: predict their throughput (and "
-                                                     "with Halda, plan for it)")):
+                                                     "with Halda, plan for it)"),
+             speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
+                                                    "decoding whose drafts are accepted at rate R (0-1)"),
+             draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
+                                              "--speculate-accept (1-16; default: the head's)")):
         """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
         if concurrency < 1:
             fail(f"--concurrency must be >= 1, got {concurrency}")
+        speculation = speculation_option(speculate_accept, draft_tokens)
         if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
             fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
         if profiles is not None:
@@ -38,14 +44,14 @@ def register(app: typer.Typer, state: dict) -> None:
                 fail("--profiles needs --model DIR (a store or a manifest-only store)")
             read_manifest(model)  # a clear error for a directory that is not a store
             manifest = json.loads((model / "manifest.json").read_text())
-            result = plan_offline(profiles, manifest, strategy, concurrency=concurrency)
+            result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation)
             title = f"{manifest.get('name', model.name)} on {profiles.stem}"
         else:
             from prima_rpc.app.cli_ring import reach
             from prima_rpc.app.live_plan import plan_live
 
             reach(state)  # unreachable, or the token refused: said before profiling starts
-            result = plan_live(state["node"], state["token"], strategy, refresh, concurrency)
+            result = plan_live(state["node"], state["token"], strategy, refresh, concurrency, speculation)
             title = f"the ring from {state['node']}"
         if out is not None:
             out.write_text(json.dumps(result, indent=1))
@@ -60,6 +66,21 @@ def register(app: typer.Typer, state: dict) -> None:
 
             render(result, timeline, title)
             print(f"timeline: {timeline}", file=sys.stderr if json_out else sys.stdout)
+
+
+def speculation_option(rate: float | None, draft: int | None) -> tuple[int, float] | None:
+    if rate is None:
+        if draft is not None:
+            fail("--draft-tokens needs --speculate-accept R")
+        return None
+    from nodes.speculate import DEFAULT_DRAFT  # torch: only when planning with speculation
+
+    draft = DEFAULT_DRAFT if draft is None else draft
+    if not 0.0 <= rate <= 1.0:
+        fail(f"--speculate-accept must be in [0, 1], got {rate}")
+    if not DRAFT_TOKENS[0] <= draft <= DRAFT_TOKENS[1]:
+        fail(f"--draft-tokens must be in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}], got {draft}")
+    return draft, rate
 
 
 def show(result: dict) -> None:
@@ -82,6 +103,11 @@ def show(result: dict) -> None:
                   f"solved in {result['solve_ms']:.1f} ms")
     if "concurrency" in result:
         console.print(throughput_line(result))
+    if (s := result.get("speculation")) is not None:
+        console.print(f"speculating {s['draft_tokens']} tokens a trip accepted at {s['accept_rate']:g}: "
+                      f"{s['tokens_per_trip']:.2f} tokens a trip of {s['trip_ms']:.1f} ms, predicted TPOT "
+                      f"{s['tpot_ms_speculative']:.1f} ms (best: {s['best_draft_tokens']} drafted, "
+                      f"{s['tpot_ms_best']:.1f} ms)")
 
 
 def throughput_line(r: dict) -> str:

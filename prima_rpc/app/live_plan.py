@@ -36,11 +36,12 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
 
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-              concurrency: int = 1) -> dict:
+              concurrency: int = 1, speculation: tuple[int, float] | None = None) -> dict:
     profiles, manifest = profile_ring(head, token, refresh)
     devices = devices_from_json(profiles)
     # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
-    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS, concurrency=concurrency)
+    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS, concurrency=concurrency,
+                      speculation=speculation)
     if "devices" in result:  # nodes without the model fetch their layers from the head first
         add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
