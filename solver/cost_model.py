@@ -215,21 +215,26 @@ def stream_turn(d, b, s, k: int, P, ovf, G):
     or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
     token, a cycle that may last G seconds (TPOT - kappa - its hops); turns are inf where it cannot fit.
 
-    Each of its k gaps hides h bytes (its buffer B >= max(one layer, h) fills while the ring works), the
-    turns read the rest beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is
-    z + k h/d = max(P + k h/d, (ovf + B)/d + s), so the most a gap may hide is
-    h = min((G - P) d/k, (G - s) d - ovf), and buffer beyond the h at which the turn is compute bound only
-    adds reads."""
-    h = np.minimum((G - P) * d / k, (G - s) * d - ovf)
-    ok = (h >= 0) & ((ovf + b) / d + s <= G)
-    # the least h past which hiding more gains nothing: reads (ovf + max(b, h) - k h)/d down to P - s (or 0)
-    room = np.maximum(P - s, 0.0) * d
-    enough = np.where(ovf + b - k * b <= room, (ovf + b - room) / k,  # past one layer each byte of h hides
-                      b if k == 1 else (ovf - room) / max(k - 1, 1))  # k - 1 net (none when k = 1)
-    h = np.minimum(h, np.maximum(enough, 0.0))
-    buf = np.maximum(b, h)
-    turn = np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s)
-    return np.where(ok, turn, np.inf), buf, h
+    The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
+    buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
+    1.16-1.25 (the next matrix did not fit). Each of its k gaps hides h <= B bytes, the turns read the rest
+    beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is z + k h/d = max(P + k h/d,
+    (ovf + B)/d + s) <= G, so a gap hides h = min(B, (G - P) d/k) (no more than the turn needs), and the least
+    turn over j is taken (the fewest layers among equal ones: each is read once more a token). With k = 1 a
+    gap hides what the turn would read anyway, so one layer is best. Each turn is non-increasing in G."""
+    d, b, s, P, ovf, G = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G)))
+    # past ovf / ((k - 1) b) layers the gaps hide every read: a larger buffer only adds reads
+    top = 1 if k == 1 else int(np.ceil(np.nanmax(ovf / (np.maximum(k - 1, 1) * b), initial=0.0))) + 1
+    j = np.arange(1, max(top, 1) + 1).reshape((-1,) + (1,) * P.ndim)
+    buf = j * b
+    h = np.minimum(buf, (G - P) * d / k)
+    ok = (h >= 0) & ((ovf + buf) / d + s <= G)
+    room = np.maximum(P - s, 0.0) * d  # reads the turn hides beside its compute anyway
+    h = np.clip(np.minimum(h, (ovf + buf - room) / k), 0.0, None)
+    turn = np.where(ok, np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s), np.inf)
+    best = turn.argmin(axis=0)[None]  # the first (fewest layers) of the least
+    pick = lambda a: np.take_along_axis(a, best, axis=0)[0]  # noqa: E731
+    return pick(turn), pick(np.broadcast_to(buf, turn.shape)), pick(np.broadcast_to(h, turn.shape))
 
 
 def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
@@ -269,8 +274,9 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     model += y >= (k * c.b_prime * (w - n) - c.ram) / c.disk / unit, f"eq30_m3({m})"
     o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
     model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
-    e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
-    model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
+    j = model.add_var(f"j({m})", var_type=mip.INTEGER, lb=0, ub=k * W)  # its stream buffer: whole layers
+    model += j >= o, f"buffer({m})"  # at least one
+    e = c.b / c.disk / unit * j  # its stream buffer's read time
     h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
     model += h <= e, f"gap_fill({m})"
     v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
