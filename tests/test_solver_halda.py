@@ -194,6 +194,9 @@ def test_stream_buffers_are_whole_layers():
     # k = 1: a gap hides what the turn would read anyway, one layer; vectorised over options
     turn, buf, h = stream_turn(100.0, 10.0, 0.0, 1, [0.1, 0.1], [35.0, 5.0], 10.0)
     assert turn == pytest.approx([0.35, 0.1]) and buf == pytest.approx([10.0, 10.0])
+    # 0.01 s per layer: its 4.5 streamed layers a token (35 + 10 B) compute beside no read, 0.045 s more in the
+    # turn: the gap hides 10 B, the turn reads 35 B (0.35 s) and computes them: max(0.1, 0.35 + 0.045)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.01) == pytest.approx((0.395, 10.0, 10.0))
 
 
 def ilp_alone(inst: Instance) -> float:
