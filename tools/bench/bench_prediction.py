@@ -1,7 +1,7 @@
 """Predicted vs measured TPOT on real loopback rings: the cost model checked against the ring itself.
 
     python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--offload 0.6:200 0.95:1000]
-        [--four 0.6:200] [--json]
+        [--four 0.6:200] [--no-plain] [--nodes] [--json]
 
 Starts 3 prima-node processes with SmolLM2, profiles them live (Control.Profile, one at a time), then
 for each ring shape applies the windows, predicts TPOT with the solver's cost model for exactly those
@@ -14,7 +14,9 @@ in its turn about as long as its compute, where reading beside compute (not afte
 with Halda's own plan for those nodes, applied (removed nodes routed around) and measured. Last, 4 nodes
 that must all offload (--four FRACTION:MBPS: budgets of FRACTION of 8 layers), shapes of 1, 2 and 3 rounds.
 Each row also splits the error: the nodes' own per-token compute and stalls (predicted turn_ms, measured on
-their one-token frames, as `prima-ctl status` shows them) and the rest (hops, the head's work).
+their one-token frames, as `prima-ctl status` shows them) and the rest (hops, the head's work). --nodes also
+prints, per row, each node's compute, stalls, disk bytes and process CPU a token over the timed runs (prefill
+included) and how busy the host's cores were.
 """
 
 import argparse
