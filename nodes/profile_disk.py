@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import torch
 
 from nodes.manifest import MANIFEST, StoreError, read_manifest
 
@@ -31,6 +32,7 @@ SEQ_CHUNK = 1 << 20
 RAND_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)  # taken in turn
 TEMP_BYTES = 256 << 20
 MIN_STORE_BYTES = 64 << 20  # a store with fewer weight bytes is probed with a temp file instead
+STREAM_BYTES = 48 << 20  # measure_stream_rate reads this many bytes of whole weight files (at least one)
 SEQ_S = 0.5  # the sequential pass stops after this or at the end of the data
 RAND_S = 0.6
 PROBE_PREFIX = ".prima-disk-probe-"
@@ -61,7 +63,41 @@ def measure_disk(directory: Path, *, temp_bytes: int = TEMP_BYTES, seed: int = 0
         temp.unlink(missing_ok=True)
 
 
-def _store_files(directory: Path) -> list[tuple[Path, int]]:
+def measure_stream_rate(directory: Path, rate: float, max_bytes: int = STREAM_BYTES, passes: int = 3) -> float:
+    """B/s a node's prefetcher gets reading the store's layer files whole, one after another, through its own
+    reader (nodes.diskio.ChunkReader, `rate`: the disk it emulates, 0: none) into a buffer: what a read ahead
+    delivers, per-read costs included (opening, the first chunk, the last copy, the emulated disk idle between
+    reads), where 1 MiB sequential reads measure the disk alone. The best of `passes` passes of about
+    max_bytes / passes each (at least one file): a pass that met another process's reads of the same disk
+    (one on the shared VM streamed 292 MB/s of an emulated 1000) says nothing of the device. 0.0 when there
+    are no files."""
+    from nodes.diskio import ChunkReader  # the node's reader: its chunking, reads in flight and emulation
+
+    files = _store_files(directory, prefix="layer.")  # what a prefetcher streams (not the head's units)
+    if not files:
+        return 0.0
+    reader = ChunkReader(rate=rate)
+    try:
+        staging = torch.empty(max(size for _, size in files), dtype=torch.uint8)
+
+        def sink(offset: int, chunk: torch.Tensor, n: int) -> None:
+            staging[offset:offset + n].copy_(chunk)
+
+        best, i = 0.0, 0
+        for _ in range(passes):
+            total, start = 0, time.perf_counter()
+            while total < max_bytes / passes or not total:
+                path, size = files[i % len(files)]
+                total += reader.read(path, size, sink)
+                i += 1
+            best = max(best, total / (time.perf_counter() - start))
+        return best
+    finally:
+        reader.close()
+
+
+def _store_files(directory: Path, prefix: str = "") -> list[tuple[Path, int]]:
+    """The store's weight files (of the units whose names start with `prefix`) and their sizes."""
     if not (directory / MANIFEST).is_file():
         return []
     try:
@@ -69,7 +105,9 @@ def _store_files(directory: Path) -> list[tuple[Path, int]]:
     except StoreError:
         return []
     out = []
-    for entry in manifest.units().values():
+    for unit, entry in manifest.units().items():
+        if not unit.startswith(prefix):
+            continue
         path = directory / entry.path
         size = path.stat().st_size if path.is_file() else 0
         if size >= ALIGN:

@@ -11,7 +11,10 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            Shard over the store's first layers (nodes/profile_compute.py)
   ram_bandwidth            CPU memory read bandwidth (with a store: the layer's bytes / its decode time);
                            vram_bandwidth the GPU's
-  disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB
+  disk_seq_read            1 MiB reads in order; disk_rand_read random reads of 4 KiB-1 MiB; with
+                           $PRIMA_DISK_MBPS the reply caps it at what the node's own reader streams the store's
+                           layer files at through that emulated disk, measured at each reply (its pacing loses
+                           a few %, more while other processes load the machine)
   ram_available, vram_free a snapshot when measured (a cached profile keeps it; refresh to re-read);
                            the reply caps ram_available at what the node will use (--mem-budget, or
                            nodes.prefetch.DEFAULT_FRACTION of it) and disk_seq_read at $PRIMA_DISK_MBPS
@@ -70,7 +73,7 @@ from nodes.manifest import StoreError
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
 from nodes.profile_compute import measure_batch_cost, measure_node_layers
-from nodes.profile_disk import measure_disk
+from nodes.profile_disk import measure_disk, measure_stream_rate
 from nodes.profile_frame import (
     measure_frame_overhead,
     measure_output_layer,
@@ -304,7 +307,10 @@ async def profile_device(name: str, store_dir: Path | None, link: RingLink | Non
         write_cache(path, doc)
     profile = DeviceProfile.from_json(doc["profile"])
     ram = min(profile.ram_available, mem_budget or int(profile.ram_available * DEFAULT_FRACTION))
-    disk = min(profile.disk_seq_read, emulated_rate() or math.inf)
+    # An emulated disk: what the prefetcher's reader gets from it (its pacing, whatever else reads the disk now).
+    rate = emulated_rate()
+    stream = await asyncio.to_thread(measure_stream_rate, Path(store_dir), rate) if rate and store_dir else 0.0
+    disk = min(profile.disk_seq_read, rate or math.inf, stream or math.inf)
     return replace(profile, name=name, is_head=is_head, ram_available=ram, disk_seq_read=disk,
                    disk_rand_read=min(profile.disk_rand_read, disk))
 

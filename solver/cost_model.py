@@ -11,7 +11,8 @@
 #     D_m = (O_m + B_m) / disk_m                         disk reads per token; B_m: its stream buffer
 #     I_m = max(0, D_m - k h_m / disk_m)                 the reads its k gaps cannot hide (h_m <= B_m each)
 #     z_m = max(P_m, I_m + s_m)                          its turns: it reads while it computes, but for
-#                                                        s_m (a round's first attention, last down proj.)
+#                                                        s_m (a round's first attention, last down proj.,
+#                                                        and its streamed layers: (O_m + B_m)/b alpha_m)
 #     TPOT = kappa + max(sum_m z_m + hops,               the ring's rounds
 #                        max_m z_m + k hop_m + k h_m / disk_m)   a device's cycle: its turns, its hops,
 #                                                        and k gaps long enough to read h_m
@@ -210,26 +211,38 @@ def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) 
     return Terms(label, P + (ovf + c.b) * c.copy, float(ovf))
 
 
-def stream_turn(d, b, s, k: int, P, ovf, G):
+def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0):
     """(turns, stream buffer bytes, bytes each gap hides) of streaming devices (numpy-broadcast over devices
     or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
-    token, a cycle that may last G seconds (TPOT - kappa - its hops); turns are inf where it cannot fit.
+    token, a cycle that may last G seconds (TPOT - kappa - its hops), a s per layer of compute; turns are inf
+    where it cannot fit.
 
-    Each of its k gaps hides h bytes (its buffer B >= max(one layer, h) fills while the ring works), the
-    turns read the rest beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is
-    z + k h/d = max(P + k h/d, (ovf + B)/d + s), so the most a gap may hide is
-    h = min((G - P) d/k, (G - s) d - ovf), and buffer beyond the h at which the turn is compute bound only
-    adds reads."""
-    h = np.minimum((G - P) * d / k, (G - s) * d - ovf)
-    ok = (h >= 0) & ((ovf + b) / d + s <= G)
-    # the least h past which hiding more gains nothing: reads (ovf + max(b, h) - k h)/d down to P - s (or 0)
-    room = np.maximum(P - s, 0.0) * d
-    enough = np.where(ovf + b - k * b <= room, (ovf + b - room) / k,  # past one layer each byte of h hides
-                      b if k == 1 else (ovf - room) / max(k - 1, 1))  # k - 1 net (none when k = 1)
-    h = np.minimum(h, np.maximum(enough, 0.0))
-    buf = np.maximum(b, h)
-    turn = np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s)
-    return np.where(ok, turn, np.inf), buf, h
+    The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
+    buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
+    1.16-1.25 (the next matrix did not fit). Each of its k gaps hides h <= B bytes, the turns read the rest
+    beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is z + k h/d = max(P + k h/d,
+    (ovf + B)/d + s) <= G, so a gap hides h = min(B, (G - P) d/k) (no more than the turn needs), and the least
+    turn over j is taken (the fewest layers among equal ones: each is read once more a token). With k = 1 a
+    gap hides what the turn would read anyway, so one layer is best. Each turn is non-increasing in G.
+
+    A streamed layer's compute does not overlap reads: while it computes it holds its part of the buffer, and
+    with one layer of buffer the reader has nowhere to read to (measured, 3 nodes at 60 %, one round: stalls
+    280 ms a token, the reads the model leaves in the turn, and the 23 ms of compute beside them, not under
+    them). So s grows by a per streamed layer, (ovf + B)/b of them a token (conservative for larger buffers)."""
+    d, b, s, P, ovf, G, a = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a)))
+    # past ovf / ((k - 1) b) layers the gaps hide every read: a larger buffer only adds reads
+    top = 1 if k == 1 else int(np.ceil(np.nanmax(ovf / (np.maximum(k - 1, 1) * b), initial=0.0))) + 1
+    j = np.arange(1, max(top, 1) + 1).reshape((-1,) + (1,) * P.ndim)
+    buf = j * b
+    s = s + a * (ovf + buf) / b  # the streamed layers' compute, beside no read
+    h = np.minimum(buf, (G - P) * d / k)
+    ok = (h >= 0) & ((ovf + buf) / d + s <= G)
+    room = np.maximum(P - s, 0.0) * d  # reads the turn hides beside its compute anyway
+    h = np.clip(np.minimum(h, (ovf + buf - room) / k), 0.0, None)
+    turn = np.where(ok, np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s), np.inf)
+    best = turn.argmin(axis=0)[None]  # the first (fewest layers) of the least
+    pick = lambda a: np.take_along_axis(a, best, axis=0)[0]  # noqa: E731
+    return pick(turn), pick(np.broadcast_to(buf, turn.shape)), pick(np.broadcast_to(h, turn.shape))
 
 
 def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
@@ -269,8 +282,9 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     model += y >= (k * c.b_prime * (w - n) - c.ram) / c.disk / unit, f"eq30_m3({m})"
     o = model.add_var(f"o({m})", var_type=mip.BINARY)  # streams at all: it needs a stream buffer
     model += y <= k * W * c.b_prime / c.disk / unit * o, f"streams({m})"
-    e = model.add_var(f"e({m})", lb=0.0)  # its stream buffer's read time
-    model += e >= c.b / c.disk / unit * o, f"buffer({m})"  # at least one layer
+    j = model.add_var(f"j({m})", var_type=mip.INTEGER, lb=0, ub=k * W)  # its stream buffer: whole layers
+    model += j >= o, f"buffer({m})"  # at least one
+    e = c.b / c.disk / unit * j  # its stream buffer's read time
     h = model.add_var(f"h({m})", lb=0.0)  # what one gap hides: at most the buffer
     model += h <= e, f"gap_fill({m})"
     v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
@@ -278,7 +292,8 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
     copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
     model += zt >= P + copy, f"turn_compute({m})"
-    model += zt >= v + k * c.serial / unit * o, f"turn_reads({m})"
+    # ... but the streamed layers' compute (stream_turn): a per layer, (disk y + b j)/b layers
+    model += zt >= v + k * c.serial / unit * o + c.alpha * c.disk / c.b * y + c.alpha / unit * j, f"turn_reads({m})"
     model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
     return zt
 
@@ -337,12 +352,13 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
         return base, bufs, hidden
     d, b, s = (np.array([f(cs[m]) for m in idx], dtype=float)
                for f in (lambda c: c.disk, lambda c: c.b, lambda c: k * c.serial))
+    a = np.array([cs[m].alpha for m in idx], dtype=float)
     P = np.array([terms[m].compute for m in idx])
     ovf = np.array([terms[m].overflow for m in idx])
     own = kap + np.array([hops[m] for m in idx])
 
     def ok(T: float) -> bool:
-        return base + float(stream_turn(d, b, s, k, P, ovf, T - own)[0].sum()) <= T
+        return base + float(stream_turn(d, b, s, k, P, ovf, T - own, a)[0].sum()) <= T
 
     lo, hi = base, base + 1.0
     while not ok(hi):  # every row holds once T is large enough
@@ -352,7 +368,7 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
             break
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own)
+    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own, a)
     for j, m in enumerate(idx):
         bufs[m], hidden[m] = float(buf[j]), float(h[j])
     return hi, bufs, hidden
@@ -448,7 +464,7 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
         else:  # the stream_turn it was sized by
             D.append((t.overflow + bm) / c.disk)
             inline.append(max(0.0, D[-1] - k * h / c.disk))
-            serial.append(k * c.serial)
+            serial.append(k * c.serial + c.alpha * (t.overflow + bm) / c.b)
             turn.append(max(t.compute, inline[-1] + serial[-1]))
             cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)

@@ -278,6 +278,22 @@ def test_disk_probe_reads_a_store_s_own_files(tiny_store, monkeypatch):
     assert listing(tiny_store) == before
 
 
+def test_stream_rate_reads_layer_files_through_the_node_s_reader(tiny_store, tmp_path, monkeypatch):
+    from nodes import diskio
+
+    read, seen = diskio.ChunkReader.read, []
+
+    def spy(self, path, size, sink, ranges=None):  # the real read, recording which files it was asked for
+        seen.append(Path(path).name)
+        return read(self, path, size, sink, ranges)
+
+    monkeypatch.setattr(diskio.ChunkReader, "read", spy)
+    rate = 20e6  # an emulated disk: the reader hands bytes over no faster than this, so the rate is at most it
+    assert 0 < profile_disk.measure_stream_rate(tiny_store, rate) <= rate
+    assert seen and all(name.startswith("layer") for name in seen)  # what a prefetcher streams, not the head
+    assert profile_disk.measure_stream_rate(tmp_path, 0.0) == 0.0  # no store: nothing to measure
+
+
 def test_disk_probe_falls_back_to_fadvise(tmp_path, monkeypatch):
     monkeypatch.delattr(os, "O_DIRECT")  # as on a filesystem or OS without direct I/O
     monkeypatch.setattr(profile_disk, "RAND_S", 0.2)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from solver.cost_model import Instance, allowed, device_costs, evaluate, fits
+from solver.cost_model import Instance, allowed, device_costs, evaluate, fits, stream_turn
 from solver.exhaustive import exhaustive
 from solver.halda import _in_ring, build_model, divisors, halda, solve
 from solver.model_profile import ModelProfile
@@ -179,6 +179,24 @@ def test_halda_picks_the_rounds_that_hide_the_disk(tmp_path, share, k):
     assert [d.buffer_layers for d in plan.devices] == pytest.approx([1.0] * 3)
     one_round = evaluate(Instance(devs, model, n_ctx=512), 1, [24] * 3, [0] * 3)
     assert one_round.tpot_s > 1.8 * plan.predicted_tpot_s  # measured: 2.1x (80 %), 2.5x (50 %)
+
+
+def test_stream_buffers_are_whole_layers():
+    """A disk of 100 B/s, layers of 10 B, 35 B a token past memory, compute 0.1 s, k = 2. A buffer of j layers
+    hides h = min(10 j, (G - P) d / k) a gap, no more than the turn needs ((35 + 10 j - 10) / 2: the turn reads
+    10 B beside its compute); turn = max(0.1, (35 + 10 j - 2 h) / 100). j = 1: 0.25; j = 2: 0.15; j = 3: h = 27.5,
+    0.1, the least, and the first so. (A buffer of 2.5 layers would reach it too, but a gap fills only whole
+    matrices, and a buffer of whole layers exactly; nodes.prefetch.)"""
+    assert stream_turn(100.0, 10.0, 0.0, 2, 0.1, 35.0, 10.0) == pytest.approx((0.1, 30.0, 27.5))
+    # a cycle of 0.5 s: (35 + 10 j) / 100 must fit, only j = 1: h = min(10, 0.4 * 100 / 2) = 10, turn 0.25
+    assert stream_turn(100.0, 10.0, 0.0, 2, 0.1, 35.0, 0.5) == pytest.approx((0.25, 10.0, 10.0))
+    assert stream_turn(100.0, 10.0, 0.0, 2, 0.1, 35.0, 0.4)[0] == math.inf  # not even one layer's reads fit
+    # k = 1: a gap hides what the turn would read anyway, one layer; vectorised over options
+    turn, buf, h = stream_turn(100.0, 10.0, 0.0, 1, [0.1, 0.1], [35.0, 5.0], 10.0)
+    assert turn == pytest.approx([0.35, 0.1]) and buf == pytest.approx([10.0, 10.0])
+    # 0.01 s per layer: its 4.5 streamed layers a token (35 + 10 B) compute beside no read, 0.045 s more in the
+    # turn: the gap hides 10 B, the turn reads 35 B (0.35 s) and computes them: max(0.1, 0.35 + 0.045)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.01) == pytest.approx((0.395, 10.0, 10.0))
 
 
 def ilp_alone(inst: Instance) -> float:

@@ -47,15 +47,16 @@ def test_journey_adds_up_to_the_predicted_tpot(model, strategy):
     assert path[-1].kind == "output" and path[-1].device == 0
 
 
-def test_70b_halda_reads_beside_compute_and_names_d2_the_bottleneck():
-    """k = 2: D2 and D3 prefetch in the gaps and read the rest in their turns; D3's reads fit beside its
-    compute, D2's outlast it, so D2 is the bottleneck and the ring waits on its reads, not on a cycle."""
+def test_70b_halda_reads_beside_compute_and_names_d3_the_bottleneck():
+    """k = 2: D2 and D3 prefetch in the gaps (through whole-layer buffers, 1 and 2 layers) and read the rest
+    in their turns, where both outlast their compute; D3, busiest per token (compute beside loads, hops), is
+    the bottleneck, and the ring waits on their reads, not on a cycle."""
     plan = solved()
     bars, total = journey(plan)
     name = {i: d["name"] for i, d in enumerate(plan["devices"])}
-    assert name[bottleneck(plan)] == "D2"
+    assert name[bottleneck(plan)] == "D3"
     on_path = {name[b.device] for b in bars if b.kind == "load"}
-    assert on_path == {"D2"} and {name[b.device] for b in bars if b.kind == "beside"} == {"D2", "D3"}
+    assert on_path == {"D2", "D3"} and {name[b.device] for b in bars if b.kind == "beside"} == {"D2", "D3"}
     assert {name[b.device] for b in bars if b.kind == "prefetch"} == {"D2", "D3"}
     assert not [b for b in bars if b.kind == "wait"]
     assert [b.label for b in bars if b.kind == "compute" and b.device == 2] == ["[14,37)", "[54,77)"]

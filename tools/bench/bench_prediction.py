@@ -1,7 +1,7 @@
 """Predicted vs measured TPOT on real loopback rings: the cost model checked against the ring itself.
 
     python -m tools.bench.bench_prediction [--tokens 48] [--repeats 3] [--offload 0.6:200 0.95:1000]
-        [--four 0.6:200] [--json]
+        [--four 0.6:200] [--no-plain] [--nodes] [--json]
 
 Starts 3 prima-node processes with SmolLM2, profiles them live (Control.Profile, one at a time), then
 for each ring shape applies the windows, predicts TPOT with the solver's cost model for exactly those
@@ -14,7 +14,9 @@ in its turn about as long as its compute, where reading beside compute (not afte
 with Halda's own plan for those nodes, applied (removed nodes routed around) and measured. Last, 4 nodes
 that must all offload (--four FRACTION:MBPS: budgets of FRACTION of 8 layers), shapes of 1, 2 and 3 rounds.
 Each row also splits the error: the nodes' own per-token compute and stalls (predicted turn_ms, measured on
-their one-token frames, as `prima-ctl status` shows them) and the rest (hops, the head's work).
+their one-token frames, as `prima-ctl status` shows them) and the rest (hops, the head's work). --nodes also
+prints, per row, each node's compute, stalls, disk bytes and process CPU a token over the timed runs (prefill
+included) and how busy the host's cores were.
 """
 
 import argparse
@@ -23,8 +25,10 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from nodes.diskio import DISK_MBPS_ENV
@@ -82,13 +86,32 @@ def turns(head: str, result: dict) -> tuple[float, float]:
     return sum(d["turn_ms"] for d in result["devices"]), sum(r["measured_ms"] or 0.0 for r in rows)
 
 
-def measured_tpot(head: str, tokens: int, repeats: int) -> float:
+def measured_tpot(head: str, tokens: int, repeats: int, pids: list[int] | None = None) -> float:
     asyncio.run(tpot(head, 4))  # warm-up
-    return statistics.median(asyncio.run(tpot(head, tokens)) for _ in range(repeats))
+    before = per_node(head, pids) if pids else None
+    wall, host = time.perf_counter(), psutil.cpu_times()
+    out = statistics.median(asyncio.run(tpot(head, tokens)) for _ in range(repeats))
+    if pids:
+        wall, busy = time.perf_counter() - wall, psutil.cpu_times()
+        idle = (busy.idle - host.idle) / psutil.cpu_count()
+        n = repeats * tokens
+        print("  per node and token (over the timed runs): " + "; ".join(
+            f"compute {(a[0] - b[0]) / n * 1e3:.1f} stall {(a[1] - b[1]) / n * 1e3:.1f} ms, "
+            f"read {(a[2] - b[2]) / n / 1e6:.1f} MB, process CPU {(a[3] - b[3]) / n * 1e3:.1f} ms"
+            for a, b in zip(per_node(head, pids), before)) +
+            f"; the host's {psutil.cpu_count()} cores {1 - idle / wall:.0%} busy", flush=True)
+    return out
+
+
+def per_node(head: str, pids: list[int]) -> list[tuple[float, float, int, float]]:
+    """(compute s, stall s, disk bytes read, process CPU s) of each node so far: what a token's time goes to."""
+    rows = [status_row(*m) for m in ring.status(head)]
+    cpu = [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]
+    return [(r["compute_s"], r["stall_s"], r["disk_read_bytes"], c) for r, c in zip(rows, cpu)]
 
 
 def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, logs: Path,
-            extra: list[list[str]] | None = None) -> list[tuple]:
+            extra: list[list[str]] | None = None, nodes: bool = False) -> list[tuple]:
     """(plan, windows, k, predicted ms, measured ms, nodes' turns predicted ms, measured ms) per shape, on one set
     of fresh nodes profiled live; last, the loop a user runs: `prima-ctl plan` (Halda on those profiles), applied
     as `start --plan` does (the nodes it removes routed around), then generate."""
@@ -101,12 +124,13 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
         devices = devices_from_json(profiles)
         print("profiled (ms): " + "; ".join(
             f"{d.name} hop {d.frame_s * 1e3:.2f} + link {d.link_latency_s * 1e3:.2f}, visit {d.visit_s * 1e3:.2f}, "
-            f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}" for d in devices), flush=True)
+            f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}, disk {d.disk_seq_read / 1e6:.0f} MB/s"
+            for d in devices), flush=True)
         plans = [("fixed", predict(devices, manifest, w)) for w in shapes]
         plans.append(("halda", plan_live(head, None, "halda")))  # the profiles cached above
         for name, result in plans:
             apply(head, result)
-            measured = measured_tpot(head, tokens, repeats)
+            measured = measured_tpot(head, tokens, repeats, [p.pid for p in local.processes] if nodes else None)
             windows = [d["window"] for d in result["devices"]]
             rows.append((name, windows, result["k"], result["predicted_tpot_ms"], measured, *turns(head, result)))
             terms = ", ".join(f"{t} {v:.1f}" for t, v in result["terms_ms"].items())
@@ -136,6 +160,8 @@ def main() -> None:
                    help="FRACTION:MBPS per part on 4 nodes that must all offload (budget / 8 layers)")
     p.add_argument("--no-plain", action="store_true", help="only the offload parts")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    p.add_argument("--nodes", action="store_true",
+                   help="print each node's compute, stalls, reads and process CPU a token, and the host's CPU use")
     args = p.parse_args()
     store = ensure_default_store()
     with tempfile.TemporaryDirectory() as logs:
@@ -147,7 +173,8 @@ def main() -> None:
             try:
                 extra = [["--mem-budget", str(b)] for b in budgets(store, fraction)]
                 rows += [(f"{fraction:.0%}, {mbps:g} MB/s", *r) for r in
-                         measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra)]
+                         measure(store, OFFLOAD_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra,
+                                 args.nodes)]
             finally:
                 os.environ.pop(DISK_MBPS_ENV, None)
         for part in args.four:
@@ -156,7 +183,8 @@ def main() -> None:
             try:
                 extra = [["--mem-budget", str(b)] for b in budgets(store, fraction, 8, 4)]
                 rows += [(f"4 nodes, {fraction:.0%} of 8, {mbps:g} MB/s", *r) for r in
-                         measure(store, FOUR_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra)]
+                         measure(store, FOUR_SHAPES, args.offload_tokens, args.repeats, Path(logs), extra,
+                                 args.nodes)]
             finally:
                 os.environ.pop(DISK_MBPS_ENV, None)
     print(f"SmolLM2-135M fp32, 3 nodes (4 where said) on loopback, {args.tokens} tokens "
