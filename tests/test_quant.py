@@ -18,6 +18,7 @@ from nodes.model import Layer
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.quant import (
     LAYOUTS,
+    ONEDNN_MIN_WEIGHTS,
     Int4,
     Int8,
     gguf_q4,
@@ -71,13 +72,23 @@ def test_int4_rows_and_matmul_see_the_same_weights():
         assert torch.equal(w.rows(torch.arange(128)), seen)
 
 
-def test_int8_matmul_is_its_dequantized_weights():
-    w = torch.randn(64, 96)
+@pytest.mark.parametrize("shape", [(64, 96), (2048, 2048)])  # the int8pack kernel; oneDNN (ONEDNN_MIN_WEIGHTS)
+def test_int8_matmul_is_its_dequantized_weights(shape):
+    w = torch.randn(*shape)
     q, scale = quantize_int8(w)
     weight = Int8(q, scale, torch.bfloat16)
-    seen = weight.mm(torch.eye(96, dtype=torch.bfloat16)).t().float()
+    assert weight.onednn == (w.numel() >= ONEDNN_MIN_WEIGHTS)
+    seen = weight.mm(torch.eye(shape[1], dtype=torch.bfloat16)).t().float()
     assert torch.equal(seen, (q.float() * scale[:, None]).bfloat16().float())
     assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] * 0.501).all()  # half a step at most
+    # several rows at once: each row as alone (oneDNN's activations are quantized per row), close to exact
+    x = torch.randn(8, shape[1]).bfloat16()
+    y = weight.mm(x)
+    assert torch.equal(y, torch.cat([weight.mm(row) for row in x.split(1)]))
+    exact = x.float() @ (q.float() * scale[:, None]).t()
+    assert ((y.float() - exact).abs().max() / exact.abs().max()) < 0.02  # measured 0.2 % / 0.7 %
+    if weight.onednn:  # packed for oneDNN: the values are held once
+        assert weight.q is None and weight.nbytes() == q.numel() + scale.numel() * 2
 
 
 # ------------------------------------------------------------------ SmolLM2 from its Q4_1 GGUF
