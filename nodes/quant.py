@@ -181,10 +181,11 @@ class Int8:
     """Weights [N, K] = q * scale[n], one scale per row.
 
     Large matrices (>= ONEDNN_MIN_WEIGHTS values) multiply through oneDNN's u8 x s8 VNNI kernel, like
-    llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, x = a_r (x' - 128) / 127 with a_r the
-    row's largest magnitude and x' in [1, 255], so the int32 sums are exact and a row's result does not depend
-    on the other rows of a batch. Measured here on 8B shapes (tools/bench/bench_int8.py): 2-2.6x the
-    bfloat16 kernel at 1 row, 3-4x at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed
+    llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two int8 terms (the value at a_r / 127
+    steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
+    activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
+    through its output layer) and a row's result does not depend on the other rows of a batch. Measured here on
+    8B shapes (tools/bench/bench_int8.py): SPEEDUP. Its weight layout is made on first use (~0.5 GB/s, so a streamed
     matrix pays it each time it is read), then q is released unless rows() used it first (a tied embedding),
     so a matrix is held once. Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights
     widened to float; ~8 us a call where oneDNN's fixed cost and the activation quantization take ~50)."""
@@ -205,12 +206,18 @@ class Int8:
             self.kernel_scale, self.zeros = self.scale.float(), torch.zeros(self.shape[0], dtype=torch.int32)
             if not self.keep_q:
                 self.q = None
-        xf = x.float()
+        # x = a (hi + r) / 127 per row, hi = round(127 x / a), and the remainder r = b lo / 127 the same way: both
+        # halves go through the kernel as 2M rows (at a few rows it reads the weights once either way)
+        m, xf = x.shape[0], x.float()
         a = xf.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # [M, 1]
-        xq = (xf * (127 / a)).round_().add_(128).to(torch.uint8)  # not in place: xf may be x itself
+        scaled = xf * (127 / a)  # not in place: xf may be x itself
+        hi = scaled.round()
+        r = scaled.sub_(hi)  # in [-0.5, 0.5]
+        b = r.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
+        xq = torch.cat([hi, r.mul_(127 / b).round_()]).add_(128).to(torch.uint8)  # [2M, K] in [1, 255]
         y = torch.ops.onednn.qlinear_pointwise(xq, 1 / 127, 128, self.packed, self.kernel_scale, self.zeros, None,
                                                1.0, 0, torch.float32, "none", [], "")
-        return y.mul_(a).to(x.dtype)
+        return y[m:].mul_(b / 127).add_(y[:m]).mul_(a).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         if self.q is None:

@@ -86,7 +86,7 @@ def test_int8_matmul_is_its_dequantized_weights(shape):
     y = weight.mm(x)
     assert torch.equal(y, torch.cat([weight.mm(row) for row in x.split(1)]))
     exact = x.float() @ (q.float() * scale[:, None]).t()
-    assert ((y.float() - exact).abs().max() / exact.abs().max()) < 0.02  # measured 0.2 % / 0.7 %
+    assert ((y.float() - exact).abs().max() / exact.abs().max()) < 0.01  # the bfloat16 result: 0.2 % / 0.3 %
     if weight.onednn:  # packed for oneDNN: the values are held once
         assert weight.q is None and weight.nbytes() == q.numel() + scale.numel() * 2
 
