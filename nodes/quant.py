@@ -7,7 +7,8 @@ tensor, an `Int4` or an `Int8` alike, so the maths (nodes/model.py) knows nothin
 Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
 with float32 or float16 ones (those paths are not vectorised): bfloat16 is the activation dtype quantized
-stores run in unless asked otherwise.
+stores run in unless asked otherwise. Large int8 matrices go through oneDNN's int8 x int8 kernel instead
+(`Int8`), which reads 2-3x more weight bytes a second than `_weight_int8pack_mm`.
 """
 
 from dataclasses import dataclass
@@ -184,11 +185,12 @@ class Int8:
     llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two int8 terms (the value at a_r / 127
     steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
     activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
-    through its output layer) and a row's result does not depend on the other rows of a batch. Measured here on
-    8B shapes (tools/bench/bench_int8.py): SPEEDUP. Its weight layout is made on first use (~0.5 GB/s, so a streamed
-    matrix pays it each time it is read), then q is released unless rows() used it first (a tied embedding),
-    so a matrix is held once. Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights
-    widened to float; ~8 us a call where oneDNN's fixed cost and the activation quantization take ~50)."""
+    through its output layer) and a row's result does not depend on the other rows of a batch. Measured on 8B
+    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-2x the bfloat16 kernel at 1 row, 2-3x at 8
+    rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
+    read), then q is released unless rows() used it first (a tied embedding), so a matrix is held once.
+    Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights widened to float; ~8 us a call
+    where oneDNN's fixed cost and the activation quantization take ~50)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
         self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it)
