@@ -174,9 +174,18 @@ def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, sm
     ([[(4, 6)], [(0, 2)], [(2, 4), (6, 8)]], 1, 0),     # ... streaming
     ([[(0, 8)]], 3.4, 1.3),                             # 3.4 layers beside an odd buffer: partly resident
 ], ids=["1node", "1node-stream", "3nodes-k2", "3nodes-k2-stream", "partial"])
-def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layers):
-    ref = ReferenceModel(tiny_int4)
-    store = LayerStore(tiny_int4)
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantized_shards_equal_the_reference(kind, ranges, budget, buffer_layers, tiny_int4, tmp_path_factory,
+                                              monkeypatch):
+    """int8: every matrix through oneDNN (its threshold lowered), packed on each use when streamed."""
+    if kind == "int8":
+        monkeypatch.setattr("nodes.quant.ONEDNN_MIN_WEIGHTS", 0)
+        tiny = synth(tmp_path_factory.mktemp("stores") / "tiny-int8", "tiny", seed=3, dtype="int8")
+    else:
+        tiny = tiny_int4
+    ref = ReferenceModel(tiny)
+    assert isinstance(ref.layers[0].wqkv, Int8) == (kind == "int8") == getattr(ref.layers[0].wqkv, "onednn", False)
+    store = LayerStore(tiny)
     cfg, fmt = store.config, store.manifest.weight_format()
     layer = layer_bytes(cfg, ref.dtype, fmt)
     buffer = int(buffer_layers * layer)
@@ -184,7 +193,7 @@ def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layer
         fixed = head_bytes(cfg, ref.dtype, store.manifest.weight_format("embed")) + kv_bytes(
             cfg, ref.dtype, cfg.n_layers, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
         budget = fixed + int(budget * layer) + buffer
-    shards = [Shard(LayerStore(tiny_int4), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,
+    shards = [Shard(LayerStore(tiny), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,
                     buffer=buffer) for i, r in enumerate(ranges)]
     try:
         ids = ref.codec.prompt_ids("The quick brown fox")
@@ -198,8 +207,9 @@ def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layer
         if budget:
             assert all(s.plan.streamed and s.prefetcher.misses == 0 for s in shards)
             assert all(s.resident_bytes() <= s.plan.budget for s in shards)
-            # The buffer holds int4 units: about a quarter of a bfloat16 layer's bytes per layer.
-            assert shards[0].plan.layer_bytes < 0.4 * layer_bytes(store.config, torch.bfloat16)
+            # The buffer holds quantized units: about a quarter (int4) or half (int8) of a bfloat16 layer's bytes.
+            ratio = shards[0].plan.layer_bytes / layer_bytes(store.config, torch.bfloat16)
+            assert ratio < (0.4 if kind == "int4" else 0.6)
         if buffer_layers:
             assert any(len(units) < 4 for _, units in shards[0].plan.streamed) and shards[0].kept
     finally:
