@@ -8,7 +8,7 @@ Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): 
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
 with float32 or float16 ones (those paths are not vectorised): bfloat16 is the activation dtype quantized
 stores run in unless asked otherwise. Large int8 matrices go through oneDNN's int8 x int8 kernel instead
-(`Int8`), which reads 2-3x more weight bytes a second than `_weight_int8pack_mm`.
+(`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`.
 """
 
 from dataclasses import dataclass
@@ -186,8 +186,8 @@ class Int8:
     steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
     activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
     through its output layer) and a row's result does not depend on the other rows of a batch. Measured on 8B
-    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-2x the bfloat16 kernel at 1 row, 2-3x at 8
-    rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
+    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-1.3x the bfloat16 kernel at 1 row, 1.5-1.9x
+    at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
     read), then q is released unless rows() used it first (a tied embedding), so a matrix is held once.
     Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights widened to float; ~8 us a call
     where oneDNN's fixed cost and the activation quantization take ~50)."""
