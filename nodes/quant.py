@@ -7,7 +7,8 @@ tensor, an `Int4` or an `Int8` alike, so the maths (nodes/model.py) knows nothin
 Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
 with float32 or float16 ones (those paths are not vectorised): bfloat16 is the activation dtype quantized
-stores run in unless asked otherwise.
+stores run in unless asked otherwise. Large int8 matrices go through oneDNN's int8 x int8 kernel instead
+(`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`.
 """
 
 from dataclasses import dataclass
@@ -174,22 +175,60 @@ class Int4:
         return self.packed.numel() + self.sz.numel() * self.sz.element_size()
 
 
+ONEDNN_MIN_WEIGHTS = 1 << 22  # int8 matrices this large go through oneDNN (below: its fixed cost per call loses)
+
+
 class Int8:
-    """Weights [N, K] = q * scale[n], one scale per row, for the int8 kernel."""
+    """Weights [N, K] = q * scale[n], one scale per row.
+
+    Large matrices (>= ONEDNN_MIN_WEIGHTS values) multiply through oneDNN's u8 x s8 VNNI kernel, like
+    llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two int8 terms (the value at a_r / 127
+    steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
+    activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
+    through its output layer) and a row's result does not depend on the other rows of a batch. Measured on 8B
+    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-1.3x the bfloat16 kernel at 1 row, 1.5-1.9x
+    at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
+    read), then q is released unless rows() used it first (a tied embedding), so a matrix is held once.
+    Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights widened to float; ~8 us a call
+    where oneDNN's fixed cost and the activation quantization take ~50)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-        self.q = q  # int8 [N, K]
-        self.scale = scale.to(dtype)  # [N] in the activation dtype (the kernel wants them alike)
+        self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it)
+        self.scale = scale.to(dtype)  # [N] in the activation dtype (the int8pack kernel wants them alike)
         self.shape = tuple(q.shape)
+        self.onednn = q.numel() >= ONEDNN_MIN_WEIGHTS
+        self.packed = None  # oneDNN's layout of q, made on first mm
+        self.keep_q = False
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(as_kernel_input(x, self.scale.dtype), self.q, self.scale)
+        if not self.onednn:
+            return torch.ops.aten._weight_int8pack_mm(as_kernel_input(x, self.scale.dtype), self.q, self.scale)
+        if self.packed is None:
+            self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.shape[1]])
+            self.kernel_scale, self.zeros = self.scale.float(), torch.zeros(self.shape[0], dtype=torch.int32)
+            if not self.keep_q:
+                self.q = None
+        # x = a (hi + r) / 127 per row, hi = round(127 x / a), and the remainder r = b lo / 127 the same way: both
+        # halves go through the kernel as 2M rows (at a few rows it reads the weights once either way)
+        m, xf = x.shape[0], x.float()
+        a = xf.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # [M, 1]
+        scaled = xf * (127 / a)  # not in place: xf may be x itself
+        hi = scaled.round()
+        r = scaled.sub_(hi)  # in [-0.5, 0.5]
+        b = r.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
+        xq = torch.cat([hi, r.mul_(127 / b).round_()]).add_(128).to(torch.uint8)  # [2M, K] in [1, 255]
+        y = torch.ops.onednn.qlinear_pointwise(xq, 1 / 127, 128, self.packed, self.kernel_scale, self.zeros, None,
+                                               1.0, 0, torch.float32, "none", [], "")
+        return y[m:].mul_(b / 127).add_(y[:m]).mul_(a).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.q is None:
+            raise RuntimeError("rows of an int8 matrix whose values were released once packed for oneDNN")
+        self.keep_q = True
         return (self.q[ids].float() * self.scale[ids].float()[..., None]).to(self.scale.dtype)
 
     def nbytes(self) -> int:
-        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+        return self.shape[0] * self.shape[1] + self.scale.numel() * self.scale.element_size()
 
 
 # --- quantizers: from float weights, and GGUF blocks --------------------------------------------------

@@ -18,6 +18,7 @@ from nodes.model import Layer
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.quant import (
     LAYOUTS,
+    ONEDNN_MIN_WEIGHTS,
     Int4,
     Int8,
     gguf_q4,
@@ -71,13 +72,23 @@ def test_int4_rows_and_matmul_see_the_same_weights():
         assert torch.equal(w.rows(torch.arange(128)), seen)
 
 
-def test_int8_matmul_is_its_dequantized_weights():
-    w = torch.randn(64, 96)
+@pytest.mark.parametrize("shape", [(64, 96), (2048, 2048)])  # the int8pack kernel; oneDNN (ONEDNN_MIN_WEIGHTS)
+def test_int8_matmul_is_its_dequantized_weights(shape):
+    w = torch.randn(*shape)
     q, scale = quantize_int8(w)
     weight = Int8(q, scale, torch.bfloat16)
-    seen = weight.mm(torch.eye(96, dtype=torch.bfloat16)).t().float()
+    assert weight.onednn == (w.numel() >= ONEDNN_MIN_WEIGHTS)
+    seen = weight.mm(torch.eye(shape[1], dtype=torch.bfloat16)).t().float()
     assert torch.equal(seen, (q.float() * scale[:, None]).bfloat16().float())
     assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] * 0.501).all()  # half a step at most
+    # several rows at once: each row as alone (oneDNN's activations are quantized per row), close to exact
+    x = torch.randn(8, shape[1]).bfloat16()
+    y = weight.mm(x)
+    assert torch.equal(y, torch.cat([weight.mm(row) for row in x.split(1)]))
+    exact = x.float() @ (q.float() * scale[:, None]).t()
+    assert ((y.float() - exact).abs().max() / exact.abs().max()) < 0.01  # the bfloat16 result: 0.2 % / 0.3 %
+    if weight.onednn:  # packed for oneDNN: the values are held once
+        assert weight.q is None and weight.nbytes() == q.numel() + scale.numel() * 2
 
 
 # ------------------------------------------------------------------ SmolLM2 from its Q4_1 GGUF
@@ -163,9 +174,18 @@ def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, sm
     ([[(4, 6)], [(0, 2)], [(2, 4), (6, 8)]], 1, 0),     # ... streaming
     ([[(0, 8)]], 3.4, 1.3),                             # 3.4 layers beside an odd buffer: partly resident
 ], ids=["1node", "1node-stream", "3nodes-k2", "3nodes-k2-stream", "partial"])
-def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layers):
-    ref = ReferenceModel(tiny_int4)
-    store = LayerStore(tiny_int4)
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quantized_shards_equal_the_reference(kind, ranges, budget, buffer_layers, tiny_int4, tmp_path_factory,
+                                              monkeypatch):
+    """int8: every matrix through oneDNN (its threshold lowered), packed on each use when streamed."""
+    if kind == "int8":
+        monkeypatch.setattr("nodes.quant.ONEDNN_MIN_WEIGHTS", 0)
+        tiny = synth(tmp_path_factory.mktemp("stores") / "tiny-int8", "tiny", seed=3, dtype="int8")
+    else:
+        tiny = tiny_int4
+    ref = ReferenceModel(tiny)
+    assert isinstance(ref.layers[0].wqkv, Int8) == (kind == "int8") == getattr(ref.layers[0].wqkv, "onednn", False)
+    store = LayerStore(tiny)
     cfg, fmt = store.config, store.manifest.weight_format()
     layer = layer_bytes(cfg, ref.dtype, fmt)
     buffer = int(buffer_layers * layer)
@@ -173,7 +193,7 @@ def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layer
         fixed = head_bytes(cfg, ref.dtype, store.manifest.weight_format("embed")) + kv_bytes(
             cfg, ref.dtype, cfg.n_layers, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
         budget = fixed + int(budget * layer) + buffer
-    shards = [Shard(LayerStore(tiny_int4), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,
+    shards = [Shard(LayerStore(tiny), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,
                     buffer=buffer) for i, r in enumerate(ranges)]
     try:
         ids = ref.codec.prompt_ids("The quick brown fox")
@@ -187,8 +207,9 @@ def test_int4_shards_equal_the_reference(tiny_int4, ranges, budget, buffer_layer
         if budget:
             assert all(s.plan.streamed and s.prefetcher.misses == 0 for s in shards)
             assert all(s.resident_bytes() <= s.plan.budget for s in shards)
-            # The buffer holds int4 units: about a quarter of a bfloat16 layer's bytes per layer.
-            assert shards[0].plan.layer_bytes < 0.4 * layer_bytes(store.config, torch.bfloat16)
+            # The buffer holds quantized units: about a quarter (int4) or half (int8) of a bfloat16 layer's bytes.
+            ratio = shards[0].plan.layer_bytes / layer_bytes(store.config, torch.bfloat16)
+            assert ratio < (0.4 if kind == "int4" else 0.6)
         if buffer_layers:
             assert any(len(units) < 4 for _, units in shards[0].plan.streamed) and shards[0].kept
     finally:
