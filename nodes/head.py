@@ -17,8 +17,8 @@ from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.members import Members
 from nodes.reference import ReferenceModel
 from nodes.speculate import DraftModel, Speculator
-from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed, Work
-from prima_rpc.v1 import prima_pb2 as pb
+from nodes.steps import Stepper
+from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed
 
 if TYPE_CHECKING:
     from nodes.node import Node
@@ -59,6 +59,7 @@ class Head:
         self.ring_ready.set()
         self.members = Members(self, node.cfg.token)
         self.draft_model: ReferenceModel | None = None
+        self.steps = Stepper(self)  # the requests' ring steps go out in batches
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -86,6 +87,7 @@ class Head:
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter))
         req = self.requests[request_id] = HeadRequest()
+        self.steps.join(request_id)
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             while not gen.done:
@@ -111,6 +113,7 @@ class Head:
             yield gen
         finally:
             del self.requests[request_id]
+            self.steps.leave(request_id)
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
             if node.shard is not None:
@@ -122,24 +125,23 @@ class Head:
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int) -> torch.Tensor:
-        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks."""
+        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
+        that goes round the ring in a batch with the other requests' steps (nodes/steps.py)."""
         node = self.node
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[offset:offset + PREFILL_CHUNK]
-            x = await loop.run_in_executor(node.pool, node.shard.embed, chunk)
             if req.failure:
                 raise req.failure
-            if not self.ring_ready.is_set():  # a re-plan began while embedding: this frame's epoch is over
-                raise RingChanged()
             req.waiter = loop.create_future()
-            await node.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=node.epoch))
+            await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
             try:
                 hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
                                     f"no answer from the ring within {node.cfg.step_timeout:.0f} s "
                                     "(a node may be down)") from None
+            finally:
+                self.steps.back(request_id)
         return hidden
 
     async def _draft_model(self) -> ReferenceModel:
@@ -200,6 +202,7 @@ class Head:
         return True
 
     async def close(self) -> None:
+        self.steps.close()
         await self.members.close()
 
 

@@ -20,7 +20,7 @@ from nodes.routing import Windows
 from nodes.sampling import SamplingParams
 from nodes.speculate import speculate_params
 from nodes.text import PromptError
-from nodes.work import Rejected, RequestFailed, Work
+from nodes.work import MAX_REQUESTS, Rejected, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -87,6 +87,9 @@ class ControlService(rpc.ControlServicer):
         if not 0 <= buffer <= MAX_BUFFER_LAYERS:  # also refuses NaN
             await abort(context, Code.INVALID_ARGUMENT,
                         f"stream_buffer_layers must be in [0, {MAX_BUFFER_LAYERS}], got {buffer}")
+        if request.max_batch > MAX_REQUESTS or request.micro_batches > MAX_REQUESTS:
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"max_batch and micro_batches must be at most {MAX_REQUESTS} (0: the node's default)")
         if request.head_address and not _is_address(request.head_address):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
@@ -94,7 +97,8 @@ class ControlService(rpc.ControlServicer):
         async def load() -> None:
             try:
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                  list(request.ring), buffer, request.head_address)
+                                  list(request.ring), buffer, request.head_address, request.max_batch,
+                                  request.micro_batches)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 
