@@ -2,10 +2,12 @@
 
 Each request's generation loop stays its own coroutine; when its next step is ready (a decode token, a verify
 frame with drafts, or a prefill chunk of at most PREFILL_CHUNK tokens) it hands it here. A batch is sent when
-every request at the head has handed in its step, or STEP_WAIT_S after the first was (so that one slow request,
-a draft model say, does not hold the others), as one embedding and frames sent back to back (batch_rest), up to
-the node's max batch. At most `micro_batches` batches are in the ring at once; a request that arrives meanwhile
-joins the next batch, so a new prompt delays the others' decode by at most one chunk per step.
+every request at the head has handed in its step, or once none has handed in or come back for STEP_GAP_S (the
+others compute their logits one after another on the compute thread), and at most STEP_WAIT_S after the first
+(so that one slow request, a draft model say, does not hold the others long), as one embedding and frames sent
+back to back (batch_rest), up to the node's max batch. At most `micro_batches` batches are in the ring at once;
+a request that arrives meanwhile joins the next batch, so a new prompt delays the others' decode by at most one
+chunk per step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from prima_rpc.v1 import prima_pb2 as pb
 if TYPE_CHECKING:
     from nodes.head import Head
 
-STEP_WAIT_S = 0.05
+STEP_GAP_S = 0.05
+STEP_WAIT_S = 0.25
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Stepper:
         self.ready: list[_Step] = []
         self.in_ring: dict[str, list[int]] = {}  # request id -> its batch's count of requests still in the ring
         self.batches = 0  # batches in the ring
+        self.last_in = 0.0  # when the latest step was handed in or came back
         self.kick = asyncio.Event()
         self.task: asyncio.Task | None = None
 
@@ -61,6 +65,7 @@ class Stepper:
             if cell[0] == 0:
                 self.batches -= 1
             self.at_head.add(request_id)
+            self.last_in = time.perf_counter()
             self.kick.set()
 
     async def send(self, request_id: str, ids: list[int], pos: int, capacity: int) -> None:
@@ -69,6 +74,7 @@ class Stepper:
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._run(), name="head-steps")
         step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter())
+        self.last_in = step.since
         self.at_head.discard(request_id)
         self.ready.append(step)
         self.kick.set()
@@ -80,7 +86,8 @@ class Stepper:
             self.kick.clear()
             while self.ready and self.batches < self.node.micro_batches:
                 limit = self.node.max_batch
-                left = STEP_WAIT_S - (time.perf_counter() - self.ready[0].since)
+                now = time.perf_counter()
+                left = min(STEP_WAIT_S - (now - self.ready[0].since), STEP_GAP_S - (now - self.last_in))
                 if self.at_head and len(self.ready) < limit and left > 0:  # others are about to hand in theirs
                     try:
                         await asyncio.wait_for(self.kick.wait(), left)
