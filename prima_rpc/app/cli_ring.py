@@ -200,7 +200,7 @@ def _rate(address: str, done: float, total: float, first: float, last: float) ->
 
 
 STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "fetch\nMiB", "frames",
-                  "active\nreqs", "compute\ns", "stall\ns", "link\ns", "token\nms")
+                  "active\nreqs", "mean\nbatch", "queue", "compute\ns", "stall\ns", "link\ns", "token\nms")
 
 
 def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
@@ -211,7 +211,7 @@ def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
               "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
               f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
               f"{r['disk_read_bytes'] / 2**20:.0f}", f"{r['fetched_bytes'] / 2**20:.0f}", str(r["frames"]),
-              str(r["active_requests"]),
+              str(r["active_requests"]), f"{r['mean_batch']:.1f}", str(r["queue_depth"]),
               f"{r['compute_s']:.2f}", f"{r['stall_s']:.2f}", f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}"]
              for r in rows]
     table = Table(title=f"ring from {head}", caption=caption or None, box=box.SIMPLE_HEAD, show_edge=False,
@@ -267,7 +267,10 @@ def status_row(address: str, member_state: str, info) -> dict:
             "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
             "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
-            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes}
+            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
+            "batches": s.batches, "batched_frames": s.batched_frames,
+            "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
+            "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s}
 
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):
