@@ -34,6 +34,8 @@ class HeadRequest:
 
     waiter: asyncio.Future | None = None
     failure: RequestFailed | None = None
+    rows: int = 0  # logit rows its step wants: 1 for a plain step (computed with the batch's), else its own
+    logits: torch.Tensor | None = None  # [V] of the last step, when computed with its batch's
 
     def deliver(self, hidden: torch.Tensor) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -97,7 +99,7 @@ class Head:
                     if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
-                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity)
+                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity, len(draft) + 1)
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
@@ -106,7 +108,9 @@ class Head:
                     logits = await loop.run_in_executor(node.pool, _row_logits, node.shard, hidden, len(draft) + 1)
                     outs = gen.accept_draft(logits, draft)
                 else:
-                    outs = [gen.accept(await loop.run_in_executor(node.pool, node.shard.logits, hidden))]
+                    logits = req.logits if req.logits is not None else \
+                        await loop.run_in_executor(node.pool, node.shard.logits, hidden)
+                    outs = [gen.accept(logits)]
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
@@ -124,7 +128,7 @@ class Head:
                 node.log.warning("release not sent: outbox full", request_id=request_id)
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
-                          capacity: int) -> torch.Tensor:
+                          capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
         that goes round the ring in a batch with the other requests' steps (nodes/steps.py)."""
         node = self.node
@@ -132,7 +136,8 @@ class Head:
         for offset in range(0, len(ids), PREFILL_CHUNK):
             if req.failure:
                 raise req.failure
-            req.waiter = loop.create_future()
+            req.waiter, req.logits = loop.create_future(), None
+            req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
             await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
             try:
                 hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
@@ -182,6 +187,21 @@ class Head:
     def deliver(self, request_id: str, hidden: torch.Tensor) -> None:
         if (req := self.requests.get(request_id)) is not None:
             req.deliver(hidden)
+
+    async def deliver_batch(self, results: list[tuple[str, torch.Tensor]]) -> None:
+        """A batch's hidden states after all layers; the logits of its plain steps in one projection (one pass
+        over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
+        as a plain step would."""
+        reqs = [(self.requests.get(rid), h) for rid, h in results]
+        plain = [(r, h) for r, h in reqs if r is not None and r.rows == 1]
+        if len(plain) > 1:  # alone, the request projects its own row as before
+            logits = await asyncio.get_running_loop().run_in_executor(
+                self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
+            for (r, _), row in zip(plain, logits, strict=True):
+                r.logits = row
+        for r, h in reqs:
+            if r is not None:
+                r.deliver(h)
 
     def fail(self, request_id: str, failure: RequestFailed) -> None:
         if (req := self.requests.get(request_id)) is not None:

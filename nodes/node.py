@@ -400,9 +400,8 @@ class Node:
             return
         done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
         if self.windows.step(next_layer) is Step.DELIVER:
-            for w in done:
-                if head is not None:
-                    head.deliver(w.request_id, w.hidden)
+            if head is not None:
+                await head.deliver_batch([(w.request_id, w.hidden) for w in done])
             return
         for i, w in enumerate(done):
             await self.outbox.put(frames.forward(w, batch_rest=len(done) - 1 - i))

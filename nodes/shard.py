@@ -252,6 +252,11 @@ class Shard:
         return self.head.embed_tokens(torch.tensor(ids))
 
     @torch.inference_mode()
+    def last_logits(self, hs: list[torch.Tensor]) -> torch.Tensor:
+        """Float32 logits [n, V] of the last position of each of n hidden states, in one projection."""
+        return self.head.logits(torch.cat([h[-1:] for h in hs]).to(self.dtype), self.cfg.norm_eps)
+
+    @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits [V] of the last position of h [T, H]."""
         return self.head.logits(h[-1:].to(self.dtype), self.cfg.norm_eps)[0]
