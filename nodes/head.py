@@ -138,8 +138,8 @@ class Head:
                 raise req.failure
             req.waiter, req.logits = loop.create_future(), None
             req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
-            await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
             try:
+                await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
                 hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,

@@ -96,7 +96,10 @@ class Stepper:
                     self.kick.clear()
                     continue
                 batch, self.ready = self.ready[:limit], self.ready[limit:]
-                await self._send(batch)
+                try:
+                    await self._send(batch)
+                except Exception as exc:  # its requests fail with it; the scheduler goes on for the others
+                    _settle(batch, exc)
 
     async def _send(self, batch: list[_Step]) -> None:
         from nodes.head import RingChanged
