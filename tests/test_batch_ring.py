@@ -5,6 +5,7 @@ cancelled mid-batch frees its KV caches everywhere and leaves the others alone; 
 import asyncio
 import time
 
+import grpc
 import pytest
 import torch
 
@@ -134,3 +135,34 @@ def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, referenc
             assert four < 2.5 * alone, seen  # not four requests' reads
     finally:
         local.stop()
+
+
+def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
+    """AssignRequest.max_batch bounds every node's batches (0 restores the node's default); > 64 is refused."""
+    local = rings(3)
+    head = local.addresses[0]
+
+    def assign(max_batch: int) -> None:
+        nodes = ring.start(head, [10, 10, 10])
+        epoch = ring.walk(head)[0][1].epoch
+        for i, (address, info) in enumerate(nodes):
+            req = pb.AssignRequest(windows=info.windows, head=i == 0, model_id=info.model_id,
+                                   ring_layers=info.n_layers, epoch=epoch, ring=[nodes[-1][1].peer] + [
+                                       a for a, _ in nodes[1:]] if i == 0 else [], head_address=nodes[-1][1].peer,
+                                   max_batch=max_batch, micro_batches=1)
+            list(ring.control(address).Assign(req, timeout=60))
+
+    assign(2)
+    before = batch_stats(head)
+    results = asyncio.run(all_at_once(head, PROMPTS[:4]))
+    assert results == [reference[p] for p in PROMPTS[:4]]
+    for b, a in zip(before, batch_stats(head), strict=True):
+        frames, batches = a.batched_frames - b.batched_frames, a.batches - b.batches
+        assert a.max_batch == 2 and batches < frames <= 2 * batches  # batches of 2 formed, none larger
+    assign(0)
+    assert all(s.max_batch == 32 for s in batch_stats(head))
+    info = ring.walk(head)[1][1]
+    bad = pb.AssignRequest(windows=info.windows, model_id=info.model_id, ring_layers=info.n_layers, max_batch=65)
+    with pytest.raises(grpc.RpcError) as err:
+        list(ring.control(local.addresses[1]).Assign(bad, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch" in err.value.details()
