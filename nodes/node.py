@@ -1,7 +1,8 @@
 """The node actor: frames in, windows computed on one compute thread, frames out to the successor.
 
 State plus three named coroutines (`run`): the Ring service validates frames into `inbox`; "compute"
-runs them (torch work off the event loop on a single thread); "send" writes `outbox` to the successor;
+runs them, the frames waiting for the same layers together as one batch (torch work off the event loop on a
+single thread); "send" writes `outbox` to the successor;
 "watch" lets the head (only the head node holds a `Head`) probe its members. Every request has at most
 one frame in flight, so queues longer than the request limit cannot deadlock the ring.
 """
