@@ -2,12 +2,12 @@
 
 Each request's generation loop stays its own coroutine; when its next step is ready (a decode token, a verify
 frame with drafts, or a prefill chunk of at most PREFILL_CHUNK tokens) it hands it here. A batch is sent when
-every request at the head has handed in its step, or once none has handed in or come back for STEP_GAP_S (the
-others compute their logits one after another on the compute thread), and at most STEP_WAIT_S after the first
-(so that one slow request, a draft model say, does not hold the others long), as one embedding and frames sent
-back to back (batch_rest), up to the node's max batch. At most `micro_batches` batches are in the ring at once;
-a request that arrives meanwhile joins the next batch, so a new prompt delays the others' decode by at most one
-chunk per step.
+every request at the head has handed in its step, or once none has handed in or come back for STEP_GAP_S, and
+at most STEP_WAIT_S after the first was handed in (or after a slot in the ring freed, for steps that waited
+for one), so that one slow request (a draft model, say) does not hold the others long. A batch goes as one
+embedding and frames sent back to back (batch_rest), up to the node's max batch. At most `micro_batches`
+batches are in the ring at once; a request that arrives meanwhile joins the next batch, so a new prompt delays
+the others' decode by at most one chunk per step.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Stepper:
         self.in_ring: dict[str, list[int]] = {}  # request id -> its batch's count of requests still in the ring
         self.batches = 0  # batches in the ring
         self.last_in = 0.0  # when the latest step was handed in or came back
+        self.freed = 0.0  # when a batch last came back whole (a slot in the ring freed)
         self.kick = asyncio.Event()
         self.task: asyncio.Task | None = None
 
@@ -64,6 +65,7 @@ class Stepper:
             cell[0] -= 1
             if cell[0] == 0:
                 self.batches -= 1
+                self.freed = time.perf_counter()
             self.at_head.add(request_id)
             self.last_in = time.perf_counter()
             self.kick.set()
@@ -87,7 +89,10 @@ class Stepper:
             while self.ready and self.batches < self.node.micro_batches:
                 limit = self.node.max_batch
                 now = time.perf_counter()
-                left = min(STEP_WAIT_S - (now - self.ready[0].since), STEP_GAP_S - (now - self.last_in))
+                # Steps that waited for a slot in the ring wait no longer than fresh ones: the cap counts from
+                # when they could go, else two groups that split once would stay split for good.
+                since = max(self.ready[0].since, self.freed)
+                left = min(STEP_WAIT_S - (now - since), STEP_GAP_S - (now - self.last_in))
                 if self.at_head and len(self.ready) < limit and left > 0:  # others are about to hand in theirs
                     try:
                         await asyncio.wait_for(self.kick.wait(), left)

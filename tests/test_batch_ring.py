@@ -11,6 +11,7 @@ import torch
 
 from nodes.generation import GenerateParams
 from nodes.reference import ReferenceModel
+from nodes.store import LayerStore
 from prima_rpc import codec
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
@@ -112,14 +113,18 @@ def test_bad_batch_rest_is_refused(rings):
 
 
 def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, reference, tmp_path):
-    """Every node streams (a one-layer budget): one request alone reads R bytes; four at once (the same number
-    of steps each) read far less than 4 R, because each step's batch reads each streamed layer once. Measured: the
-    batches form (mean 2.9 of 4: the first request's prefill goes alone, others join the next steps) and four
-    requests read 1.9 R (the prefetcher's reads ahead of a step that is then split count too)."""
+    """Every node streams (a one-layer budget): four requests at once (the same number of steps each) read at most
+    each layer of a node's window once per batch, and less than twice what one request alone reads, not four
+    times. Measured: 13 batches for 12 steps (the first request's prefill may go alone), each reading the whole
+    window once (142 MB a node); one request alone read 95 MB a step here (less than its window: not examined
+    why; bench_batch's one request reads the whole window each step)."""
     local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--mem-budget", "1"]] * 3)
     try:
         head = local.addresses[0]
         ring.start(head, [10, 10, 10])
+        store = LayerStore(smol_store)
+        window = max(sum(store.entry(f"layer.{i}").bytes for i in range(a, a + 10)) for a in (0, 10, 20))
+        asyncio.run(collect(head, PROMPTS[1], max_tokens=2))  # the first reads after loading are counted before
         s0 = batch_stats(head)
         assert asyncio.run(collect(head, PROMPTS[0])) == reference[PROMPTS[0]]
         s1 = batch_stats(head)
@@ -130,36 +135,39 @@ def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, referenc
         seen = [(b.disk_read_bytes - a.disk_read_bytes, c.disk_read_bytes - b.disk_read_bytes,
                  c.batched_frames - b.batched_frames, c.batches - b.batches)
                 for a, b, c in zip(s0, s1, s4, strict=True)]
+        print("alone, four, frames, batches per node:", seen)
         for alone, four, frames, batches in seen:
-            assert alone > 0 and frames / batches >= 2.5, seen
-            assert four < 2.5 * alone, seen  # not four requests' reads
+            assert alone > 0 and frames / batches >= 3, seen
+            assert four <= 1.02 * batches * window, seen  # at most each layer of the window once per batch
+            assert four < 2 * alone, seen  # not four requests' reads
     finally:
         local.stop()
 
 
 def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
-    """AssignRequest.max_batch bounds every node's batches (0 restores the node's default); > 64 is refused."""
+    """AssignRequest.max_batch bounds every node's batches (0 restores the node's default), micro_batches keeps
+    that many batches in the ring; > 64 is refused."""
     local = rings(3)
     head = local.addresses[0]
 
-    def assign(max_batch: int) -> None:
+    def assign(max_batch: int, micro_batches: int) -> None:
         nodes = ring.start(head, [10, 10, 10])
         epoch = ring.walk(head)[0][1].epoch
         for i, (address, info) in enumerate(nodes):
             req = pb.AssignRequest(windows=info.windows, head=i == 0, model_id=info.model_id,
                                    ring_layers=info.n_layers, epoch=epoch, ring=[nodes[-1][1].peer] + [
                                        a for a, _ in nodes[1:]] if i == 0 else [], head_address=nodes[-1][1].peer,
-                                   max_batch=max_batch, micro_batches=1)
+                                   max_batch=max_batch, micro_batches=micro_batches)
             list(ring.control(address).Assign(req, timeout=60))
 
-    assign(2)
+    assign(2, 2)  # four requests: two batches of two in the ring at once
     before = batch_stats(head)
     results = asyncio.run(all_at_once(head, PROMPTS[:4]))
     assert results == [reference[p] for p in PROMPTS[:4]]
     for b, a in zip(before, batch_stats(head), strict=True):
         frames, batches = a.batched_frames - b.batched_frames, a.batches - b.batches
         assert a.max_batch == 2 and batches < frames <= 2 * batches  # batches of 2 formed, none larger
-    assign(0)
+    assign(0, 0)
     assert all(s.max_batch == 32 for s in batch_stats(head))
     info = ring.walk(head)[1][1]
     bad = pb.AssignRequest(windows=info.windows, model_id=info.model_id, ring_layers=info.n_layers, max_batch=65)
