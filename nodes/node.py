@@ -274,6 +274,10 @@ class Node:
                                       code=frames.status_from_wire(frame.code), epoch=frame.epoch))
         elif frame.kind == pb.RELEASE:
             await self.inbox.put(Work(frame.request_id, pb.RELEASE, epoch=frame.epoch))
+        elif self.head is not None and not self.head.known(frame.request_id):
+            # A request that ended (cancelled, say) while its frame went round: drop the frame. Refusing it would
+            # close the stream and lose the frames of other requests sent right behind it (its batch).
+            self.log.debug("frame of an ended request dropped", request_id=frame.request_id)
         else:
             self._check_in_ring(frame, hidden)
             await self.inbox.put(Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer,
