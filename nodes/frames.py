@@ -25,9 +25,9 @@ def status_from_wire(value: int) -> grpc.StatusCode:
 
 # ---------------------------------------------------------------- Ring frames
 
-def forward(w: Work) -> pb.Frame:
+def forward(w: Work, batch_rest: int = 0) -> pb.Frame:
     return pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos, next_layer=w.next_layer,
-                    capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch)
+                    capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch, batch_rest=batch_rest)
 
 
 def release(request_id: str, epoch: int) -> pb.Frame:
@@ -53,10 +53,11 @@ def layer_ranges(ranges: Ranges) -> list[pb.LayerRange]:
 
 
 def assign(ranges: Ranges, n_layers: int, model_id: str, epoch: int, *, head: bool = False, replan: bool = False,
-           ring: Sequence[str] = (), head_address: str = "", buffer_layers: float = 0.0) -> pb.AssignRequest:
+           ring: Sequence[str] = (), head_address: str = "", buffer_layers: float = 0.0, max_batch: int = 0,
+           micro_batches: int = 0) -> pb.AssignRequest:
     return pb.AssignRequest(windows=layer_ranges(ranges), head=head, model_id=model_id, ring_layers=n_layers,
                             epoch=epoch, replan=replan, ring=list(ring), head_address=head_address,
-                            stream_buffer_layers=buffer_layers)
+                            stream_buffer_layers=buffer_layers, max_batch=max_batch, micro_batches=micro_batches)
 
 
 def info_request() -> pb.InfoRequest:

@@ -17,8 +17,8 @@ from nodes.generation import GenerateParams, Generation, TokenOut
 from nodes.members import Members
 from nodes.reference import ReferenceModel
 from nodes.speculate import DraftModel, Speculator, load_draft
-from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed, Work
-from prima_rpc.v1 import prima_pb2 as pb
+from nodes.steps import Stepper
+from nodes.work import MAX_REQUESTS, PREFILL_CHUNK, Rejected, RequestCancelled, RequestFailed
 
 if TYPE_CHECKING:
     from nodes.node import Node
@@ -34,6 +34,8 @@ class HeadRequest:
 
     waiter: asyncio.Future | None = None
     failure: RequestFailed | None = None
+    rows: int = 0  # logit rows its step wants: 1 for a plain step (computed with the batch's), else its own
+    logits: torch.Tensor | None = None  # [V] of the last step, when computed with its batch's
 
     def deliver(self, hidden: torch.Tensor) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -59,6 +61,7 @@ class Head:
         self.ring_ready.set()
         self.members = Members(self, node.cfg.token)
         self.draft_model: ReferenceModel | None = None
+        self.steps = Stepper(self)  # the requests' ring steps go out in batches
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -86,6 +89,7 @@ class Head:
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter))
         req = self.requests[request_id] = HeadRequest()
+        self.steps.join(request_id)
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             while not gen.done:
@@ -95,7 +99,7 @@ class Head:
                     if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
-                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity)
+                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity, len(draft) + 1)
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
@@ -104,13 +108,16 @@ class Head:
                     logits = await loop.run_in_executor(node.pool, _row_logits, node.shard, hidden, len(draft) + 1)
                     outs = gen.accept_draft(logits, draft)
                 else:
-                    outs = [gen.accept(await loop.run_in_executor(node.pool, node.shard.logits, hidden))]
+                    logits = req.logits if req.logits is not None else \
+                        await loop.run_in_executor(node.pool, node.shard.logits, hidden)
+                    outs = [gen.accept(logits)]
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
             yield gen
         finally:
             del self.requests[request_id]
+            self.steps.leave(request_id)
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
             if node.shard is not None:
@@ -121,25 +128,25 @@ class Head:
                 node.log.warning("release not sent: outbox full", request_id=request_id)
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
-                          capacity: int) -> torch.Tensor:
-        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks."""
+                          capacity: int, rows: int = 0) -> torch.Tensor:
+        """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
+        that goes round the ring in a batch with the other requests' steps (nodes/steps.py)."""
         node = self.node
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[offset:offset + PREFILL_CHUNK]
-            x = await loop.run_in_executor(node.pool, node.shard.embed, chunk)
             if req.failure:
                 raise req.failure
-            if not self.ring_ready.is_set():  # a re-plan began while embedding: this frame's epoch is over
-                raise RingChanged()
-            req.waiter = loop.create_future()
-            await node.inbox.put(Work(request_id, pb.FORWARD, pos + offset, 0, capacity, x, epoch=node.epoch))
+            req.waiter, req.logits = loop.create_future(), None
+            req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
             try:
+                await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
                 hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
                                     f"no answer from the ring within {node.cfg.step_timeout:.0f} s "
                                     "(a node may be down)") from None
+            finally:
+                self.steps.back(request_id)
         return hidden
 
     async def _draft_model(self) -> ReferenceModel:
@@ -181,6 +188,21 @@ class Head:
         if (req := self.requests.get(request_id)) is not None:
             req.deliver(hidden)
 
+    async def deliver_batch(self, results: list[tuple[str, torch.Tensor]]) -> None:
+        """A batch's hidden states after all layers; the logits of its plain steps in one projection (one pass
+        over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
+        as a plain step would."""
+        reqs = [(self.requests.get(rid), h) for rid, h in results]
+        plain = [(r, h) for r, h in reqs if r is not None and r.rows == 1]
+        if len(plain) > 1:  # alone, the request projects its own row as before
+            logits = await asyncio.get_running_loop().run_in_executor(
+                self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
+            for (r, _), row in zip(plain, logits, strict=True):
+                r.logits = row
+        for r, h in reqs:
+            if r is not None:
+                r.deliver(h)
+
     def fail(self, request_id: str, failure: RequestFailed) -> None:
         if (req := self.requests.get(request_id)) is not None:
             req.fail(failure)
@@ -200,6 +222,7 @@ class Head:
         return True
 
     async def close(self) -> None:
+        self.steps.close()
         await self.members.close()
 
 

@@ -17,7 +17,7 @@ from nodes.auth import TokenAuth
 from nodes.manifest import StoreError
 from nodes.node import Node, NodeConfig
 from nodes.services import ControlService, InferenceService, RingService
-from nodes.work import RequestFailed
+from nodes.work import MAX_BATCH, MAX_REQUESTS, RequestFailed
 from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -137,6 +137,9 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          tls_mutual: bool = typer.Option(False, help="require client certificates signed by --tls-ca"),
          draft: Path = typer.Option(None, help="a draft model store (same tokenizer) the head runs for "
                                                 "speculative decoding with speculate=draft"),
+         max_batch: int = typer.Option(MAX_BATCH, min=1, max=MAX_REQUESTS,
+                                       help="frames of different requests one compute takes at most (a plan "
+                                            "may set another)"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -148,7 +151,7 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
 
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, cache=cache or prima_home() / "cache", name=name,
                      mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
-                     fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")))
+                     fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")), max_batch=max_batch)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -70,11 +70,17 @@ class NodeCollector(Collector):
         ("link_s", "prima_link_seconds", "Time spent sending frames to the successor"),
         ("frames", "prima_frames", "Frames computed"),
         ("disk_read_bytes", "prima_disk_read_bytes", "Bytes read from the layer store"),
+        ("batches", "prima_batches", "Computes run, each one pass over the weights for a batch of frames"),
+        ("batched_frames", "prima_batched_frames", "Frames computed in batches (mean batch: this / prima_batches)"),
+        ("queue_wait_s", "prima_queue_wait_seconds", "Time frames waited in the inbox before their compute"),
     )
     GAUGES = (
         ("resident_bytes", "prima_resident_bytes", "Weights and KV caches held in memory"),
         ("rss_bytes", "prima_rss_bytes", "Resident set size of the node process"),
         ("active_requests", "prima_active_requests", "Requests with a KV cache on this node"),
+        ("queue_depth", "prima_queue_depth", "Frames waiting in the inbox"),
+        ("max_batch_seen", "prima_max_batch_seen", "The largest batch computed"),
+        ("max_batch", "prima_max_batch", "The most frames one compute takes (this node's limit)"),
     )
 
     def __init__(self, node):

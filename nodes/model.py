@@ -135,10 +135,19 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * x32.to(x.dtype)
 
 
-def layer_forward(x: torch.Tensor, layer: Layer, kv: torch.Tensor, pos: int, cfg: ModelConfig,
-                  rope: Rope) -> torch.Tensor:
-    """x: [T, H] at positions [pos, pos+T); kv: [2, nkv, S, hd] is updated in place."""
-    h = attention_stage(x, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, kv, pos, cfg, rope)
+# A batch: the hidden rows of several requests concatenated [sum T, H]; one segment per request says where its
+# rows' keys and values go. Norms, matmuls and the MLP run over all rows at once (one pass over the weights);
+# RoPE and attention run per segment, with its own positions and KV cache. One request is a batch of one.
+@dataclass(frozen=True)
+class Segment:
+    kv: torch.Tensor  # [2, nkv, S, hd] of this layer, updated in place
+    pos: int  # position of the segment's first row
+    t: int  # its rows
+
+
+def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
+    """x: [sum T, H], the segments' rows in order."""
+    h = attention_stage(x, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, segs, cfg, rope)
     return down_stage(h, gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg), layer.w_down)
 
 
@@ -148,10 +157,17 @@ STAGES = (("wqkv", "wo"), ("w_gate_up",), ("w_down",))
 
 
 def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
-                    wo: torch.Tensor, kv: torch.Tensor, pos: int, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
-    t = x.shape[0]
-    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+                    wo: torch.Tensor, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     qkv = linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
+    rows = qkv.split([s.t for s in segs]) if len(segs) > 1 else (qkv,)
+    att = [_attend(r, s, cfg, rope) for r, s in zip(rows, segs, strict=True)]
+    return x + linear(att[0] if len(att) == 1 else torch.cat(att), wo)
+
+
+def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
+    """One segment's attention: qkv [T, (nh + 2 nkv) hd] -> [T, nh hd]; its keys and values go to its cache."""
+    t, kv, pos = seg.t, seg.kv, seg.pos
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
     q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])  # q and k rotated at once: half the ops
     kv[0, :, pos:pos + t] = k
@@ -164,7 +180,7 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
         q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
         attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
     )  # [1, nh, T, hd]
-    return x + linear(att[0].transpose(0, 1).reshape(t, nh * hd), wo)
+    return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
@@ -180,5 +196,5 @@ def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int,
                cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """Hidden states after layers [start, stop), all of which must be in `layers`."""
     for i in range(start, stop):
-        x = layer_forward(x, layers[i], cache.kv[i], pos, cfg, rope)
+        x = layer_forward(x, layers[i], [Segment(cache.kv[i], pos, x.shape[0])], cfg, rope)
     return x

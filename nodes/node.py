@@ -1,7 +1,8 @@
 """The node actor: frames in, windows computed on one compute thread, frames out to the successor.
 
 State plus three named coroutines (`run`): the Ring service validates frames into `inbox`; "compute"
-runs them (torch work off the event loop on a single thread); "send" writes `outbox` to the successor;
+runs them, the frames waiting for the same layers together as one batch (torch work off the event loop on a
+single thread); "send" writes `outbox` to the successor;
 "watch" lets the head (only the head node holds a `Head`) probe its members. Every request has at most
 one frame in flight, so queues longer than the request limit cannot deadlock the ring.
 """
@@ -21,6 +22,7 @@ import torch
 from nodes import fetch, frames
 from nodes.fused import layer_bytes
 from nodes.head import Head
+from nodes.inbox import Inbox
 from nodes.link import LinkDown, RingLink
 from nodes.manifest import StoreError
 from nodes.members import PROBE_INTERVAL
@@ -29,7 +31,18 @@ from nodes.routing import Step, Windows
 from nodes.shard import Shard, check_assignment
 from nodes.store import LayerStore
 from nodes.text import TextCodec
-from nodes.work import CACHE_IDLE_S, MAX_CACHES, MAX_ID, QUEUE, Rejected, RequestFailed, Work
+from nodes.work import (
+    BATCH_WAIT_S,
+    CACHE_IDLE_S,
+    MAX_BATCH,
+    MAX_CACHES,
+    MAX_ID,
+    MAX_REQUESTS,
+    QUEUE,
+    Rejected,
+    RequestFailed,
+    Work,
+)
 from prima_rpc import codec
 from prima_rpc.channel import MAX_MESSAGE_BYTES
 from prima_rpc.v1 import prima_pb2 as pb
@@ -52,6 +65,7 @@ class NodeConfig:
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     fault_layer: int = -1  # fault injection for tests (PRIMA_FAULT_LAYER): the first compute of this layer raises
+    max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
 
 
 @dataclass
@@ -63,6 +77,10 @@ class Stats:
     last_token_ms: float = 0.0
     decode_s: float = 0.0  # of compute_s, frames of one token since the assignment: status's per-token figure
     decode_frames: int = 0
+    batches: int = 0  # computes run; frames computed in them below (mean batch = batched_frames / batches)
+    batched_frames: int = 0
+    max_batch_seen: int = 0
+    queue_wait_s: float = 0.0  # frames' time in the inbox before their compute
 
 
 class Node:
@@ -82,7 +100,7 @@ class Node:
         self.last_error = ""
         self.peer = cfg.peer
         self.epoch = 0  # frames of another epoch (an older ring) are dropped
-        self.inbox: asyncio.Queue[Work] = asyncio.Queue(QUEUE)
+        self.inbox: Inbox = Inbox(QUEUE)
         self.outbox: asyncio.Queue[pb.Frame] = asyncio.Queue(QUEUE)
         self.link = RingLink(cfg.peer, cfg.token)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="compute")
@@ -91,6 +109,8 @@ class Node:
         self.predicted = (0.0, 0.0)  # the applied plan's (ms per token here, ring TPOT ms); Info reports it
         self.log = log.bind(node=cfg.name or self.address)
         self._fault_layer = cfg.fault_layer
+        self.max_batch = cfg.max_batch  # frames one compute takes (the assignment's, else the node's default)
+        self.micro_batches = 1  # head: batches of requests in flight round the ring
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -101,14 +121,15 @@ class Node:
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
-                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "",
-                     predicted: tuple[float, float] = (0.0, 0.0)) -> None:
+                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "", max_batch: int = 0,
+                     micro_batches: int = 0, predicted: tuple[float, float] = (0.0, 0.0)) -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
         ring: (head) every member's address in ring order, its own first, watched for failures.
         buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
         head_address: (members) the ring's head, as the ring dials it.
+        max_batch, micro_batches: the plan's batch limit and (head) batches in flight; 0: the node's defaults.
         predicted: the plan's (per-token ms of this node, TPOT ms of the ring), shown by status; (0, 0): none."""
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
@@ -122,6 +143,8 @@ class Node:
             await self._load(windows, progress, buffer_layers)
         finally:
             self.fetching = False
+        self.max_batch = max_batch or self.cfg.max_batch
+        self.micro_batches = micro_batches or 1
         if windows.head:
             if self.head is None:
                 self.head = Head(self, list(ring), fresh=True)
@@ -216,7 +239,10 @@ class Node:
             compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s, frames=self.stats.frames,
             last_token_ms=self.stats.last_token_ms, rss_bytes=rss, decode_s=self.stats.decode_s,
             decode_frames=self.stats.decode_frames,
-            active_requests=len(self.shard.caches) if self.shard else 0)
+            active_requests=len(self.shard.caches) if self.shard else 0,
+            batches=self.stats.batches, batched_frames=self.stats.batched_frames,
+            max_batch_seen=self.stats.max_batch_seen, queue_depth=self.inbox.qsize(),
+            queue_wait_s=self.stats.queue_wait_s, max_batch=self.max_batch)
         return frames.node_info(
             stats=stats, windows=self.windows.ranges if self.windows else (),
             members=self.head.members.states() if self.head else (),
@@ -240,6 +266,9 @@ class Node:
             raise Rejected(Code.INVALID_ARGUMENT, f"unknown frame kind {frame.kind}")
         if not (0 < len(frame.request_id) <= MAX_ID):
             raise Rejected(Code.INVALID_ARGUMENT, f"request_id must have 1..{MAX_ID} characters")
+        if frame.batch_rest >= MAX_REQUESTS or (frame.batch_rest and frame.kind != pb.FORWARD):
+            raise Rejected(Code.INVALID_ARGUMENT, f"batch_rest {frame.batch_rest} must be below {MAX_REQUESTS}, "
+                                                  "and 0 except on FORWARD frames")
         if self.windows is None:
             raise Rejected(Code.FAILED_PRECONDITION, "this node has no assignment yet (prima-ctl start)")
         hidden = self._checked_hidden(frame) if frame.kind == pb.FORWARD and not self.windows.relay else None
@@ -253,10 +282,14 @@ class Node:
                                       code=frames.status_from_wire(frame.code), epoch=frame.epoch))
         elif frame.kind == pb.RELEASE:
             await self.inbox.put(Work(frame.request_id, pb.RELEASE, epoch=frame.epoch))
+        elif self.head is not None and not self.head.known(frame.request_id):
+            # A request that ended (cancelled, say) while its frame went round: drop the frame. Refusing it would
+            # close the stream and lose the frames of other requests sent right behind it (its batch).
+            self.log.debug("frame of an ended request dropped", request_id=frame.request_id)
         else:
             self._check_in_ring(frame, hidden)
             await self.inbox.put(Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer,
-                                      frame.capacity, hidden, epoch=frame.epoch))
+                                      frame.capacity, hidden, epoch=frame.epoch, batch_rest=frame.batch_rest))
 
     def _checked_hidden(self, frame: pb.Frame) -> torch.Tensor:
         cfg = self.store.config
@@ -299,13 +332,98 @@ class Node:
     async def _compute_loop(self) -> None:
         while True:
             work = await self.inbox.get()
+            batch = [work]
             try:
-                await self._handle(work)
-            except Exception as exc:  # one failed request must not stop the node; its head learns why at once
-                self.log.exception("frame failed", request_id=work.request_id)
-                await self._fail_request(work.request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+                if self._computes(work):
+                    batch = await self._gather(work)
+                    await self._run_batch(batch)
+                else:
+                    await self._handle(work)
+            except Exception as exc:  # one failed batch must not stop the node; its heads learn why at once
+                self.log.exception("frame failed", request_id=work.request_id, batch=len(batch))
+                for w in batch:
+                    await self._fail_request(w.request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _computes(self, w: Work) -> bool:
+        """A FORWARD frame of the current ring that this node computes now (not delivers or passes on)."""
+        return (w.kind == pb.FORWARD and w.epoch == self.epoch and self.windows is not None
+                and self.windows.step(w.next_layer) is Step.COMPUTE)
+
+    async def _gather(self, first: Work) -> list[Work]:
+        """`first` and the frames of other requests waiting for the same layers of the same ring, up to the
+        node's max batch, in arrival order. Frames that cannot join stay queued in their order. When the last
+        frame taken says more of its batch follow (batch_rest), wait for them briefly (BATCH_WAIT_S), but not
+        once a frame that cannot join is waiting (it must not be held back)."""
+        batch, ids = [first], {first.request_id}
+
+        def joins(w: Work) -> bool:
+            return (w.kind == pb.FORWARD and w.next_layer == first.next_layer and w.epoch == first.epoch
+                    and w.request_id not in ids)
+
+        deadline = time.perf_counter() + BATCH_WAIT_S
+        while len(batch) < self.max_batch:
+            taken = self.inbox.take(joins, self.max_batch - len(batch))
+            batch += taken
+            ids.update(w.request_id for w in taken)
+            left = deadline - time.perf_counter()
+            if batch[-1].batch_rest == 0 or len(batch) >= self.max_batch or not self.inbox.empty() or left <= 0:
+                break
+            if not await self.inbox.arrival(left):
+                break
+        return batch
+
+    async def _run_batch(self, batch: list[Work]) -> None:
+        """Compute a batch in one pass over the weights; then each request goes on as its own frame (sent back
+        to back, batch_rest counting down, so the next node computes them together too) or to the head. A
+        request whose frame does not fit (positions, KV room) fails alone."""
+        head, shard = self.head, self.shard
+        ready: list[tuple[Work, object]] = []
+        for w in batch:
+            if head is not None and not head.known(w.request_id):
+                continue  # a request that ended (or never existed): never give it a KV cache here
+            try:
+                if w.request_id not in shard.caches:
+                    self._make_room()
+                cache = shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
+                self._inject_fault(w.next_layer)
+            except Exception as exc:
+                await self._fail_request(w.request_id, *_failure(exc))
+                continue
+            self.cache_used[w.request_id] = time.monotonic()
+            ready.append((w, cache))
+        if not ready:
+            return
+        start = time.perf_counter()
+        items = [(w.hidden, cache, w.start_pos) for w, cache in ready]
+        try:
+            hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
+                self.pool, shard.compute_batch, items, batch[0].next_layer)
+        except ValueError as exc:  # a streamed layer that could not be read: every request of the batch fails
+            for w, _ in ready:
+                await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
+            return
+        s, took = self.stats, time.perf_counter() - start
+        s.compute_s += took
+        s.frames += len(ready)
+        if all(w.hidden.shape[0] == 1 for w, _ in ready):  # a decode step: what a token waits for here
+            s.decode_s += took
+            s.decode_frames += 1
+        s.batches += 1
+        s.batched_frames += len(ready)
+        s.max_batch_seen = max(s.max_batch_seen, len(ready))
+        s.queue_wait_s += sum(start - w.queued for w, _ in ready)
+        if batch[0].epoch != self.epoch:  # re-planned while computing: the results belong to the old ring
+            return
+        done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
+        if self.windows.step(next_layer) is Step.DELIVER:
+            if head is not None:
+                await head.deliver_batch([(w.request_id, w.hidden) for w in done])
+            return
+        for i, w in enumerate(done):
+            await self.outbox.put(frames.forward(w, batch_rest=len(done) - 1 - i))
 
     async def _handle(self, w: Work) -> None:
+        """Everything but a compute: RELEASE, ERROR, and FORWARD frames this node delivers or passes on."""
         if w.epoch != self.epoch or self.windows is None:  # queued before the ring was re-planned
             return
         head = self.head
@@ -321,40 +439,12 @@ class Node:
                 await self.outbox.put(frames.error(w.request_id, w.code, w.error, w.epoch))
             return
         if head is not None and not head.known(w.request_id):
-            return  # a request that ended (or never existed): never give it a KV cache here
-        step = self.windows.step(w.next_layer)
-        if step is Step.COMPUTE:
-            try:
-                w = await self._compute(w)
-            except Rejected as exc:
-                return await self._fail_request(w.request_id, exc.code, str(exc))
-            except ValueError as exc:  # positions or capacity that do not fit this request's KV cache
-                return await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
-            if w.epoch != self.epoch:  # re-planned while computing: the result belongs to the old ring
-                return
-            step = self.windows.step(w.next_layer)
-        if step is Step.DELIVER:
+            return
+        if self.windows.step(w.next_layer) is Step.DELIVER:
             if head is not None:
                 head.deliver(w.request_id, w.hidden)
             return
-        await self.outbox.put(frames.forward(w))
-
-    async def _compute(self, w: Work) -> Work:
-        if w.request_id not in self.shard.caches:
-            self._make_room()
-        cache = self.shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
-        self.cache_used[w.request_id] = time.monotonic()
-        self._inject_fault(w.next_layer)
-        start = time.perf_counter()
-        hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
-            self.pool, self.shard.compute, w.hidden, cache, w.start_pos, w.next_layer)
-        took = time.perf_counter() - start
-        self.stats.compute_s += took
-        self.stats.frames += 1
-        if w.hidden.shape[0] == 1:
-            self.stats.decode_s += took
-            self.stats.decode_frames += 1
-        return replace(w, hidden=hidden, next_layer=next_layer)
+        await self.outbox.put(frames.forward(w, w.batch_rest))
 
     def _inject_fault(self, next_layer: int) -> None:
         """Fault injection for tests: the first compute that runs cfg.fault_layer raises, once."""
@@ -415,3 +505,12 @@ class Node:
             old, self.peer = self.link, peer
             self.link = RingLink(peer, self.cfg.token)
             await old.close()
+
+
+def _failure(exc: Exception) -> tuple[Code, str]:
+    """The status a request fails with when its frame cannot be computed."""
+    if isinstance(exc, Rejected):
+        return exc.code, str(exc)
+    if isinstance(exc, ValueError):  # positions or capacity that do not fit this request's KV cache
+        return Code.INVALID_ARGUMENT, str(exc)
+    return Code.INTERNAL, f"{type(exc).__name__}: {exc}"

@@ -20,7 +20,7 @@ from nodes.routing import Windows
 from nodes.sampling import SamplingParams
 from nodes.speculate import speculate_params
 from nodes.text import PromptError
-from nodes.work import Rejected, RequestFailed, Work
+from nodes.work import MAX_REQUESTS, Rejected, RequestFailed, Work
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -91,6 +91,9 @@ class ControlService(rpc.ControlServicer):
         if not all(0 <= v < 1e9 for v in predicted):  # also refuses NaN
             await abort(context, Code.INVALID_ARGUMENT, f"predicted_ms and predicted_tpot_ms must be in [0, 1e9) ms, "
                                                         f"got {predicted[0]}, {predicted[1]}")
+        if request.max_batch > MAX_REQUESTS or request.micro_batches > MAX_REQUESTS:
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"max_batch and micro_batches must be at most {MAX_REQUESTS} (0: the node's default)")
         if request.head_address and not _is_address(request.head_address):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
@@ -98,7 +101,8 @@ class ControlService(rpc.ControlServicer):
         async def load() -> None:
             try:
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                  list(request.ring), buffer, request.head_address, predicted)
+                                  list(request.ring), buffer, request.head_address, request.max_batch,
+                                  request.micro_batches, predicted)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 

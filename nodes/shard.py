@@ -32,6 +32,7 @@ from nodes.model import (
     KVCache,
     Layer,
     Rope,
+    Segment,
     attention_stage,
     down_stage,
     gate_up_stage,
@@ -195,25 +196,36 @@ class Shard:
                           stall_s=round(p.stall_s, 3), loads=p.loads, misses=p.misses)
         return found
 
-    @torch.inference_mode()
     def compute(self, x: torch.Tensor, cache: KVCache, start_pos: int, next_layer: int) -> tuple[torch.Tensor, int]:
-        """Run every consecutive window from next_layer; returns the new hidden state and next layer."""
+        """One request: the batch of one."""
+        (x,), next_layer = self.compute_batch([(x, cache, start_pos)], next_layer)
+        return x, next_layer
+
+    @torch.inference_mode()
+    def compute_batch(self, items: list[tuple[torch.Tensor, KVCache, int]],
+                      next_layer: int) -> tuple[list[torch.Tensor], int]:
+        """Run every consecutive window from next_layer for several requests at once (one pass over the weights,
+        one read of a streamed layer): items are (hidden [T, H], its KV cache, its start position). Returns each
+        request's new hidden state and the next layer."""
         begin, stalled = time.perf_counter(), self._stalled
+        x = torch.cat([h for h, _, _ in items]) if len(items) > 1 else items[0][0]
         x = x.to(self.dtype)
+        lengths = [h.shape[0] for h, _, _ in items]
         for start, stop in self.windows.run_from(next_layer):
             for i in range(start, stop):
+                segs = [Segment(cache.kv[i], pos, t) for (_, cache, pos), t in zip(items, lengths, strict=True)]
                 layer = self.layers.get(i)
                 if layer is not None:
-                    x = layer_forward(x, layer, cache.kv[i], start_pos, self.cfg, self.rope)
+                    x = layer_forward(x, layer, segs, self.cfg, self.rope)
                 else:
-                    x = self._streamed_forward(i, x, cache.kv[i], start_pos)
+                    x = self._streamed_forward(i, x, segs)
             next_layer = stop
         if self.prefetcher:
             self._stalled = self.prefetcher.stall_s
         self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)
-        return x, next_layer
+        return list(x.split(lengths)) if len(items) > 1 else [x], next_layer
 
-    def _streamed_forward(self, i: int, x: torch.Tensor, kv: torch.Tensor, pos: int) -> torch.Tensor:
+    def _streamed_forward(self, i: int, x: torch.Tensor, segs: list[Segment]) -> torch.Tensor:
         """A streamed layer stage by stage: each stage waits only for its own matrices and frees them after."""
         small, kept, cfg = self.small[i], self.kept[i], self.cfg
 
@@ -230,7 +242,7 @@ class Shard:
                     self.prefetcher.release(i, streamed)
 
         attn, gate_up, down = STAGES
-        h = run(attn, lambda wqkv, wo: attention_stage(x, small["attn_norm"], wqkv, small["bqkv"], wo, kv, pos,
+        h = run(attn, lambda wqkv, wo: attention_stage(x, small["attn_norm"], wqkv, small["bqkv"], wo, segs,
                                                        cfg, self.rope))
         a = run(gate_up, lambda w_gate_up: gate_up_stage(h, small["ffn_norm"], w_gate_up, cfg))
         return run(down, lambda w_down: down_stage(h, a, w_down))
@@ -238,6 +250,11 @@ class Shard:
     @torch.inference_mode()
     def embed(self, ids: list[int]) -> torch.Tensor:
         return self.head.embed_tokens(torch.tensor(ids))
+
+    @torch.inference_mode()
+    def last_logits(self, hs: list[torch.Tensor]) -> torch.Tensor:
+        """Float32 logits [n, V] of the last position of each of n hidden states, in one projection."""
+        return self.head.logits(torch.cat([h[-1:] for h in hs]).to(self.dtype), self.cfg.norm_eps)
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:

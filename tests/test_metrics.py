@@ -29,7 +29,9 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 class FakeNode:
     def __init__(self):
         self.stats = pb.NodeStats(compute_s=2.0, stall_s=0.5, link_s=0.25, frames=7, disk_read_bytes=1024,
-                                  resident_bytes=4096, rss_bytes=8192, active_requests=1, last_token_ms=40.0)
+                                  resident_bytes=4096, rss_bytes=8192, active_requests=1, last_token_ms=40.0,
+                                  batches=3, batched_frames=7, max_batch_seen=4, queue_depth=2, queue_wait_s=0.5,
+                                  max_batch=8)
 
     def info(self) -> pb.NodeInfo:
         return pb.NodeInfo(name="n0", role="head", model_name="tiny", windows=[pb.LayerRange(start=0, stop=4)],
@@ -45,6 +47,9 @@ def test_collector_reads_node_info_at_scrape_time_and_counters_never_go_back():
     assert first[("prima_disk_read_bytes_total", ())] == 1024
     assert first[("prima_resident_bytes", ())] == 4096 and first[("prima_active_requests", ())] == 1
     assert first[("prima_last_token_seconds", ())] == pytest.approx(0.04)
+    assert first[("prima_batches_total", ())] == 3 and first[("prima_batched_frames_total", ())] == 7
+    assert first[("prima_queue_depth", ())] == 2 and first[("prima_queue_wait_seconds_total", ())] == 0.5
+    assert first[("prima_max_batch_seen", ())] == 4 and first[("prima_max_batch", ())] == 8
     info = next(k for k in first if k[0] == "prima_node_info")
     assert dict(info[1]) == {"name": "n0", "role": "head", "model": "tiny", "windows": "[0,4)"}
     node.stats.frames, node.stats.compute_s = 9, 1.5  # net compute dipped mid-frame

@@ -27,13 +27,13 @@ def register(app: typer.Typer, state: dict) -> None:
         """Assign windows to the ring (the --node becomes the head) and wait until every node has loaded.
 
         Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
-        predicted = None
+        predicted, batching = None, (0, 0)
         if windows is not None:
             sizes, members, buffers = cli_args.windows(windows), None, None
         reach(state)
         if windows is None:
-            sizes, members, buffers, predicted = _plan_windows(state, plan)
-        nodes = _start(state, sizes, members, buffers, predicted=predicted)
+            sizes, members, buffers, predicted, batching = _plan_windows(state, plan)
+        nodes = _start(state, sizes, members, buffers, predicted=predicted, batching=batching)
         print(f"ring ready: {len(nodes)} nodes, head {state['node']}")
 
     @app.command()
@@ -158,8 +158,12 @@ def _plan_windows(state: dict, plan_file: Path | None):
         predicted = None
         if all("turn_ms" in d for d in devices) and "predicted_tpot_ms" in result:
             predicted = ([float(d["turn_ms"]) for d in devices], float(result["predicted_tpot_ms"]))
+        # A plan for several requests at once caps the batches as it priced them; one for a single request
+        # leaves the nodes' defaults (its max_batch of 1 would only forbid batching more users than planned).
+        batching = (int(result["max_batch"]), int(result["micro_batches"])) \
+            if int(result.get("concurrency", 1)) > 1 else (0, 0)
         return ([int(d["window"]) for d in devices], [d.get("role") != "removed" for d in devices],
-                [float(d.get("buffer_layers", 0.0)) for d in devices], predicted)
+                [float(d.get("buffer_layers", 0.0)) for d in devices], predicted, batching)
     except (KeyError, TypeError, ValueError, AttributeError):
         fail("the plan has no valid devices list")
 
@@ -172,7 +176,8 @@ def _walk(state: dict):
 
 
 def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buffers: list[float] | None = None,
-           logs: Path | None = None, predicted: tuple[list[float], float] | None = None):
+           logs: Path | None = None, predicted: tuple[list[float], float] | None = None,
+           batching: tuple[int, int] = (0, 0)):
     loaded: dict[str, tuple[int, int]] = {}
     fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
     with bar("loading windows") as progress:
@@ -191,7 +196,7 @@ def _start(state: dict, sizes: list[int], members: list[bool] | None = None, buf
         try:
             nodes = ring.start(state["node"], sizes, state["token"], progress=report, members=members,
                                buffers=buffers, predicted=predicted[0] if predicted else None,
-                               predicted_tpot_ms=predicted[1] if predicted else 0.0)
+                               predicted_tpot_ms=predicted[1] if predicted else 0.0, batching=batching)
         except ring.RingError as exc:
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
     for address, f in fetched.items():
@@ -206,7 +211,7 @@ def _rate(address: str, done: float, total: float, first: float, last: float) ->
 
 
 STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB", "fetch\nMiB", "frames",
-                  "active\nreqs", "compute\ns", "stall\ns", "link\ns", "token\nms")
+                  "active\nreqs", "mean\nbatch", "queue", "compute\ns", "stall\ns", "link\ns", "token\nms")
 PLAN_COLUMNS = ("pred\nms", "meas\nms")  # once a plan's prediction is applied: per-token compute + stalls
 
 
@@ -222,7 +227,7 @@ def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
               "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
               f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
               f"{r['disk_read_bytes'] / 2**20:.0f}", f"{r['fetched_bytes'] / 2**20:.0f}", str(r["frames"]),
-              str(r["active_requests"]),
+              str(r["active_requests"]), f"{r['mean_batch']:.1f}", str(r["queue_depth"]),
               f"{r['compute_s']:.2f}", f"{r['stall_s']:.2f}", f"{r['link_s']:.2f}", f"{r['last_token_ms']:.1f}"]
              for r in rows]
     columns, plan = STATUS_COLUMNS, ring_prediction(rows)
@@ -286,6 +291,9 @@ def status_row(address: str, member_state: str, info) -> dict:
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
             "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
             "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
+            "batches": s.batches, "batched_frames": s.batched_frames,
+            "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
+            "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s,
             # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
             # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
             "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire

@@ -96,13 +96,15 @@ def _info(address: str, token: str | None, timeout: float) -> pb.NodeInfo | None
 def start(head: str, windows: list[int], token: str | None = None,
           progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None,
           members: list[bool] | None = None, buffers: list[float] | None = None,
-          predicted: list[float] | None = None, predicted_tpot_ms: float = 0.0) -> list[tuple[str, pb.NodeInfo]]:
+          predicted: list[float] | None = None, predicted_tpot_ms: float = 0.0,
+          batching: tuple[int, int] = (0, 0)) -> list[tuple[str, pb.NodeInfo]]:
     """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel.
 
     members: which nodes stay (default: all). The others are routed around: each member's successor
     becomes the next member (Control.SetPeer), and they are left without layers (an unused relay).
     buffers: each node's stream buffer in layers, the plan's choice (0 or None: the node's default).
-    predicted, predicted_tpot_ms: the plan's per-token ms of each node and its TPOT, kept by the nodes for status."""
+    predicted, predicted_tpot_ms: the plan's per-token ms of each node and its TPOT, kept by the nodes for status.
+    batching: the plan's (max_batch, micro_batches) for its concurrency; 0: the nodes' defaults."""
     ring = walk(head, token)
     if len(windows) != len(ring):
         raise RingError(f"{len(windows)} windows for a ring of {len(ring)} nodes: "
@@ -133,7 +135,8 @@ def start(head: str, windows: list[int], token: str | None = None,
                                model_id=head_info.model_id, ring_layers=head_info.n_layers, epoch=epoch,
                                ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
                                head_address=ring[-1][1].peer, stream_buffer_layers=buffers[i],
-                               predicted_ms=predicted[i], predicted_tpot_ms=predicted_tpot_ms)
+                               predicted_ms=predicted[i], predicted_tpot_ms=predicted_tpot_ms,
+                               max_batch=batching[0], micro_batches=batching[1])
         try:
             for update in control(address).Assign(req, metadata=metadata(token)):
                 progress(address, update)

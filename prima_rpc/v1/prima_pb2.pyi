@@ -76,7 +76,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class Frame(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_REST_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -97,7 +98,8 @@ class Frame(_message.Message):
     seq: int
     epoch: int
     code: StatusCode
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ...) -> None: ...
+    batch_rest: int
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -106,7 +108,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "decode_s", "decode_frames")
+    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "batches", "batched_frames", "max_batch_seen", "queue_depth", "queue_wait_s", "max_batch", "decode_s", "decode_frames")
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +118,12 @@ class NodeStats(_message.Message):
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEEN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_FRAMES_FIELD_NUMBER: _ClassVar[int]
     resident_bytes: int
@@ -127,9 +135,15 @@ class NodeStats(_message.Message):
     frames: int
     active_requests: int
     rss_bytes: int
+    batches: int
+    batched_frames: int
+    max_batch_seen: int
+    queue_depth: int
+    queue_wait_s: float
+    max_batch: int
     decode_s: float
     decode_frames: int
-    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ...) -> None: ...
+    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., batched_frames: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_wait_s: _Optional[float] = ..., max_batch: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -190,7 +204,7 @@ class Member(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address", "predicted_ms", "predicted_tpot_ms")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address", "max_batch", "micro_batches", "predicted_ms", "predicted_tpot_ms")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +214,8 @@ class AssignRequest(_message.Message):
     RING_FIELD_NUMBER: _ClassVar[int]
     STREAM_BUFFER_LAYERS_FIELD_NUMBER: _ClassVar[int]
     HEAD_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_MS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
@@ -211,9 +227,11 @@ class AssignRequest(_message.Message):
     ring: _containers.RepeatedScalarFieldContainer[str]
     stream_buffer_layers: float
     head_address: str
+    max_batch: int
+    micro_batches: int
     predicted_ms: float
     predicted_tpot_ms: float
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ...) -> None: ...
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ..., max_batch: _Optional[int] = ..., micro_batches: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready", "fetch")

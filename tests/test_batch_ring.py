@@ -1,0 +1,176 @@
+"""Batching in a real ring (prima-node processes on loopback): concurrent requests computed together give each
+its own single-request tokens; a streamed layer is read once per batch, not once per request; a request
+cancelled mid-batch frees its KV caches everywhere and leaves the others alone; bad batch_rest is refused."""
+
+import asyncio
+import time
+
+import grpc
+import pytest
+import torch
+
+from nodes.generation import GenerateParams
+from nodes.reference import ReferenceModel
+from nodes.store import LayerStore
+from prima_rpc import codec
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import launch
+from prima_rpc.client import PrimaClient, Token
+from prima_rpc.v1 import prima_pb2 as pb
+from tests.test_ring_frames import send_frames
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
+           "Name a colour.", "What is 2+2?", "Tell me a joke about cats.", "Translate 'hello' into French.",
+           "Why is the sky blue?"]
+TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def reference(smol_store):
+    model = ReferenceModel(smol_store)
+    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS}
+
+
+async def collect(address: str, prompt: str, max_tokens: int = TOKENS, **kwargs) -> list[int]:
+    async with PrimaClient(address) as client:
+        return [e.token_id async for e in client.generate(prompt, max_tokens=max_tokens, **kwargs)
+                if isinstance(e, Token)]
+
+
+async def all_at_once(address: str, prompts: list[str]) -> list[list[int]]:
+    return await asyncio.gather(*(collect(address, p) for p in prompts))
+
+
+def batch_stats(address: str) -> list[pb.NodeStats]:
+    return [info.stats for _, info in ring.walk(address)]
+
+
+def released(address: str, timeout: float = 10.0) -> bool:
+    """Every node's KV caches freed (RELEASE frames go round the ring after the last token)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.active_requests == 0 for s in batch_stats(address)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_eight_concurrent_requests_equal_their_own_tokens(rings, reference):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    before = batch_stats(local.addresses[0])
+    results = asyncio.run(all_at_once(local.addresses[0], PROMPTS))
+    for prompt, tokens in zip(PROMPTS, results, strict=True):
+        assert tokens == reference[prompt], prompt
+    after = batch_stats(local.addresses[0])
+    for b, a in zip(before, after, strict=True):  # the batches really formed, on every node
+        frames, batches = a.batched_frames - b.batched_frames, a.batches - b.batches
+        assert batches > 0 and frames / batches >= 3, (frames, batches)
+        assert a.max_batch_seen >= 4 and a.max_batch == 32
+    assert released(local.addresses[0])
+
+
+def test_a_request_cancelled_mid_batch_frees_its_caches_and_spares_the_others(rings, reference):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    head = local.addresses[0]
+
+    async def run():
+        async def victim():
+            async with PrimaClient(head) as client:
+                got = 0
+                async for event in client.generate(PROMPTS[7], max_tokens=200, request_id="victim"):
+                    got += isinstance(event, Token)
+                    if got == 4:
+                        async with PrimaClient(head) as other:
+                            assert await other.cancel("victim")
+            return got
+
+        others = [collect(head, p) for p in PROMPTS[:3]]
+        results = await asyncio.gather(victim(), *others, return_exceptions=True)
+        return results[0], results[1:]
+
+    victim, others = asyncio.run(run())
+    assert isinstance(victim, Exception) and "cancel" in str(victim).lower(), victim
+    for prompt, tokens in zip(PROMPTS[:3], others, strict=True):
+        assert tokens == reference[prompt], prompt
+    assert released(head)
+
+
+def test_bad_batch_rest_is_refused(rings):
+    local = rings(3)
+    ring.start(local.addresses[0], [10, 10, 10])
+    epoch = ring.walk(local.addresses[0])[1][1].epoch
+    hidden = codec.encode(torch.zeros(1, 576))
+    for frame, message in (
+        (pb.Frame(request_id="r", kind=pb.FORWARD, capacity=4, hidden=hidden, epoch=epoch, batch_rest=1000),
+         "batch_rest"),
+        (pb.Frame(request_id="r", kind=pb.RELEASE, epoch=epoch, batch_rest=2), "batch_rest"),
+    ):
+        err = asyncio.run(send_frames(local.addresses[1], frame))
+        assert err is not None and err.code().name == "INVALID_ARGUMENT" and message in err.details()
+
+
+def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, reference, tmp_path):
+    """Every node streams (a one-layer budget): four requests at once (the same number of steps each) read at most
+    each layer of a node's window once per batch, and less than twice what one request alone reads, not four
+    times. Measured: 13 batches for 12 steps (the first request's prefill may go alone), each reading the whole
+    window once (142 MB a node); one request alone read 95 MB a step here (less than its window: not examined
+    why; bench_batch's one request reads the whole window each step)."""
+    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--mem-budget", "1"]] * 3)
+    try:
+        head = local.addresses[0]
+        ring.start(head, [10, 10, 10])
+        store = LayerStore(smol_store)
+        window = max(sum(store.entry(f"layer.{i}").bytes for i in range(a, a + 10)) for a in (0, 10, 20))
+        asyncio.run(collect(head, PROMPTS[1], max_tokens=2))  # the first reads after loading are counted before
+        s0 = batch_stats(head)
+        assert asyncio.run(collect(head, PROMPTS[0])) == reference[PROMPTS[0]]
+        s1 = batch_stats(head)
+        results = asyncio.run(all_at_once(head, PROMPTS[:4]))
+        s4 = batch_stats(head)
+        for prompt, tokens in zip(PROMPTS[:4], results, strict=True):
+            assert tokens == reference[prompt], prompt
+        seen = [(b.disk_read_bytes - a.disk_read_bytes, c.disk_read_bytes - b.disk_read_bytes,
+                 c.batched_frames - b.batched_frames, c.batches - b.batches)
+                for a, b, c in zip(s0, s1, s4, strict=True)]
+        print("alone, four, frames, batches per node:", seen)
+        for alone, four, frames, batches in seen:
+            assert alone > 0 and frames / batches >= 3, seen
+            assert four <= 1.02 * batches * window, seen  # at most each layer of the window once per batch
+            assert four < 2 * alone, seen  # not four requests' reads
+    finally:
+        local.stop()
+
+
+def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
+    """AssignRequest.max_batch bounds every node's batches (0 restores the node's default), micro_batches keeps
+    that many batches in the ring; > 64 is refused."""
+    local = rings(3)
+    head = local.addresses[0]
+
+    def assign(max_batch: int, micro_batches: int) -> None:
+        nodes = ring.start(head, [10, 10, 10])
+        epoch = ring.walk(head)[0][1].epoch
+        for i, (address, info) in enumerate(nodes):
+            req = pb.AssignRequest(windows=info.windows, head=i == 0, model_id=info.model_id,
+                                   ring_layers=info.n_layers, epoch=epoch, ring=[nodes[-1][1].peer] + [
+                                       a for a, _ in nodes[1:]] if i == 0 else [], head_address=nodes[-1][1].peer,
+                                   max_batch=max_batch, micro_batches=micro_batches)
+            list(ring.control(address).Assign(req, timeout=60))
+
+    assign(2, 2)  # four requests: two batches of two in the ring at once
+    before = batch_stats(head)
+    results = asyncio.run(all_at_once(head, PROMPTS[:4]))
+    assert results == [reference[p] for p in PROMPTS[:4]]
+    for b, a in zip(before, batch_stats(head), strict=True):
+        frames, batches = a.batched_frames - b.batched_frames, a.batches - b.batches
+        assert a.max_batch == 2 and batches < frames <= 2 * batches  # batches of 2 formed, none larger
+    assign(0, 0)
+    assert all(s.max_batch == 32 for s in batch_stats(head))
+    info = ring.walk(head)[1][1]
+    bad = pb.AssignRequest(windows=info.windows, model_id=info.model_id, ring_layers=info.n_layers, max_batch=65)
+    with pytest.raises(grpc.RpcError) as err:
+        list(ring.control(local.addresses[1]).Assign(bad, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch" in err.value.details()
