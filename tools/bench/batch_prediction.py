@@ -27,6 +27,7 @@ from solver.model_profile import ModelProfile
 from solver.plan import build_plan
 from solver.profiles import DeviceProfile, devices_from_json
 from solver.throughput import predict_throughput
+from tools.bench.markdown import table
 
 WINDOWS = [10, 10, 10]
 
@@ -96,11 +97,9 @@ def main() -> None:
         return
     print(f"predicted, {LayerStore(store).manifest.name} {LayerStore(store).manifest.dtype}, 3 nodes on loopback, "
           f"windows {WINDOWS}")
-    print("| ring | M | max_batch | micro_batches | aggregate tok/s | TPOT ms/request | bottleneck |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    for r in rows:
-        print(f"| {r['ring']} | {r['concurrency']} | {r['max_batch']} | {r['micro_batches']} | "
-              f"{r['aggregate_tps']:.1f} | {r['tpot_ms_per_request']:.1f} | {r['bottleneck']} |")
+    print(table(["ring", "M", "max_batch", "micro_batches", "aggregate tok/s", "TPOT ms/request", "bottleneck"],
+                ([r["ring"], r["concurrency"], r["max_batch"], r["micro_batches"], f"{r['aggregate_tps']:.1f}",
+                  f"{r['tpot_ms_per_request']:.1f}", r["bottleneck"]] for r in rows), right=range(1, 6)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from nodes.speculate import DraftModel, SpeculateParams, Speculator
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, Token
+from tools.bench.markdown import table
 from tools.default_model import DEFAULT_DTYPE, ensure_default_store
 from tools.truncate_store import truncate_store
 
@@ -117,11 +118,10 @@ def main() -> None:
         return
     print(f"\n{store.name}, {args.tokens} tokens, greedy, --draft-tokens {args.draft_tokens}, "
           f"draft = first {args.draft_layers} layers; ratios against off")
-    print("| where | prompt | setting | trips/token | fewer trips | TPOT ms | TPOT speed-up | accepted/drafted |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['where']} | {r['prompt']} | {r['setting']} | {r['trips_per_token']} | {r['fewer_trips_x']}x | "
-              f"{r['tpot_ms']} | {r['tpot_speedup_x']}x | {r['accepted']}/{r['drafted']} |")
+    print(table(["where", "prompt", "setting", "trips/token", "fewer trips", "TPOT ms", "TPOT speed-up",
+                 "accepted/drafted"],
+                ([r["where"], r["prompt"], r["setting"], r["trips_per_token"], f"{r['fewer_trips_x']}x", r["tpot_ms"],
+                  f"{r['tpot_speedup_x']}x", f"{r['accepted']}/{r['drafted']}"] for r in rows)))
 
 
 if __name__ == "__main__":
