@@ -138,14 +138,18 @@ class Members:
             await self._control(address).SetPeer(frames.set_peer(peer), metadata=self.md, timeout=PROBE_TIMEOUT)
         await node.set_peer(plan.peers[0][1])
 
+        max_batch, micro_batches = node.batching  # the plan's batching survives the re-plan
+
         async def assign(address: str, ranges) -> None:
-            req = frames.assign(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head)
+            req = frames.assign(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head,
+                                max_batch=max_batch, micro_batches=micro_batches)
             async for _ in self._control(address).Assign(req, metadata=self.md, timeout=ASSIGN_TIMEOUT):
                 pass
 
         remote = [assign(a, r) for a, r in zip(members, plan.ranges[1:])]
         head = node.assign(Windows(plan.ranges[0], n_layers, True), model_id, lambda *a: None, epoch=epoch,
-                           replan=True, ring=[self.head, *members])
+                           replan=True, ring=[self.head, *members], max_batch=max_batch,
+                           micro_batches=micro_batches)
         await asyncio.gather(head, *remote)
         node.log.info("ring re-planned", ranges=[list(r) for r in plan.ranges], epoch=epoch)
 

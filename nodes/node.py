@@ -111,6 +111,7 @@ class Node:
         self._fault_layer = cfg.fault_layer
         self.max_batch = cfg.max_batch  # frames one compute takes (the assignment's, else the node's default)
         self.micro_batches = 1  # head: batches of requests in flight round the ring
+        self.batching = (0, 0)
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -143,6 +144,7 @@ class Node:
             await self._load(windows, progress, buffer_layers)
         finally:
             self.fetching = False
+        self.batching = (max_batch, micro_batches)  # as assigned (0: defaults), kept by the head's re-plans
         self.max_batch = max_batch or self.cfg.max_batch
         self.micro_batches = micro_batches or 1
         if windows.head:

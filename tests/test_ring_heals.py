@@ -49,7 +49,7 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
     local = launch(smol_store, 3, log_dir=tmp_path, detach=False)
     head, lost, worker = local.addresses
     try:
-        ring.start(head, [10, 10, 10])
+        ring.start(head, [10, 10, 10], batching=(4, 1))  # a --concurrency plan's batching: it survives re-plans
         assert [n["state"] for n in status(head)] == ["up"] * 3
         local.processes[1].kill()
         local.processes[1].wait()
@@ -60,6 +60,7 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
             nodes = status(asked)
             assert [(n["address"], n["state"]) for n in nodes] == [(head, "up"), (lost, "lost"), (worker, "up")]
             assert nodes[1]["role"] == "unknown" and nodes[2]["windows"] == [[0, 15]]
+            assert nodes[0]["max_batch"] == nodes[2]["max_batch"] == 4
         table = ctl(head, "status")
         assert table.returncode == 0 and "LOST" in table.stdout
 
@@ -70,6 +71,7 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
             time.sleep(0.3)
         assert [n["address"] for n in nodes] == local.addresses
         assert [n["role"] for n in nodes] == ["head", "worker", "worker"]
+        assert [n["max_batch"] for n in nodes] == [4, 4, 4]
         assert generate(head) == expected
     finally:
         local.stop()
