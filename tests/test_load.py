@@ -2,6 +2,7 @@
 node holds a KV cache more than when idle."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -32,7 +33,14 @@ def test_sixteen_concurrent_clients(rings, smol_store):
         return await asyncio.gather(*(one(p) for p in PROMPTS))
 
     assert asyncio.run(everyone()) == expected
-    after = {a: i.stats for a, i in ring.walk(local.addresses[0])}
+    # Each request's RELEASE frame goes once round the ring after its last token reached the client: wait for
+    # it (bounded) rather than read the nodes the instant the answers are in.
+    deadline = time.monotonic() + 10
+    while True:
+        after = {a: i.stats for a, i in ring.walk(local.addresses[0])}
+        if all(s.active_requests == 0 for s in after.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     for address, stats in after.items():
         assert stats.active_requests == 0, f"{address} still holds KV caches"
         assert stats.resident_bytes == idle[address].resident_bytes, f"{address}: memory not back to idle"
