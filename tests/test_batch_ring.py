@@ -9,14 +9,13 @@ import grpc
 import pytest
 import torch
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
 from nodes.store import LayerStore
 from prima_rpc import codec
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import PrimaClient, Token
 from prima_rpc.v1 import prima_pb2 as pb
+from tests.ring_client import greedy_reference, stream
 from tests.test_ring_frames import send_frames
 
 pytestmark = pytest.mark.slow
@@ -28,14 +27,11 @@ TOKENS = 12
 
 @pytest.fixture(scope="module")
 def reference(smol_store):
-    model = ReferenceModel(smol_store)
-    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS}
+    return greedy_reference(smol_store, PROMPTS, TOKENS)
 
 
 async def collect(address: str, prompt: str, max_tokens: int = TOKENS, **kwargs) -> list[int]:
-    async with PrimaClient(address) as client:
-        return [e.token_id async for e in client.generate(prompt, max_tokens=max_tokens, **kwargs)
-                if isinstance(e, Token)]
+    return (await stream(address, prompt, max_tokens, **kwargs))[0]
 
 
 async def all_at_once(address: str, prompts: list[str]) -> list[list[int]]:

@@ -5,10 +5,9 @@ import asyncio
 import grpc
 import pytest
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
 from prima_rpc.app import ring
 from prima_rpc.client import Finished, PrimaClient, PrimaError, SyncClient, Token
+from tests.ring_client import greedy_reference, stream
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
@@ -17,19 +16,11 @@ TOKENS = 16
 
 @pytest.fixture(scope="module")
 def reference(smol_store):
-    model = ReferenceModel(smol_store)
-    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=TOKENS))] for p in PROMPTS}
+    return greedy_reference(smol_store, PROMPTS, TOKENS)
 
 
 async def collect(address: str, prompt: str, **kwargs) -> tuple[list[int], Finished]:
-    tokens, done = [], None
-    async with PrimaClient(address) as client:
-        async for event in client.generate(prompt, max_tokens=TOKENS, **kwargs):
-            if isinstance(event, Token):
-                tokens.append(event.token_id)
-            else:
-                done = event
-    return tokens, done
+    return await stream(address, prompt, TOKENS, **kwargs)
 
 
 @pytest.mark.parametrize("windows", [
