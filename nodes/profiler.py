@@ -30,6 +30,9 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            output_batch_cost the same for the output layer (one large matrix: its own curve)
   visit_s                  with a store's weights: what a window visit costs beyond its layers (one layer
                            visited after a quiet gap, as the ring comes back to a node, less layer_s)
+  read_cpu_s               with a store's weights: the CPU seconds a byte the node streams costs it (its store's
+                           first layers run resident, then streamed through its own prefetcher and reader, with
+                           $PRIMA_DISK_MBPS's pacing; nodes/profile_compute.measure_read_cpu)
   link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
@@ -72,7 +75,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.manifest import StoreError
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
-from nodes.profile_compute import measure_batch_cost, measure_node_layers
+from nodes.profile_compute import measure_batch_cost, measure_node_layers, measure_read_cpu
 from nodes.profile_disk import measure_disk, measure_stream_rate
 from nodes.profile_frame import (
     measure_frame_overhead,
@@ -90,7 +93,7 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/5"  # /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from the node's
+FORMAT = "prima-profile/6"  # /6: read_cpu_s; /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from the node's
 # path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
@@ -196,6 +199,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         host=host_id(), batch_cost=batch["batch_cost"] if batch else {},
         output_batch_cost=batch["output_batch_cost"] if batch else {},
         visit_s=measure_window_visit(store_dir, dtype, decode["layer_s"]) if decode else 0.0,
+        read_cpu_s=(measure_read_cpu(store_dir, dtype) or 0.0) if store_dir else 0.0,
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,

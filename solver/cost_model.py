@@ -5,14 +5,17 @@
 #
 #     P_m = k (alpha_m (w_m - n_m) + g_m n_m + v_m)     compute (decode is memory bound) and, when it holds
 #                                                        layers, k window visits (v_m: a visit's cold start
-#                                                        beyond its layers); plus, when it streams, copying
-#                                                        O_m + b into its buffer
+#                                                        beyond its layers)
 #     O_m = k (w_m - n_m) b' - ram_m                     bytes of the share its memory cannot keep
 #     D_m = (O_m + B_m) / disk_m                         disk reads per token; B_m: its stream buffer
 #     I_m = max(0, D_m - k h_m / disk_m)                 the reads its k gaps cannot hide (h_m <= B_m each)
-#     z_m = max(P_m, I_m + s_m)                          its turns: it reads while it computes, but for
+#     z_m = max(P_m + r_m R_m, I_m + s_m)                its turns: it reads while it computes, but for
 #                                                        s_m (a round's first attention, last down proj.,
-#                                                        and its streamed layers: (O_m + B_m)/b alpha_m)
+#                                                        and its streamed layers: (O_m + B_m)/b alpha_m),
+#                                                        and its compute loses its reader's CPU, r_m a byte
+#                                                        of R_m: the bytes of its turns (I_m disk_m), or all
+#                                                        O_m + B_m where its machine's other devices compute
+#                                                        while it reads in its gaps
 #     TPOT = kappa + max(sum_m z_m + hops,               the ring's rounds
 #                        max_m z_m + k hop_m + k h_m / disk_m)   a device's cycle: its turns, its hops,
 #                                                        and k gaps long enough to read h_m
@@ -96,7 +99,8 @@ class DeviceCosts:
     ram_layers: int  # floor(ram / b'): layers that fit in RAM
     gpu_cap: int  # layers that fit in VRAM (0 without a GPU)
     serial: float = 0.0  # s per round of compute a streaming turn cannot overlap with its reads
-    copy: float = 0.0  # s per byte read: the reader copies it into the buffer, beside the compute (1 / RAM B/s)
+    copy: float = 0.0  # s of CPU per byte read (profile read_cpu_s; none: a copy at RAM speed), lost by the compute
+    shared_host: bool = False  # another device of the instance runs on its machine: its reads in its gaps slow theirs
     visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
 
     @property
@@ -118,8 +122,10 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
     b = m.layer_bytes_max
     bp = b + m.kv_bytes_per_token_layer * inst.n_ctx
     out = []
+    hosts = [d.host for d in inst.devices]
     for d in inst.devices:
         f = d.batch_factor(inst.batch)  # a batch computes in one pass over the weights (1.0 for one request)
+        copy = d.read_cpu_s or 1.0 / d.ram_bandwidth  # CPU s a byte read costs; unmeasured: a copy at RAM speed
         ram = d.ram_available - (m.head_extra_bytes if d.is_head else 0)
         gpu_cap = 0
         gpu = math.inf
@@ -130,10 +136,12 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             name=d.name, is_head=d.is_head, routable=not d.is_head and d.name not in inst.must_stay,
             uma=d.unified_memory, macos=d.os == "macos", forced_fit=d.disk_seq_read < SLOW_DISK,
             alpha=f * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
-            hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s, disk=d.disk_seq_read,
+            hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s,
+            disk=min(d.disk_seq_read, 1.0 / copy),  # the reader streams no faster than its CPU allows
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
             serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
-            copy=1.0 / d.ram_bandwidth, visit=d.visit_s))
+            copy=copy, shared_host=hosts.count(d.host) > 1 if d.host else False,
+            visit=d.visit_s))
     if inst.batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
         out = [replace(c, hop=c.hop + (inst.batch - 1) * (m.activation_bytes / d.link_bandwidth + d.frame_s))
                for c, d in zip(out, inst.devices)]  # and software cost (nodes send a batch as its frames)
@@ -207,42 +215,52 @@ def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) 
     if not prefetch:  # loads on demand through a one-layer buffer, waiting for each read (the copy inside)
         D = (ovf + c.b) / c.disk
         return Terms(label, P, None, D, D, P + D)
-    # The reader copies its overflow and one layer into the buffer, sharing the cores with the compute.
-    return Terms(label, P + (ovf + c.b) * c.copy, float(ovf))
+    return Terms(label, P, float(ovf))  # its reads' CPU is stream_turn's (it depends on the buffer)
 
 
-def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0):
+def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False):
     """(turns, stream buffer bytes, bytes each gap hides) of streaming devices (numpy-broadcast over devices
     or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
-    token, a cycle that may last G seconds (TPOT - kappa - its hops), a s per layer of compute; turns are inf
+    token, a cycle that may last G seconds (TPOT - kappa - its hops), a s per layer of compute, r s of CPU per
+    byte read, shared: another device computes on its machine while it reads in its gaps; turns are inf
     where it cannot fit.
 
     The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
     buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
-    1.16-1.25 (the next matrix did not fit). Each of its k gaps hides h <= B bytes, the turns read the rest
-    beside the compute: z = max(P, (ovf + B - k h)/d + s). The cycle is z + k h/d = max(P + k h/d,
-    (ovf + B)/d + s) <= G, so a gap hides h = min(B, (G - P) d/k) (no more than the turn needs), and the least
-    turn over j is taken (the fewest layers among equal ones: each is read once more a token). With k = 1 a
-    gap hides what the turn would read anyway, so one layer is best. Each turn is non-increasing in G.
+    1.16-1.25 (the next matrix did not fit). Its k gaps hide u = k h bytes (h <= B each), the turns read
+    the rest, X - u of X = ovf + B, beside the compute: z = max(P + r X', (X - u)/d + s), where the compute
+    loses the reader's CPU of X' bytes: all X on a shared machine (what the gaps read slows the device
+    computing then; measured: 3 nodes on 2 cores, each reading 22.6 MB a token, lost 18 ms of compute a token
+    to 23 ms of reader CPU), X - u alone (its gaps' reads slow nothing). The cycle, z + u/d, must fit in G; a
+    gap's byte lengthens it by 1/d less what it saves the turn, so u is the most that fits, the turn the
+    least over j (the fewest layers among equal ones: each is read once more a token), and the bytes reported
+    hidden the fewest that give that turn. With k = 1 a gap hides what the turn would read anyway, so one
+    layer is best. Each turn is non-increasing in G.
 
     A streamed layer's compute does not overlap reads: while it computes it holds its part of the buffer, and
     with one layer of buffer the reader has nowhere to read to (measured, 3 nodes at 60 %, one round: stalls
     280 ms a token, the reads the model leaves in the turn, and the 23 ms of compute beside them, not under
-    them). So s grows by a per streamed layer, (ovf + B)/b of them a token (conservative for larger buffers)."""
-    d, b, s, P, ovf, G, a = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a)))
+    them). So s grows by a per streamed layer, X/b of them a token (conservative for larger buffers)."""
+    d, b, s, P, ovf, G, a, r, shared = np.broadcast_arrays(
+        *(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a, r, shared)))
     # past ovf / ((k - 1) b) layers the gaps hide every read: a larger buffer only adds reads
     top = 1 if k == 1 else int(np.ceil(np.nanmax(ovf / (np.maximum(k - 1, 1) * b), initial=0.0))) + 1
     j = np.arange(1, max(top, 1) + 1).reshape((-1,) + (1,) * P.ndim)
-    buf = j * b
-    s = s + a * (ovf + buf) / b  # the streamed layers' compute, beside no read
-    h = np.minimum(buf, (G - P) * d / k)
-    ok = (h >= 0) & ((ovf + buf) / d + s <= G)
-    room = np.maximum(P - s, 0.0) * d  # reads the turn hides beside its compute anyway
-    h = np.clip(np.minimum(h, (ovf + buf - room) / k), 0.0, None)
-    turn = np.where(ok, np.maximum(P, np.maximum(0.0, ovf + buf - k * h) / d + s), np.inf)
+    X = ovf + j * b
+    s = s + a * X / b  # the streamed layers' compute, beside no read
+    A = P + r * X  # the compute and the CPU of every byte read
+    saves = r * (1.0 - shared)  # the turn's CPU a byte read in a gap saves
+    slope = 1.0 / d - saves  # what a gap's byte adds to the cycle
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.minimum(np.minimum(k * j * b, X), np.where(slope > 0, (G - A) / slope, np.inf))
+    ok = (u >= 0) & (X / d + s <= G) & ((slope > 0) | (A + u * slope <= G))
+    turn = np.where(ok, np.maximum(A - saves * u, (X - u) / d + s), np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):  # the fewest gap bytes that give that turn
+        least = np.maximum(X - (turn - s) * d, np.where(saves > 0, (A - turn) / saves, 0.0))
+    u = np.where(ok, np.clip(least, 0.0, u), 0.0)
     best = turn.argmin(axis=0)[None]  # the first (fewest layers) of the least
-    pick = lambda a: np.take_along_axis(a, best, axis=0)[0]  # noqa: E731
-    return pick(turn), pick(np.broadcast_to(buf, turn.shape)), pick(np.broadcast_to(h, turn.shape))
+    pick = lambda v: np.take_along_axis(np.broadcast_to(v, turn.shape), best, axis=0)[0]  # noqa: E731
+    return pick(turn), pick(j * b), pick(u / k)
 
 
 def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, unit: float,
@@ -290,8 +308,9 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
     model += v >= y + e - k * h, f"inline({m})"
     zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
-    copy = (c.disk * y + c.b / unit * o) * c.copy  # the reader's copies share the compute's cores
-    model += zt >= P + copy, f"turn_compute({m})"
+    # the reader's CPU: of every byte on a shared machine, else of the bytes read in its turns (stream_turn)
+    cpu = c.copy * c.disk * ((y + e) if c.shared_host else v)
+    model += zt >= P + cpu, f"turn_compute({m})"
     # ... but the streamed layers' compute (stream_turn): a per layer, (disk y + b j)/b layers
     model += zt >= v + k * c.serial / unit * o + c.alpha * c.disk / c.b * y + c.alpha / unit * j, f"turn_reads({m})"
     model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
@@ -352,13 +371,14 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
         return base, bufs, hidden
     d, b, s = (np.array([f(cs[m]) for m in idx], dtype=float)
                for f in (lambda c: c.disk, lambda c: c.b, lambda c: k * c.serial))
-    a = np.array([cs[m].alpha for m in idx], dtype=float)
+    a, r, shared = (np.array([f(cs[m]) for m in idx], dtype=float)
+                    for f in (lambda c: c.alpha, lambda c: c.copy, lambda c: c.shared_host))
     P = np.array([terms[m].compute for m in idx])
     ovf = np.array([terms[m].overflow for m in idx])
     own = kap + np.array([hops[m] for m in idx])
 
     def ok(T: float) -> bool:
-        return base + float(stream_turn(d, b, s, k, P, ovf, T - own, a)[0].sum()) <= T
+        return base + float(stream_turn(d, b, s, k, P, ovf, T - own, a, r, shared)[0].sum()) <= T
 
     lo, hi = base, base + 1.0
     while not ok(hi):  # every row holds once T is large enough
@@ -368,7 +388,7 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
             break
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own, a)
+    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own, a, r, shared)
     for j, m in enumerate(idx):
         bufs[m], hidden[m] = float(buf[j]), float(h[j])
     return hi, bufs, hidden
@@ -391,6 +411,7 @@ class Breakdown:
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
     visit_s: tuple[float, ...]  # k v_m for devices that hold layers (inside compute_s), else 0
     inline_s: tuple[float, ...]  # I_m: the reads in the device's own turns (beside its compute when prefetching)
+    read_cpu_s: tuple[float, ...]  # the CPU its reads take (streaming devices; what the turn loses: stream_turn)
     serial_s: tuple[float, ...]  # s_m: compute its turns' reads cannot overlap (streaming devices, else 0)
     turn_s: tuple[float, ...]  # z_m: its turns, compute and the reads it cannot hide
     cycle_s: tuple[float, ...]  # kappa + its turns, hops and the gaps its reads ahead need (0: no reads)
@@ -404,7 +425,8 @@ class Breakdown:
     def stage_s(self) -> tuple[float, ...]:
         """A device's busy time per token but its hops: compute beside its reads (after them on demand),
         and the head's constant."""
-        both = (max(p, x) if self.prefetch else p + x for p, x in zip(self.compute_s, self.disk_s))
+        both = (max(p + r, x) if self.prefetch else p + x
+                for p, r, x in zip(self.compute_s, self.read_cpu_s, self.disk_s))
         return tuple(t + (self.kappa_s if m == 0 else 0.0) for m, t in enumerate(both))
 
     @property
@@ -414,8 +436,8 @@ class Breakdown:
     @property
     def terms_s(self) -> dict[str, float]:
         """TPOT as a sum: compute (the layers), visits (each window visit's cold start beyond its layers), reads
-        (what outlasts the compute they run beside), hops, head (kappa) and wait (a device's cycle longer than
-        the ring's round)."""
+        (the compute their CPU takes, and what outlasts the compute they run beside), hops, head (kappa) and
+        wait (a device's cycle longer than the ring's round)."""
         compute, visits = sum(self.compute_s), sum(self.visit_s)
         return {"compute": compute - visits, "visits": visits, "reads": sum(self.turn_s) - compute,
                 "hops": sum(self.hop_s), "head": self.kappa_s, "wait": self.tpot_s - self.ring_s}
@@ -453,23 +475,26 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
     H = [k * c.hop if r and talks else 0.0 for c, r in zip(cs, in_ring)]
     kap = kappa(inst)
     tpot, buf, hidden = best_buffers(cs, k, terms, H, kap, kap + sum(H) + sum(t.turn for t in terms))
-    D, inline, serial, turn, cycle = [], [], [], [], []
+    D, inline, cpu, serial, turn, cycle = [], [], [], [], [], []
     for c, t, bm, h, hm in zip(cs, terms, buf, hidden, H):
         if t.overflow is None:
             D.append(t.reads)
             inline.append(t.inline)
+            cpu.append(0.0)
             serial.append(0.0)
             turn.append(t.turn)
             cycle.append(kap + t.cycle if t.cycle else 0.0)
         else:  # the stream_turn it was sized by
             D.append((t.overflow + bm) / c.disk)
             inline.append(max(0.0, D[-1] - k * h / c.disk))
+            cpu.append((t.overflow + bm) * c.copy)
             serial.append(k * c.serial + c.alpha * (t.overflow + bm) / c.b)
-            turn.append(max(t.compute, inline[-1] + serial[-1]))
+            lost = cpu[-1] if c.shared_host else inline[-1] * c.disk * c.copy
+            turn.append(max(t.compute + lost, inline[-1] + serial[-1]))
             cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
     tpot = max([tpot, ring] + cycle)
     V = tuple(k * c.visit if wm else 0.0 for c, wm in zip(cs, w))
-    return Breakdown(tpot, tuple(t.compute for t in terms), tuple(D), tuple(H), V, tuple(inline), tuple(serial),
-                     tuple(turn), tuple(cycle), tuple(int(round(b)) for b in buf),
+    return Breakdown(tpot, tuple(t.compute for t in terms), tuple(D), tuple(H), V, tuple(inline), tuple(cpu),
+                     tuple(serial), tuple(turn), tuple(cycle), tuple(int(round(b)) for b in buf),
                      tuple(t.label if r else "-" for t, r in zip(terms, in_ring)), ring, kap, prefetch)

@@ -46,6 +46,7 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
             # compute but serial_ms of it), the rest prefetched while the ring works; loads_hidden: all.
             x, i = breakdown.disk_s[m], breakdown.inline_s[m]
             d.update(compute_ms=breakdown.compute_s[m] * 1e3, disk_ms=x * 1e3, inline_ms=i * 1e3,
+                     read_cpu_ms=breakdown.read_cpu_s[m] * 1e3,
                      serial_ms=breakdown.serial_s[m] * 1e3, turn_ms=breakdown.turn_s[m] * 1e3,
                      cycle_ms=breakdown.cycle_s[m] * 1e3, link_ms=breakdown.hop_s[m] * 1e3,
                      loads_hidden=x > 0 and i == 0)

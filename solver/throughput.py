@@ -83,8 +83,9 @@ def resources(inst: Instance, br: Breakdown, in_ring: list[bool], mode: str) -> 
     on_host: dict[str, list[int]] = {}
     for m in members:
         on_host.setdefault(host[m], []).append(m)
-    # A device's compute (with copying what it reads into its buffer), the head's constant; its disk apart.
-    cpu = {h: sum(br.compute_s[m] + (br.kappa_s if m == 0 else 0.0) for m in ms) for h, ms in on_host.items()}
+    # A device's compute and its reader's CPU, the head's constant; its disk apart.
+    cpu = {h: sum(br.compute_s[m] + br.read_cpu_s[m] + (br.kappa_s if m == 0 else 0.0) for m in ms)
+           for h, ms in on_host.items()}
     disks = {f"disk of {devs[m].name}": br.disk_s[m] for m in members if br.disk_s[m] > 0}
     links: dict[str, float] = {}
     wire = 0.0

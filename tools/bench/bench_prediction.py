@@ -54,8 +54,10 @@ FOUR_SHAPES = [[8, 8, 7, 7], [4, 4, 4, 3], [3, 3, 2, 2]]  # 4 nodes: shares of a
 
 
 async def tpot(head: str, tokens: int) -> float:
+    """Plain decoding, as the plan predicts it (the head's default drafts with n-grams: a trip that verifies a
+    draft computes several tokens and may yield one)."""
     async with PrimaClient(head) as client:
-        async for event in client.generate(PROMPT, max_tokens=tokens):
+        async for event in client.generate(PROMPT, max_tokens=tokens, speculate="off"):
             if isinstance(event, Finished):
                 return event.tpot_ms
 
