@@ -86,6 +86,50 @@ def test_matches_exhaustive_search_with_window_visits(select):
     assert charged > 20  # the term is really exercised
 
 
+def with_reader_cpu(inst: Instance, seed: int) -> Instance:
+    """The instance with a reader's CPU per byte per device (none, or up to twice its disk's time a byte: then
+    the reader, not the disk, bounds its reads) and machines shared by some devices."""
+    rng = random.Random(seed)
+    devs = tuple(dataclasses.replace(d, read_cpu_s=rng.choice([0.0, rng.uniform(0, 2) / d.disk_seq_read]),
+                                     host=rng.choice(["", "a", "b"])) for d in inst.devices)
+    return dataclasses.replace(inst, devices=devs)
+
+
+@pytest.mark.parametrize("select", [True, False])
+def test_matches_exhaustive_search_with_reader_cpu(select):
+    shared = lone = 0
+    for seed in range(500, 600):
+        inst = with_reader_cpu(small_instance(seed), seed)
+        plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
+        if opt is None:
+            assert isinstance(plan, Infeasible), (seed, plan)
+            continue
+        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
+        check_rows(inst, plan)
+        br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring)
+        for c, cpu in zip(device_costs(inst), br.read_cpu_s):
+            shared += cpu > 0 and c.shared_host
+            lone += cpu > 0 and not c.shared_host
+    assert shared >= 3 and lone >= 3, (shared, lone)  # both charges are really exercised
+
+
+def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
+    """Disk 100 B/s, layers of 10 B, 35 B a token past memory, compute 0.5 s, k = 1 (one layer of buffer: 45 B
+    read a token, 10 of them in the gap), 0.004 s of CPU a byte read. Alone on its machine the turn loses the
+    CPU of the 35 B it reads itself: 0.5 + 0.14; where another device computes while it reads in its gap, that
+    device loses the gap's 10 B too - charged here, all 45 B: 0.68 (and the turn needs no gap then: its
+    compute outlasts its reads)."""
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False) == pytest.approx((0.64, 10.0, 10.0))
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.68, 10.0, 0.0))
+    # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False)[0] == pytest.approx(0.35)
+    inst = small_instance(3)
+    two = dataclasses.replace(inst.devices[0], read_cpu_s=2e-9, disk_seq_read=1e9, host="m")
+    costs = device_costs(dataclasses.replace(inst, devices=(two,), must_stay=frozenset()))[0]
+    assert costs.disk == pytest.approx(5e8) and not costs.shared_host  # the reader's CPU bounds its rate
+    assert costs.copy == 2e-9
+
+
 @pytest.mark.parametrize("seed, L", [(1, 24), (2, 32), (3, 24), (5, 32), (7, 32), (9, 24)])
 def test_matches_exhaustive_search_deeper_models(seed, L):
     inst = small_instance(seed, L=L, max_devices=3)
