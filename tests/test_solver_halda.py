@@ -45,11 +45,10 @@ def check_rows(inst: Instance, plan) -> None:
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # contiguous, no overlap
 
 
-@pytest.mark.parametrize("select", [True, False])
-@pytest.mark.parametrize("chunk", range(4))
-def test_matches_exhaustive_search(select, chunk):
-    for seed in range(chunk * 40, chunk * 40 + 40):
-        inst = small_instance(seed)
+def equal_to_oracle(instances, select: bool):
+    """Halda's plan of each (seed, instance) checked against the exhaustive oracle (the same TPOT, or both
+    infeasible) and every row; yields (instance, plan) where there is a plan."""
+    for seed, inst in instances:
         plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
         if opt is None:
             assert isinstance(plan, Infeasible), (seed, plan)
@@ -57,6 +56,14 @@ def test_matches_exhaustive_search(select, chunk):
         assert not isinstance(plan, Infeasible), (seed, plan, opt)
         assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
         check_rows(inst, plan)
+        yield inst, plan
+
+
+@pytest.mark.parametrize("select", [True, False])
+@pytest.mark.parametrize("chunk", range(4))
+def test_matches_exhaustive_search(select, chunk):
+    seeds = range(chunk * 40, chunk * 40 + 40)
+    assert list(equal_to_oracle(((s, small_instance(s)) for s in seeds), select))  # some are feasible
 
 
 def with_visits(inst: Instance, seed: int) -> Instance:
@@ -71,14 +78,7 @@ def with_visits(inst: Instance, seed: int) -> Instance:
 @pytest.mark.parametrize("select", [True, False])
 def test_matches_exhaustive_search_with_window_visits(select):
     charged = 0
-    for seed in range(300, 380):
-        inst = with_visits(small_instance(seed), seed)
-        plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
-        if opt is None:
-            assert isinstance(plan, Infeasible), (seed, plan)
-            continue
-        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
-        check_rows(inst, plan)
+    for inst, plan in equal_to_oracle(((s, with_visits(small_instance(s), s)) for s in range(300, 380)), select):
         br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring)
         charged += sum(v > 0 for v in br.visit_s)
         assert br.terms_s["visits"] == pytest.approx(sum(plan.k * d.visit_s for d, w in
@@ -98,14 +98,7 @@ def with_reader_cpu(inst: Instance, seed: int) -> Instance:
 @pytest.mark.parametrize("select", [True, False])
 def test_matches_exhaustive_search_with_reader_cpu(select):
     shared = lone = 0
-    for seed in range(500, 600):
-        inst = with_reader_cpu(small_instance(seed), seed)
-        plan, opt = halda(inst, select=select), exhaustive(inst, select=select)
-        if opt is None:
-            assert isinstance(plan, Infeasible), (seed, plan)
-            continue
-        assert plan.predicted_tpot_s == pytest.approx(opt.tpot_s, rel=1e-6), (seed, plan, opt)
-        check_rows(inst, plan)
+    for inst, plan in equal_to_oracle(((s, with_reader_cpu(small_instance(s), s)) for s in range(500, 600)), select):
         br = evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring)
         for c, cpu in zip(device_costs(inst), br.read_cpu_s):
             shared += cpu > 0 and c.shared_host
