@@ -50,7 +50,8 @@ def test_journey_adds_up_to_the_predicted_tpot(model, strategy):
 def test_70b_halda_reads_beside_compute_and_names_d3_the_bottleneck():
     """k = 2: D2 and D3 prefetch in the gaps (through whole-layer buffers, 1 and 2 layers) and read the rest
     in their turns, where both outlast their compute; D3, busiest per token (compute beside loads, hops), is
-    the bottleneck, and the ring waits on their reads, not on a cycle."""
+    the bottleneck, and the ring waits on their reads; D3's cycle binds by a hair (0.14 ms of 880: its gaps hide
+    what they can, since a byte read in a gap costs its turn no CPU), nothing more."""
     plan = solved()
     bars, total = journey(plan)
     name = {i: d["name"] for i, d in enumerate(plan["devices"])}
@@ -58,7 +59,7 @@ def test_70b_halda_reads_beside_compute_and_names_d3_the_bottleneck():
     on_path = {name[b.device] for b in bars if b.kind == "load"}
     assert on_path == {"D2", "D3"} and {name[b.device] for b in bars if b.kind == "beside"} == {"D2", "D3"}
     assert {name[b.device] for b in bars if b.kind == "prefetch"} == {"D2", "D3"}
-    assert not [b for b in bars if b.kind == "wait"]
+    assert sum(b.ms for b in bars if b.kind == "wait") < 1e-3 * total
     assert [b.label for b in bars if b.kind == "compute" and b.device == 2] == ["[14,37)", "[54,77)"]
 
 
@@ -106,8 +107,8 @@ def test_prima_ctl_plan_timeline(tmp_path):
     out = tmp_path / "plan.svg"
     res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(out), "--json")
     assert res.returncode == 0, res.stderr
-    d3 = json.loads(res.stdout)["devices"][2]  # k = 2: D3 reads part of its loads ahead, part in its turns
-    assert 0 < d3["inline_ms"] < d3["disk_ms"] and d3["loads_hidden"] is False
+    d2 = json.loads(res.stdout)["devices"][1]  # k = 5: D2 reads part of its loads ahead, part in its turns
+    assert 0 < d2["inline_ms"] < d2["disk_ms"] and d2["loads_hidden"] is False
     assert ET.parse(out).getroot().tag.endswith("svg")
     res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(tmp_path / "x.gif"))
     assert res.returncode == 2 and "must end in .png or .svg" in res.stderr
