@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -255,6 +256,12 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
     (it may be re-planning)."""
     from rich.live import Live
     from rich.text import Text
+
+    # Ctrl-C is how a watch ends: make it raise here even where this process was started with SIGINT ignored
+    # or blocked (a parent's disposition; a watch under the full test suite once ignored it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def snapshot():
         try:
