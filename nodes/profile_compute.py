@@ -63,17 +63,19 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
 
 
 
-READ_SWEEP_BYTES = 64 << 20  # the layers measure_read_cpu streams (at least one)
+READ_SWEEP_BYTES = 64 << 20  # the layers measure_streaming streams (at least one)
 READ_TOKENS = 8  # timed tokens each way, after WARM_UP
 
 
-def measure_read_cpu(store_dir: Path, dtype: str) -> float | None:
-    """CPU seconds a byte the node streams costs it: the store's first layers run as decode steps through a Shard
-    that holds them all (its CPU a token), then through one that streams them all through a one-layer buffer
-    (the node's own prefetcher, reader and copies, an emulated disk's pacing), the difference over the bytes
-    read. This is what the compute beside the reads loses on the machine's cores (measured in a 3-node ring on
-    2 cores: 18 ms of compute a token lost to 68 MB read, 0.27 ns a byte, where this measures 0.3-0.35; a copy
-    at RAM speed is 0.07). None for a store without weights."""
+def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
+    """{"read_cpu_s", "stream_layer_s", "layers"}: what streaming costs a node beyond its reads' time. The
+    store's first layers run as decode steps through a Shard that holds them all, then through one that streams
+    them all through a one-layer buffer (the node's own prefetcher, reader and copies, an emulated disk's
+    pacing). read_cpu_s: the CPU difference a token over the bytes read, which the compute beside the reads
+    loses on the machine's cores (a 3-node ring on 2 cores lost 18 ms of compute a token to 68 MB read, 0.27 ns
+    a byte; this measures 0.13-0.32; a copy at RAM speed is 0.07). stream_layer_s: what a streamed layer's
+    compute takes beyond a resident one's, stalls excluded (it starts cold, after waiting for its read: SmolLM2
+    fp32 at 200 MB/s, 0.8-0.9 ms more than its 0.85). None for a store without weights."""
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return None
@@ -88,14 +90,18 @@ def measure_read_cpu(store_dir: Path, dtype: str) -> float | None:
             cache = shard.cache_for("profile", 0, WARM_UP + READ_TOKENS, 1)
             for pos in range(WARM_UP + READ_TOKENS):
                 if pos == WARM_UP:
-                    cpu, read = time.process_time(), store.bytes_read
+                    cpu, compute, read = time.process_time(), shard.compute_s, store.bytes_read
                 time.sleep(QUIET_S)  # as the ring comes back: the prefetcher reads ahead in the gap
                 shard.compute(x, cache, pos, 0)
-            per_token.append(((time.process_time() - cpu) / READ_TOKENS, (store.bytes_read - read) / READ_TOKENS))
+            per_token.append([(v / READ_TOKENS) for v in (time.process_time() - cpu, shard.compute_s - compute,
+                                                         store.bytes_read - read)])
         finally:
             shard.close()
-    (resident, _), (streaming, nbytes) = per_token
-    return max(streaming - resident, 0.0) / nbytes if nbytes else None
+    (cpu, compute, _), (cpu_streaming, compute_streaming, nbytes) = per_token
+    if not nbytes:
+        return None
+    return {"read_cpu_s": max(cpu_streaming - cpu, 0.0) / nbytes,
+            "stream_layer_s": max(compute_streaming - compute, 0.0) / n, "layers": n}
 
 
 BATCH_SIZES = (1, 2, 4, 8)  # decode rows a batch cost curve is measured at

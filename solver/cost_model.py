@@ -11,8 +11,10 @@
 #     I_m = max(0, D_m - k h_m / disk_m)                 the reads its k gaps cannot hide (h_m <= B_m each)
 #     z_m = max(P_m + r_m R_m, I_m + s_m)                its turns: it reads while it computes, but for
 #                                                        s_m (a round's first attention, last down proj.,
-#                                                        and its streamed layers: (O_m + B_m)/b alpha_m),
-#                                                        and its compute loses its reader's CPU, r_m a byte
+#                                                        and its streamed layers: (O_m + B_m)/b alpha_m);
+#                                                        a streamed layer starts cold after its read (c_m
+#                                                        more each, in both); its compute loses its reader's
+#                                                        CPU, r_m a byte
 #                                                        of R_m: the bytes of its turns (I_m disk_m), or all
 #                                                        O_m + B_m where its machine's other devices compute
 #                                                        while it reads in its gaps
@@ -102,6 +104,7 @@ class DeviceCosts:
     copy: float = 0.0  # s of CPU per byte read (profile read_cpu_s; none: a copy at RAM speed), lost by the compute
     shared_host: bool = False  # another device of the instance runs on its machine: its reads in its gaps slow theirs
     visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
+    cold: float = 0.0  # s per streamed layer beyond its compute (profile stream_layer_s: it starts after its read)
 
     @property
     def beta(self) -> float:
@@ -141,7 +144,7 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
             serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
             copy=copy, shared_host=hosts.count(d.host) > 1 if d.host else False,
-            visit=d.visit_s))
+            visit=d.visit_s, cold=d.stream_layer_s))
     if inst.batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
         out = [replace(c, hop=c.hop + (inst.batch - 1) * (m.activation_bytes / d.link_bandwidth + d.frame_s))
                for c, d in zip(out, inst.devices)]  # and software cost (nodes send a batch as its frames)
@@ -218,12 +221,12 @@ def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) 
     return Terms(label, P, float(ovf))  # its reads' CPU is stream_turn's (it depends on the buffer)
 
 
-def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False):
+def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0):
     """(turns, stream buffer bytes, bytes each gap hides) of streaming devices (numpy-broadcast over devices
     or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
     token, a cycle that may last G seconds (TPOT - kappa - its hops), a s per layer of compute, r s of CPU per
-    byte read, shared: another device computes on its machine while it reads in its gaps; turns are inf
-    where it cannot fit.
+    byte read, shared: another device computes on its machine while it reads in its gaps, cold s more a
+    streamed layer's compute takes (it starts after its read); turns are inf where it cannot fit.
 
     The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
     buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
@@ -240,15 +243,16 @@ def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False):
     A streamed layer's compute does not overlap reads: while it computes it holds its part of the buffer, and
     with one layer of buffer the reader has nowhere to read to (measured, 3 nodes at 60 %, one round: stalls
     280 ms a token, the reads the model leaves in the turn, and the 23 ms of compute beside them, not under
-    them). So s grows by a per streamed layer, X/b of them a token (conservative for larger buffers)."""
-    d, b, s, P, ovf, G, a, r, shared = np.broadcast_arrays(
-        *(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a, r, shared)))
+    them). So s grows by a + cold per streamed layer, X/b of them a token (conservative for larger buffers),
+    and the compute by cold per streamed layer."""
+    d, b, s, P, ovf, G, a, r, shared, cold = np.broadcast_arrays(
+        *(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a, r, shared, cold)))
     # past ovf / ((k - 1) b) layers the gaps hide every read: a larger buffer only adds reads
     top = 1 if k == 1 else int(np.ceil(np.nanmax(ovf / (np.maximum(k - 1, 1) * b), initial=0.0))) + 1
     j = np.arange(1, max(top, 1) + 1).reshape((-1,) + (1,) * P.ndim)
     X = ovf + j * b
-    s = s + a * X / b  # the streamed layers' compute, beside no read
-    A = P + r * X  # the compute and the CPU of every byte read
+    s = s + (a + cold) * X / b  # the streamed layers' compute, beside no read
+    A = P + cold * X / b + r * X  # the compute (streamed layers start cold) and the CPU of every byte read
     saves = r * (1.0 - shared)  # the turn's CPU a byte read in a gap saves
     slope = 1.0 / d - saves  # what a gap's byte adds to the cycle
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -310,9 +314,11 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
     # the reader's CPU: of every byte on a shared machine, else of the bytes read in its turns (stream_turn)
     cpu = c.copy * c.disk * ((y + e) if c.shared_host else v)
-    model += zt >= P + cpu, f"turn_compute({m})"
-    # ... but the streamed layers' compute (stream_turn): a per layer, (disk y + b j)/b layers
-    model += zt >= v + k * c.serial / unit * o + c.alpha * c.disk / c.b * y + c.alpha / unit * j, f"turn_reads({m})"
+    cold = c.cold * c.disk / c.b * y + c.cold / unit * j  # the streamed layers, (disk y + b j)/b, start cold
+    model += zt >= P + cold + cpu, f"turn_compute({m})"
+    # ... but the streamed layers' compute (stream_turn): a + cold per layer
+    a = c.alpha + c.cold
+    model += zt >= v + k * c.serial / unit * o + a * c.disk / c.b * y + a / unit * j, f"turn_reads({m})"
     model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
     return zt
 
@@ -371,14 +377,14 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
         return base, bufs, hidden
     d, b, s = (np.array([f(cs[m]) for m in idx], dtype=float)
                for f in (lambda c: c.disk, lambda c: c.b, lambda c: k * c.serial))
-    a, r, shared = (np.array([f(cs[m]) for m in idx], dtype=float)
-                    for f in (lambda c: c.alpha, lambda c: c.copy, lambda c: c.shared_host))
+    a, r, shared, cold = (np.array([f(cs[m]) for m in idx], dtype=float)
+                          for f in (lambda c: c.alpha, lambda c: c.copy, lambda c: c.shared_host, lambda c: c.cold))
     P = np.array([terms[m].compute for m in idx])
     ovf = np.array([terms[m].overflow for m in idx])
     own = kap + np.array([hops[m] for m in idx])
 
     def ok(T: float) -> bool:
-        return base + float(stream_turn(d, b, s, k, P, ovf, T - own, a, r, shared)[0].sum()) <= T
+        return base + float(stream_turn(d, b, s, k, P, ovf, T - own, a, r, shared, cold)[0].sum()) <= T
 
     lo, hi = base, base + 1.0
     while not ok(hi):  # every row holds once T is large enough
@@ -388,7 +394,7 @@ def best_buffers(cs: list[DeviceCosts], k: int, terms: list[Terms], hops: list[f
             break
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own, a, r, shared)
+    _, buf, h = stream_turn(d, b, s, k, P, ovf, hi - own, a, r, shared, cold)
     for j, m in enumerate(idx):
         bufs[m], hidden[m] = float(buf[j]), float(h[j])
     return hi, bufs, hidden
@@ -488,9 +494,10 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             D.append((t.overflow + bm) / c.disk)
             inline.append(max(0.0, D[-1] - k * h / c.disk))
             cpu.append((t.overflow + bm) * c.copy)
-            serial.append(k * c.serial + c.alpha * (t.overflow + bm) / c.b)
+            layers = (t.overflow + bm) / c.b  # streamed a token
+            serial.append(k * c.serial + (c.alpha + c.cold) * layers)
             lost = cpu[-1] if c.shared_host else inline[-1] * c.disk * c.copy
-            turn.append(max(t.compute + lost, inline[-1] + serial[-1]))
+            turn.append(max(t.compute + c.cold * layers + lost, inline[-1] + serial[-1]))
             cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
     tpot = max([tpot, ring] + cycle)

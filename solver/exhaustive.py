@@ -65,7 +65,7 @@ def _turns(c, k: int, opt: _Options, Tk: float, hop: float) -> np.ndarray:
     z = np.where(stream | (opt.metal_row > Tk), np.inf, opt.fixed_turn)  # a Metal share's re-reads outlast T
     if stream.any():
         z[stream] = stream_turn(c.disk, c.b, k * c.serial, k, opt.P[stream], opt.ovf[stream], Tk - hop,
-                                c.alpha, c.copy, c.shared_host)[0]
+                                c.alpha, c.copy, c.shared_host, c.cold)[0]
     return z
 
 

@@ -31,6 +31,8 @@ JSON schema (plain JSON, keys = field names, SI units):
                                         #   comes back to the node's window with its caches gone cold)
        "read_cpu_s": 4e-10,             # optional (0: 1 / ram_bandwidth, a copy): CPU seconds a byte its
                                         #   prefetcher reads costs (the read, the copy into its buffer)
+       "stream_layer_s": 0.0008,        # optional (0): a streamed layer's compute beyond a resident one's
+                                        #   (it starts cold, after waiting for its read)
        "is_head": true},                # optional; must be true exactly for the first device
       ...]}
 
@@ -46,8 +48,8 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "is_head", "host", "batch_cost",
-            "output_batch_cost")
+OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "stream_layer_s", "is_head", "host",
+            "batch_cost", "output_batch_cost")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class DeviceProfile:
     output_s: float = 0.0
     visit_s: float = 0.0
     read_cpu_s: float = 0.0
+    stream_layer_s: float = 0.0
     is_head: bool = False
     host: str = ""
     batch_cost: tuple[tuple[int, float], ...] = ()  # (b, cost of b rows / cost of 1 row), b ascending, from 1

@@ -88,10 +88,13 @@ def test_matches_exhaustive_search_with_window_visits(select):
 
 def with_reader_cpu(inst: Instance, seed: int) -> Instance:
     """The instance with a reader's CPU per byte per device (none, or up to twice its disk's time a byte: then
-    the reader, not the disk, bounds its reads) and machines shared by some devices."""
+    the reader, not the disk, bounds its reads), a streamed layer's cold start (none, or up to 2 of its layers'
+    time) and machines shared by some devices."""
     rng = random.Random(seed)
     devs = tuple(dataclasses.replace(d, read_cpu_s=rng.choice([0.0, rng.uniform(0, 2) / d.disk_seq_read]),
-                                     host=rng.choice(["", "a", "b"])) for d in inst.devices)
+                                     stream_layer_s=rng.choice([0.0, rng.uniform(0, 2) * c.alpha]),
+                                     host=rng.choice(["", "a", "a", "b"]))
+                 for d, c in zip(inst.devices, device_costs(inst)))
     return dataclasses.replace(inst, devices=devs)
 
 
@@ -116,6 +119,10 @@ def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.68, 10.0, 0.0))
     # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute)
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False)[0] == pytest.approx(0.35)
+    # each of its 4.5 streamed layers a token starts cold, 0.02 s more: the compute 0.09 more (0.73), and the
+    # read-bound turn's compute beside no read too (0.35 + 0.09)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.73)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.44)
     inst = small_instance(3)
     two = dataclasses.replace(inst.devices[0], read_cpu_s=2e-9, disk_seq_read=1e9, host="m")
     costs = device_costs(dataclasses.replace(inst, devices=(two,), must_stay=frozenset()))[0]
