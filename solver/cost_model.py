@@ -12,9 +12,9 @@
 #     z_m = max(P_m + r_m R_m, I_m + s_m)                its turns: it reads while it computes, but for
 #                                                        s_m (a round's first attention, last down proj.,
 #                                                        and its streamed layers: (O_m + B_m)/b alpha_m);
-#                                                        a streamed layer starts cold after its read (c_m
-#                                                        more each, in both); its compute loses its reader's
-#                                                        CPU, r_m a byte
+#                                                        a layer it waits for starts cold (c_m more each,
+#                                                        I_m disk_m / b of them); its compute loses its
+#                                                        reader's CPU, r_m a byte
 #                                                        of R_m: the bytes of its turns (I_m disk_m), or all
 #                                                        O_m + B_m where its machine's other devices compute
 #                                                        while it reads in its gaps
@@ -104,7 +104,7 @@ class DeviceCosts:
     copy: float = 0.0  # s of CPU per byte read (profile read_cpu_s; none: a copy at RAM speed), lost by the compute
     shared_host: bool = False  # another device of the instance runs on its machine: its reads in its gaps slow theirs
     visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
-    cold: float = 0.0  # s per streamed layer beyond its compute (profile stream_layer_s: it starts after its read)
+    cold: float = 0.0  # s more a layer's compute takes when it waited for its read (profile stream_layer_s)
 
     @property
     def beta(self) -> float:
@@ -226,7 +226,7 @@ def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0
     or options): disk d B/s, layer b bytes, serial compute s per token, compute P, overflow ovf bytes a
     token, a cycle that may last G seconds (TPOT - kappa - its hops), a s per layer of compute, r s of CPU per
     byte read, shared: another device computes on its machine while it reads in its gaps, cold s more a
-    streamed layer's compute takes (it starts after its read); turns are inf where it cannot fit.
+    layer's compute takes when it waited for its read; turns are inf where it cannot fit.
 
     The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
     buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
@@ -243,24 +243,26 @@ def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0
     A streamed layer's compute does not overlap reads: while it computes it holds its part of the buffer, and
     with one layer of buffer the reader has nowhere to read to (measured, 3 nodes at 60 %, one round: stalls
     280 ms a token, the reads the model leaves in the turn, and the 23 ms of compute beside them, not under
-    them). So s grows by a + cold per streamed layer, X/b of them a token (conservative for larger buffers),
-    and the compute by cold per streamed layer."""
+    them). So s grows by a per streamed layer, X/b of them a token (conservative for larger buffers). A turn
+    that waits for its reads waits for (X - u)/b layers, and each starts cold (c more: the profile's streamed
+    layer, which always waited), so its reads take (X - u)(1/d + c/b)."""
     d, b, s, P, ovf, G, a, r, shared, cold = np.broadcast_arrays(
         *(np.asarray(v, dtype=float) for v in (d, b, s, P, ovf, G, a, r, shared, cold)))
     # past ovf / ((k - 1) b) layers the gaps hide every read: a larger buffer only adds reads
     top = 1 if k == 1 else int(np.ceil(np.nanmax(ovf / (np.maximum(k - 1, 1) * b), initial=0.0))) + 1
     j = np.arange(1, max(top, 1) + 1).reshape((-1,) + (1,) * P.ndim)
     X = ovf + j * b
-    s = s + (a + cold) * X / b  # the streamed layers' compute, beside no read
-    A = P + cold * X / b + r * X  # the compute (streamed layers start cold) and the CPU of every byte read
+    s = s + a * X / b  # the streamed layers' compute, beside no read
+    A = P + r * X  # the compute and the CPU of every byte read
+    wait = 1.0 / d + cold / b  # a turn's read of a byte, the layer that waited for it starting cold
     saves = r * (1.0 - shared)  # the turn's CPU a byte read in a gap saves
     slope = 1.0 / d - saves  # what a gap's byte adds to the cycle
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.minimum(np.minimum(k * j * b, X), np.where(slope > 0, (G - A) / slope, np.inf))
-    ok = (u >= 0) & (X / d + s <= G) & ((slope > 0) | (A + u * slope <= G))
-    turn = np.where(ok, np.maximum(A - saves * u, (X - u) / d + s), np.inf)
+    ok = (u >= 0) & (X / d + (X - u) * (wait - 1.0 / d) + s <= G) & ((slope > 0) | (A + u * slope <= G))
+    turn = np.where(ok, np.maximum(A - saves * u, (X - u) * wait + s), np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):  # the fewest gap bytes that give that turn
-        least = np.maximum(X - (turn - s) * d, np.where(saves > 0, (A - turn) / saves, 0.0))
+        least = np.maximum(X - (turn - s) / wait, np.where(saves > 0, (A - turn) / saves, 0.0))
     u = np.where(ok, np.clip(least, 0.0, u), 0.0)
     best = turn.argmin(axis=0)[None]  # the first (fewest layers) of the least
     pick = lambda v: np.take_along_axis(np.broadcast_to(v, turn.shape), best, axis=0)[0]  # noqa: E731
@@ -314,11 +316,11 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
     # the reader's CPU: of every byte on a shared machine, else of the bytes read in its turns (stream_turn)
     cpu = c.copy * c.disk * ((y + e) if c.shared_host else v)
-    cold = c.cold * c.disk / c.b * y + c.cold / unit * j  # the streamed layers, (disk y + b j)/b, start cold
-    model += zt >= P + cold + cpu, f"turn_compute({m})"
-    # ... but the streamed layers' compute (stream_turn): a + cold per layer
-    a = c.alpha + c.cold
-    model += zt >= v + k * c.serial / unit * o + a * c.disk / c.b * y + a / unit * j, f"turn_reads({m})"
+    model += zt >= P + cpu, f"turn_compute({m})"
+    # ... but the streamed layers' compute (stream_turn): a per layer, (disk y + b j)/b layers; the layers it
+    # waits for, disk v / b, start cold
+    model += zt >= (v * (1 + c.cold * c.disk / c.b) + k * c.serial / unit * o + c.alpha * c.disk / c.b * y
+                    + c.alpha / unit * j), f"turn_reads({m})"
     model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
     return zt
 
@@ -494,10 +496,10 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             D.append((t.overflow + bm) / c.disk)
             inline.append(max(0.0, D[-1] - k * h / c.disk))
             cpu.append((t.overflow + bm) * c.copy)
-            layers = (t.overflow + bm) / c.b  # streamed a token
-            serial.append(k * c.serial + (c.alpha + c.cold) * layers)
+            waited = inline[-1] * c.disk / c.b  # layers its turns wait for: each starts cold
+            serial.append(k * c.serial + c.alpha * (t.overflow + bm) / c.b + c.cold * waited)
             lost = cpu[-1] if c.shared_host else inline[-1] * c.disk * c.copy
-            turn.append(max(t.compute + c.cold * layers + lost, inline[-1] + serial[-1]))
+            turn.append(max(t.compute + lost, inline[-1] + serial[-1]))
             cycle.append(kap + turn[-1] + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
     tpot = max([tpot, ring] + cycle)

@@ -119,10 +119,10 @@ def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.68, 10.0, 0.0))
     # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute)
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False)[0] == pytest.approx(0.35)
-    # each of its 4.5 streamed layers a token starts cold, 0.02 s more: the compute 0.09 more (0.73), and the
-    # read-bound turn's compute beside no read too (0.35 + 0.09)
-    assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.73)
-    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.44)
+    # a layer the turn waits for starts cold, 0.02 s more: a read-bound turn waits for 3.5 layers (0.35 + 0.07);
+    # a compute-bound one waits for none (0.64 as without)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.42)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.64)
     inst = small_instance(3)
     two = dataclasses.replace(inst.devices[0], read_cpu_s=2e-9, disk_seq_read=1e9, host="m")
     costs = device_costs(dataclasses.replace(inst, devices=(two,), must_stay=frozenset()))[0]
