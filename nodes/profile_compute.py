@@ -73,7 +73,7 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
     them all through a one-layer buffer (the node's own prefetcher, reader and copies, an emulated disk's
     pacing). read_cpu_s: the CPU difference a token over the bytes read, which the compute beside the reads
     loses on the machine's cores (a 3-node ring on 2 cores lost 18 ms of compute a token to 68 MB read, 0.27 ns
-    a byte; this measures 0.13-0.32; a copy at RAM speed is 0.07). stream_layer_s: what a streamed layer's
+    a byte; this measures 0.17-0.35; a copy at RAM speed is 0.07). stream_layer_s: what a streamed layer's
     compute takes beyond a resident one's, stalls excluded (it starts cold, after waiting for its read: SmolLM2
     fp32 at 200 MB/s, 0.8-0.9 ms more than its 0.85). None for a store without weights."""
     store = LayerStore(store_dir)
