@@ -141,11 +141,18 @@ def test_status_watch_refreshes_until_interrupted(metered_ring):
     local, _ = metered_ring
     cmd = [sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0],
            "status", "--watch", "0.2", "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # faulthandler: a watch that outlives its Ctrl-C is aborted below and shows where each thread was
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         snapshots = [json.loads(proc.stdout.readline()) for _ in range(2)]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0, proc.stderr.read()
+        try:
+            assert proc.wait(timeout=10) == 0, proc.stderr.read()
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            threads = proc.communicate(timeout=10)[1][-4000:]
+            pytest.fail(f"status --watch did not stop on Ctrl-C; its threads:\n{threads}")
     finally:
         proc.kill()
     for snap in snapshots:
