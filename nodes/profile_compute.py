@@ -9,11 +9,13 @@ cache) and reports per-layer rates.
 """
 
 import itertools
+import logging
 import math
 import statistics
 import time
 from pathlib import Path
 
+import structlog
 import torch
 import torch.nn.functional as F
 
@@ -62,9 +64,10 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
             "layers": n}
 
 
-
 READ_SWEEP_BYTES = 64 << 20  # the layers measure_streaming streams (at least one)
 READ_TOKENS = 8  # timed tokens each way, after WARM_UP
+# the probe's least budget is below the streaming minimum on purpose: not the warning a node's real budget earns
+_QUIET = structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 
 
 def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
@@ -85,7 +88,7 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
     per_token = []
     for budget in (0, 1):  # all resident; then the least budget: every layer streams
         shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=budget,
-                      buffer=layer_bytes(cfg, torch_dtype))
+                      buffer=layer_bytes(cfg, torch_dtype), log=_QUIET)
         try:
             cache = shard.cache_for("profile", 0, WARM_UP + READ_TOKENS, 1)
             for pos in range(WARM_UP + READ_TOKENS):

@@ -67,6 +67,8 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert 0 <= prof.visit_s < 0.1, prof  # a window visit beyond its layers (a tiny layer: may be ~0)
     assert 0 < prof.read_cpu_s < 1e-6, prof  # the CPU a byte read costs: measured on the node's own streaming path
     assert 0 <= prof.stream_layer_s < 0.1, prof  # a streamed layer's cold start (a tiny layer: may be ~0)
+    streamed = doc["details"]["streaming"]  # the run they come from streamed the store's layers
+    assert streamed["layers"] >= 1 and streamed["read_cpu_s"] == prof.read_cpu_s, streamed
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):

@@ -257,8 +257,8 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
     from rich.live import Live
     from rich.text import Text
 
-    # Ctrl-C is how a watch ends: make it raise here even where this process was started with SIGINT ignored
-    # or blocked (a parent's disposition; a watch under the full test suite once ignored it)
+    # Ctrl-C (SIGINT) is how a watch ends: make it raise here even where this process was started with SIGINT
+    # ignored or blocked (bash starts a script's background jobs with it ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
