@@ -18,6 +18,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import torch
 
 from prima_rpc import codec
@@ -27,12 +28,15 @@ ROUNDS = 60
 # Each round starts after this long of quiet, as the ring meets a node: idle while the others work. How long
 # matters: after 3 ms a frame's path cost 0.12-0.19 ms and the head's token 0.17-0.27 ms, after 20 ms 0.42-0.44
 # and 0.47-0.48 (SmolLM2 shapes, this shared 2-core VM); the ring's rounds of a large model are longer still.
+# (A ring of short rounds, 6 rounds of 8 ms, measured its hops at 0.43-0.70 ms against this probe's 0.7-0.75 cold
+# and 0.25-0.3 after 3 ms: charging them by the gap k rounds leave predicted worse than this figure.)
 IDLE_S = 0.02
 VISITS = 12
+EVICT_BYTES = 128 << 20  # read between two timed output projections: more than a last-level cache holds
 
 
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
-    """Median seconds for one frame of one token's activation through a node's path (no compute)."""
+    """Mean seconds for one frame of one token's activation through a node's path (no compute)."""
     if hidden < 1 or rounds < 1:
         raise ValueError(f"hidden and rounds must be >= 1, got {hidden}, {rounds}")
     return asyncio.run(_measure(hidden, dtype, rounds))
@@ -57,21 +61,50 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
             await outbox.put(pb.Frame(request_id=frame.request_id, kind=pb.FORWARD, hidden=codec.encode(out)))
             await outbox.get()
             times.append(time.perf_counter() - start)
-    return statistics.median(times[20:])
+    return statistics.fmean(times[20:])  # a mean, as TPOT is over tokens
 
 
 def measure_token_overhead(vocab: int, hidden: int, dtype: torch.dtype = torch.float32, text=None,
                            rounds: int = ROUNDS) -> float:
     """Median seconds of the head's own work per token besides its layers and output layer, as the head does
-    it (nodes/head.py): the embedding and the logits each handed through the compute thread, the waiter the
-    ring's answer resolves, greedy sampling over the vocabulary, detokenising (text: a nodes.text.TextCodec,
-    when the store has a tokenizer) and the token's Generate event serialised for the client's stream."""
+    it (nodes/head.py): the step handed to its scheduler task (nodes/steps.py), the embedding and the logits
+    each handed through the compute thread, the waiter the ring's answer resolves, greedy sampling over the
+    vocabulary, detokenising (text: a nodes.text.TextCodec, when the store has a tokenizer) and the token's
+    Generate event written to a real gRPC stream (a loopback client reads it): the write alone took 0.25-0.35 ms
+    a token here, a third of what the probe missed without it."""
     if vocab < 1 or hidden < 1 or rounds < 1:
         raise ValueError(f"vocab, hidden and rounds must be >= 1, got {vocab}, {hidden}, {rounds}")
     return asyncio.run(_measure_token(vocab, hidden, dtype, text, rounds))
 
 
 async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, rounds: int) -> float:
+    times: list[float] = []
+
+    async def tokens(request, context):
+        async for event in _token_rounds(vocab, hidden, dtype, text, rounds, times):
+            yield event
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "prima.Probe", {"Tokens": grpc.unary_stream_rpc_method_handler(tokens)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+
+    def read() -> None:  # the client, in its own thread as it is in its own process
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for _ in channel.unary_stream("/prima.Probe/Tokens")(b""):
+                pass
+
+    try:
+        await asyncio.to_thread(read)
+    finally:
+        await server.stop(None)
+    return statistics.median(times[20:])  # not a mean: the client's thread in this process adds rare waits of
+    # several ms (the GIL) that the head, whose client is another process, does not see (mean 1.4-2 ms here)
+
+
+async def _token_rounds(vocab: int, hidden: int, dtype: torch.dtype, text, rounds: int, times: list[float]):
+    """The head's per-token path, `rounds` + 20 times (the first 20 warm up), each time in `times`."""
     from nodes.sampling import Sampler, SamplingParams  # the head's own
     from nodes.text import StreamDecoder
 
@@ -81,27 +114,42 @@ async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, roun
     sample = Sampler(SamplingParams())
     decoder = StreamDecoder(text) if text is not None else None
     ids = torch.randint(0, min(vocab, 32000), (rounds + 20,)).tolist()
-    times = []
-    with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
-        for i in range(rounds + 20):  # the first 20 warm up
-            await asyncio.sleep(IDLE_S)
-            start = time.perf_counter()
-            x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
-            waiter = loop.create_future()
-            loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
-            await waiter
-            out = await loop.run_in_executor(pool, torch.clone, logits)
-            token = sample(out)
-            piece = decoder.push(ids[i]) if decoder is not None else ""
-            pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
-                                                 elapsed_ms=start)).SerializeToString()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times[20:])
+    kick, steps = asyncio.Event(), []
+
+    async def scheduler() -> None:  # the head's step scheduler: its own task, woken by each step handed in
+        while True:
+            await kick.wait()
+            kick.clear()
+            steps.pop().set_result(None)
+
+    task = loop.create_task(scheduler())
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
+            for i in range(rounds + 20):
+                await asyncio.sleep(IDLE_S)
+                start = time.perf_counter()
+                steps.append(loop.create_future())
+                kick.set()
+                await steps[-1]
+                x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
+                waiter = loop.create_future()
+                loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
+                await waiter
+                out = await loop.run_in_executor(pool, torch.clone, logits)
+                token = sample(out)
+                piece = decoder.push(ids[i]) if decoder is not None else ""
+                yield pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
+                                                           elapsed_ms=start)).SerializeToString()
+                times.append(time.perf_counter() - start)  # back once the stream took the event
+    finally:
+        task.cancel()
 
 
 def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
-    """Median seconds of the store's final norm and output projection for one token (0.0 without weights):
-    a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on."""
+    """Mean seconds of the store's final norm and output projection for one token (0.0 without weights):
+    a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on.
+    Each one after other weights went through the caches, as a token's layers pass between two: back to back,
+    the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1)."""
     from nodes.model import Head
     from nodes.store import LayerStore
 
@@ -111,20 +159,22 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     head = Head.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
+    other = torch.ones(EVICT_BYTES // 4)
     times: list[float] = []
     with torch.inference_mode():
         head.logits(x, cfg.norm_eps)  # warm-up
         deadline = time.perf_counter() + budget_s
         while time.perf_counter() < deadline or len(times) < 5:
+            other.sum()
             start = time.perf_counter()
             head.logits(x, cfg.norm_eps)
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.fmean(times)  # a mean, as TPOT is over tokens
 
 
 def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
     """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
-    steps also after a quiet gap, over many layers): the median of one-layer visits, each after IDLE_S of
+    steps also after a quiet gap, over many layers): the mean of one-layer visits, each after IDLE_S of
     quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
     frame_s's."""
     from nodes.prefetch import KV_RESERVE_TOKENS
@@ -148,4 +198,4 @@ def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VI
             times.append(time.perf_counter() - start)
     finally:
         shard.close()
-    return max(0.0, statistics.median(times[2:]) - layer_s)
+    return max(0.0, statistics.fmean(times[2:]) - layer_s)  # a mean, as TPOT is over tokens

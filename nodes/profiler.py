@@ -34,7 +34,7 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            first layers run resident, then streamed through its own prefetcher and reader, with
                            $PRIMA_DISK_MBPS's pacing; nodes/profile_compute.measure_streaming);
                            stream_layer_s the same run's compute of a streamed layer beyond a resident one's
-  link_latency_s           one hop = median PING round trip / 2, each PING after IDLE_S of quiet (as a
+  link_latency_s           one hop = mean PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
 
@@ -94,8 +94,8 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/6"  # /6: read_cpu_s, stream_layer_s; /5: visit_s; /4: host, batch_cost; /3: token_s,
-# output_s, rates from the node's path (an older cache is measured again)
+FORMAT = "prima-profile/7"  # /7: token_s with its stream write, output_s cache-cold, means not medians; /6: read_cpu_s, stream_layer_s; /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from
+# the node's path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 IDLE_S = 0.02  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
@@ -114,7 +114,7 @@ NO_LINK_BANDWIDTH = 1e12  # B/s written when there is no successor (DeviceProfil
 @dataclass(frozen=True)
 class LinkRates:
     peer: str
-    rtt_s: float  # median PING round trip
+    rtt_s: float  # mean PING round trip (TPOT is a mean over tokens: a hop's slow moments count)
     latency_s: float  # one hop: rtt_s / 2
     bandwidth: float  # B/s
     method: str  # "ping-padding": bytes of padded PINGs / (burst time - rtt)
@@ -137,7 +137,7 @@ async def measure_link(link: RingLink, *, pings: int = PINGS, pad_bytes: int = P
         start = time.perf_counter()
         await link.ping(next(seqs), timeout)
         rtts.append(time.perf_counter() - start)
-    rtt = statistics.median(rtts)
+    rtt = statistics.fmean(rtts)
     # The stream is ordered and the successor handles frames in turn: the Ack of the closing PING
     # comes back only after every padded frame before it has crossed and been parsed.
     padding = codec.encode(torch.zeros(max(pad_bytes // 4, 1), dtype=torch.float32))
