@@ -135,7 +135,8 @@ async def _token_rounds(vocab: int, hidden: int, dtype: torch.dtype, text, round
                 waiter = loop.create_future()
                 loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
                 await waiter
-                out = await loop.run_in_executor(pool, torch.clone, logits)
+                out = await loop.run_in_executor(pool, _handed, logits)  # not a clone: a parallel kernel here
+                # would leave OpenMP workers in this thread (see profiler.profile_device)
                 token = sample(out)
                 piece = decoder.push(ids[i]) if decoder is not None else ""
                 yield pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
@@ -143,6 +144,10 @@ async def _token_rounds(vocab: int, hidden: int, dtype: torch.dtype, text, round
                 times.append(time.perf_counter() - start)  # back once the stream took the event
     finally:
         task.cancel()
+
+
+def _handed(x):
+    return x
 
 
 def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:

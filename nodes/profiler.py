@@ -65,6 +65,7 @@ import socket
 import statistics
 import tempfile
 import time
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -140,7 +141,8 @@ async def measure_link(link: RingLink, *, pings: int = PINGS, pad_bytes: int = P
     rtt = statistics.fmean(rtts)
     # The stream is ordered and the successor handles frames in turn: the Ack of the closing PING
     # comes back only after every padded frame before it has crossed and been parsed.
-    padding = codec.encode(torch.zeros(max(pad_bytes // 4, 1), dtype=torch.float32))
+    # zeros without a torch kernel: this is the event loop's thread (see profile_device on OpenMP workers)
+    padding = codec.encode(torch.frombuffer(bytearray(max(pad_bytes // 4, 1) * 4), dtype=torch.float32))
     frame_bytes = pb.Frame(kind=pb.PING, seq=1 << 60, hidden=padding).ByteSize()
     frames = 2
     while True:
@@ -286,13 +288,19 @@ def _usable(doc: dict | None, dtype: str, store_key: str | None, now: float) -> 
 
 async def profile_device(name: str, store_dir: Path | None, link: RingLink | None, *, dtype: str = "float32",
                          cache_path: Path | None = None, refresh: bool = False,
-                         is_head: bool = False, mem_budget: int = 0) -> DeviceProfile:
+                         is_head: bool = False, mem_budget: int = 0,
+                         compute: Executor | None = None) -> DeviceProfile:
     """This node's DeviceProfile: from the cache when fresh, else measured (and cached), as the node
     will run: RAM capped at its memory budget (0: the default share of what is available), the disk
-    at its emulated speed when $PRIMA_DISK_MBPS is set.
+    at its emulated speed when $PRIMA_DISK_MBPS is set. compute: the node's compute thread, where the
+    probes run (None: a thread of the event loop's executor). Another thread that ran torch's parallel
+    kernels keeps its OpenMP workers, and libgomp spins 100 times instead of GOMP_SPINCOUNT once a process
+    has more of them than cores: a node profiled from another thread then decoded SmolLM2 at 0.84-0.92 ms a
+    layer instead of 0.5, and calibrated at that (a 3-node ring: 22.4 ms a token before, 33.0 after).
 
     Raises LinkDown when the successor cannot be profiled; nothing is cached then.
     """
+    loop = asyncio.get_running_loop()
     path = Path(cache_path) if cache_path else default_cache_path(name)
     store_key = str(Path(store_dir).resolve()) if store_dir else None
     peer = link.peer if link is not None else None
@@ -300,7 +308,7 @@ async def profile_device(name: str, store_dir: Path | None, link: RingLink | Non
     measure = not _usable(doc, dtype, store_key, time.time())
     if measure:
         measured_at = time.time()
-        fields, details = await asyncio.to_thread(measure_local, dtype, store_dir)
+        fields, details = await loop.run_in_executor(compute, measure_local, dtype, store_dir)
         doc = {"format": FORMAT, "measured_at": measured_at, "dtype": dtype, "store_dir": store_key,
                "link_peer": None, "profile": None, "details": details}
     else:
@@ -317,7 +325,8 @@ async def profile_device(name: str, store_dir: Path | None, link: RingLink | Non
     ram = min(profile.ram_available, mem_budget or int(profile.ram_available * DEFAULT_FRACTION))
     # An emulated disk: what the prefetcher's reader gets from it (its pacing, whatever else reads the disk now).
     rate = emulated_rate()
-    stream = await asyncio.to_thread(measure_stream_rate, Path(store_dir), rate) if rate and store_dir else 0.0
+    stream = await loop.run_in_executor(compute, measure_stream_rate, Path(store_dir), rate) \
+        if rate and store_dir else 0.0
     disk = min(profile.disk_seq_read, rate or math.inf, stream or math.inf)
     return replace(profile, name=name, is_head=is_head, ram_available=ram, disk_seq_read=disk,
                    disk_rand_read=min(profile.disk_rand_read, disk))

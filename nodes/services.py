@@ -127,7 +127,7 @@ class ControlService(rpc.ControlServicer):
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
                                         node.link if node.peer else None, dtype=node.dtype_name,
                                         refresh=request.refresh, is_head=node.role == "head",
-                                        mem_budget=node.cfg.mem_budget)
+                                        mem_budget=node.cfg.mem_budget, compute=node.pool)  # idle, as checked above
         except LinkDown as exc:
             await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:
