@@ -143,11 +143,8 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             disk=min(d.disk_seq_read, 1.0 / copy),  # the reader streams no faster than its CPU allows
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
             serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
-            copy=copy, shared_host=(shared := hosts.count(d.host) > 1 if d.host else False),
-            # A visit's cold start is its machine's: cores idle since its last visit wake late (this VM: a
-            # one-layer visit 4.8 ms more after 20 ms of an idle machine, none after 2 ms). Where other devices
-            # of the ring share the machine they keep its cores awake (3 nodes on 2 cores: 0-0.5 ms a visit).
-            visit=0.0 if shared else d.visit_s, cold=d.stream_layer_s))
+            copy=copy, shared_host=hosts.count(d.host) > 1 if d.host else False,
+            visit=d.visit_s, cold=d.stream_layer_s))
     if inst.batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
         out = [replace(c, hop=c.hop + (inst.batch - 1) * (m.activation_bytes / d.link_bandwidth + d.frame_s))
                for c, d in zip(out, inst.devices)]  # and software cost (nodes send a batch as its frames)

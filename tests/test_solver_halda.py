@@ -86,19 +86,6 @@ def test_matches_exhaustive_search_with_window_visits(select):
     assert charged > 20  # the term is really exercised
 
 
-def test_a_window_visit_is_charged_only_to_a_device_alone_on_its_machine():
-    inst = next(i for i in map(small_instance, range(100)) if len(i.devices) >= 2)
-
-    def visits(*hosts):
-        devs = tuple(dataclasses.replace(d, visit_s=0.001, host=h) for d, h in zip(inst.devices, hosts))
-        return [c.visit for c in device_costs(dataclasses.replace(inst, devices=devs))]
-
-    n = len(inst.devices)
-    assert visits(*[""] * n) == [0.001] * n  # no machine ids: each alone
-    assert visits(*[f"m{i}" for i in range(n)]) == [0.001] * n
-    assert visits("a", "a", *[f"m{i}" for i in range(n - 2)]) == [0.0, 0.0] + [0.001] * (n - 2)  # awake cores
-
-
 def with_reader_cpu(inst: Instance, seed: int) -> Instance:
     """The instance with a reader's CPU per byte per device (none, or up to twice its disk's time a byte: then
     the reader, not the disk, bounds its reads), a streamed layer's cold start (none, or up to 2 of its layers'
