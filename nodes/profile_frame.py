@@ -179,7 +179,7 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
 
 def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
     """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
-    steps also after a quiet gap, over many layers): the median of one-layer visits, each after IDLE_S of
+    steps also after a quiet gap, over many layers): the mean of one-layer visits, each after IDLE_S of
     quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
     frame_s's."""
     from nodes.prefetch import KV_RESERVE_TOKENS
@@ -203,6 +203,4 @@ def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VI
             times.append(time.perf_counter() - start)
     finally:
         shard.close()
-    # A median, unlike the other probes' means: one-layer visits here take 10-20 ms now and then (3-5 of 12 in a
-    # row at times, the other core woken late), far more often than a ring's visits do (mean 0.4 ms above median)
-    return max(0.0, statistics.median(times[2:]) - layer_s)
+    return max(0.0, statistics.fmean(times[2:]) - layer_s)  # a mean, as TPOT is over tokens

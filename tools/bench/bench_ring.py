@@ -4,7 +4,7 @@
 
 Every ring is real prima-node processes on 127.0.0.1. TPOT/TTFT come from the head's Finished event
 (the same clock for every shape); the reference is timed the same way in a subprocess with the nodes'
-environment (GOMP_SPINCOUNT, as nodes set it: nodes/__init__.py). Bytes per hop per token: the serialized
+environment (OMP_WAIT_POLICY=PASSIVE, as local rings set it). Bytes per hop per token: the serialized
 size of one decode frame times k (frames cross each hop k times a token).
 """
 
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from nodes import OMP_SPIN_COUNT
 from nodes.generation import GenerateParams, Generation
 from nodes.reference import ReferenceModel
 from prima_rpc import codec
@@ -79,7 +78,7 @@ def main() -> None:
     if args.reference_only:
         print(json.dumps(reference(store, args.dtype, args.tokens, args.repeats)))
         return
-    env = {**os.environ, "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", OMP_SPIN_COUNT)}
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     out = subprocess.run([sys.executable, "-m", "tools.bench.bench_ring", "--reference-only", "--tokens",
                           str(args.tokens), "--dtype", args.dtype, "--repeats", str(args.repeats)],
                          capture_output=True, text=True, check=True, env=env).stdout
