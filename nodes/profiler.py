@@ -293,10 +293,10 @@ async def profile_device(name: str, store_dir: Path | None, link: RingLink | Non
     """This node's DeviceProfile: from the cache when fresh, else measured (and cached), as the node
     will run: RAM capped at its memory budget (0: the default share of what is available), the disk
     at its emulated speed when $PRIMA_DISK_MBPS is set. compute: the node's compute thread, where the
-    probes run (None: a thread of the event loop's executor). Another thread that ran torch's parallel
-    kernels keeps its OpenMP workers, and libgomp spins 100 times instead of GOMP_SPINCOUNT once a process
-    has more of them than cores: a node profiled from another thread then decoded SmolLM2 at 0.84-0.92 ms a
-    layer instead of 0.5, and calibrated at that (a 3-node ring: 22.4 ms a token before, 33.0 after).
+    probes run as its layers do (None: a thread of the event loop's executor). Another thread that ran torch's
+    parallel kernels keeps OpenMP workers of its own, and libgomp spins only 100 times once a process holds more
+    of them than cores: with GOMP_SPINCOUNT=10000 a node profiled from another thread decoded SmolLM2 at
+    0.84-0.92 ms a layer instead of 0.5 from then on (a 3-node ring: 22.4 ms a token before, 33.0 after).
 
     Raises LinkDown when the successor cannot be profiled; nothing is cached then.
     """
