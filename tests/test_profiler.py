@@ -336,6 +336,38 @@ def test_link_to_a_real_node_over_the_ring_stream(fake_probes, monkeypatch, tmp_
     assert read_cache(tmp_path / "p.json")["details"]["link"]["peer"] == rates.peer
 
 
+def test_a_node_profiles_in_its_compute_thread(fake_probes, monkeypatch):
+    """Control.Profile runs the probes where the node runs its layers: torch kernels in any other thread leave
+    OpenMP workers there, which change how the compute thread's team waits (profiler.profile_device)."""
+    import threading
+
+    import grpc
+
+    from prima_rpc.v1 import prima_pb2 as pb
+    from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+    threads = []
+    faked = profiler.measure_local
+    monkeypatch.setattr(profiler, "measure_local",
+                        lambda *a: (threads.append(threading.current_thread().name), faked(*a))[1])
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        node = loop.create_task(serve(NodeConfig(port=0, host="127.0.0.1", peer="127.0.0.1:9", name="solo"),
+                                      ready=ready.set_result))
+        try:
+            async with grpc.aio.insecure_channel(await asyncio.wait_for(ready, 10)) as channel:
+                reply = await rpc.ControlStub(channel).Profile(pb.ProfileRequest(refresh=True), timeout=30)
+        finally:
+            node.cancel()
+            await asyncio.gather(node, return_exceptions=True)
+        return json.loads(reply.json)
+
+    assert asyncio.run(scenario())["name"] == "solo"
+    assert len(threads) == 1 and threads[0].startswith("compute"), threads  # the node's pool (nodes/node.py)
+
+
 def test_link_to_a_dead_port_is_link_down(tmp_path):
     from prima_rpc.app.local_ring import free_ports
 

@@ -88,8 +88,8 @@ def turns(head: str, result: dict) -> tuple[float, float]:
     return sum(d["turn_ms"] for d in result["devices"]), sum(r["measured_ms"] or 0.0 for r in rows)
 
 
-def measured_tpot(head: str, tokens: int, repeats: int, pids: list[int] | None = None,
-                  predicted: list[float] | None = None) -> float:
+def measured_tpot(head: str, tokens: int, repeats: int, predicted: list[float], pids: list[int] | None = None) -> float:
+    """Median TPOT; with pids, also each node's compute, stalls (beside its `predicted` turns), reads and CPU."""
     asyncio.run(tpot(head, 4))  # warm-up
     before = per_node(head, pids) if pids else None
     wall, host = time.perf_counter(), psutil.cpu_times()
@@ -101,7 +101,7 @@ def measured_tpot(head: str, tokens: int, repeats: int, pids: list[int] | None =
         print("  per node and token (over the timed runs): " + "; ".join(
             f"compute {(a[0] - b[0]) / n * 1e3:.1f} stall {(a[1] - b[1]) / n * 1e3:.1f} ms (turns predicted {p:.1f}), "
             f"read {(a[2] - b[2]) / n / 1e6:.1f} MB, process CPU {(a[3] - b[3]) / n * 1e3:.1f} ms"
-            for a, b, p in zip(per_node(head, pids), before, predicted or [0.0] * len(pids))) +
+            for a, b, p in zip(per_node(head, pids), before, predicted)) +
             f"; the host's {psutil.cpu_count()} cores {1 - idle / wall:.0%} busy", flush=True)
     return out
 
@@ -134,8 +134,8 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
         plans.append(("halda", plan_live(head, None, "halda")))  # the profiles cached above
         for name, result in plans:
             apply(head, result)
-            measured = measured_tpot(head, tokens, repeats, [p.pid for p in local.processes] if nodes else None,
-                                     [d["turn_ms"] for d in result["devices"]])
+            measured = measured_tpot(head, tokens, repeats, [d["turn_ms"] for d in result["devices"]],
+                                     [p.pid for p in local.processes] if nodes else None)
             windows = [d["window"] for d in result["devices"]]
             rows.append((name, windows, result["k"], result["predicted_tpot_ms"], measured, *turns(head, result)))
             terms = ", ".join(f"{t} {v:.1f}" for t, v in result["terms_ms"].items())
