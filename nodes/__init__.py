@@ -1,0 +1,1 @@
+import prima_rpc  # noqa: F401  (OpenMP waiting, set before torch loads)

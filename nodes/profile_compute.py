@@ -31,7 +31,11 @@ from nodes.store import LayerStore
 BUDGET_S = 0.5
 WARM_UP = 4
 SWEEP_BYTES = 256 << 20
-QUIET_S = 0.02  # each step after a quiet gap: the ring comes back to a node after the others' work
+# Each step after a quiet gap, as the ring comes back to a node after the others' work: long enough for OpenMP's
+# workers to stop spinning and sleep (3000 spins, prima_rpc/__init__.py), short of what this VM does to a machine
+# left idle - one layer after 2 ms of quiet took 2.1-2.4 ms, after 1 ms 0.57-0.69, after 0.5 ms 0.46-0.58, back
+# to back 0.42-0.45, right after another process's window (co-located nodes: the machine never idles) 0.60.
+QUIET_S = 0.0005
 
 
 def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
@@ -50,7 +54,7 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
         times: list[float] = []
         deadline = time.perf_counter() + BUDGET_S
         for pos in range(cache.capacity):  # one token after another, as a request decodes
-            time.sleep(QUIET_S)  # back to back ran up to 1.6x faster than a ring's node while others ran
+            time.sleep(QUIET_S)  # OpenMP's workers asleep, as a ring's node finds them
             start = time.perf_counter()
             shard.compute(x, cache, pos, 0)
             if pos >= WARM_UP:

@@ -8,9 +8,9 @@ token, also hands the embedding and the logits through its compute thread, sampl
 sends the token's event, and runs the output layer: measured here too.
 
 And a window visit costs more than its layers: a node's compute comes back to a window after the rest of
-the ring has worked, with its caches and threads gone cold, so one layer visited after a quiet gap takes
-longer than a layer inside a long window (SmolLM2 fp32 here: 1.45 ms against 1.05). A k-round ring pays
-that k times per token on every node that holds layers: `measure_window_visit`.
+the ring has worked, its OpenMP workers asleep, so one layer visited after a quiet gap takes longer than a
+layer inside a long window (SmolLM2 fp32 here: 0.58 ms against 0.45). A k-round ring pays that k times per
+token on every node that holds layers: `measure_window_visit`.
 """
 
 import asyncio
@@ -179,10 +179,13 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
 
 def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VISITS) -> float:
     """Seconds a window visit costs beyond its layers' decode time (layer_s each: profile_compute's rate, its
-    steps also after a quiet gap, over many layers): the mean of one-layer visits, each after IDLE_S of
-    quiet as the ring leaves a node, less layer_s; 0.0 without weights. The compute thread's hand-off is
-    frame_s's."""
+    steps also after a quiet gap, over many layers): the mean of one-layer visits, each after the same gap
+    (profile_compute.QUIET_S), less layer_s; 0.0 without weights. Before each gap other weights go through the
+    caches, as the rest of the ring's do: one layer visited again and again stayed in the last-level cache
+    (SmolLM2 fp32: 0.37-0.44 ms a visit against 0.47 a layer of the calibration's sweep). The compute thread's
+    hand-off is frame_s's."""
     from nodes.prefetch import KV_RESERVE_TOKENS
+    from nodes.profile_compute import QUIET_S
     from nodes.routing import Windows
     from nodes.shard import Shard
     from nodes.store import LayerStore
@@ -195,9 +198,11 @@ def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VI
     try:
         cache = shard.cache_for("profile", 0, min(KV_RESERVE_TOKENS, cfg.max_seq_len), 1)  # as a node's
         x = torch.randn(1, cfg.hidden).to(torch_dtype)
+        other = torch.ones(EVICT_BYTES // 4)
         times = []
         for pos in range(visits + 2):  # the first 2 warm up
-            time.sleep(IDLE_S)
+            other.sum()
+            time.sleep(QUIET_S)
             start = time.perf_counter()
             shard.compute(x, cache, pos, 0)
             times.append(time.perf_counter() - start)

@@ -180,9 +180,7 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
     for old in [*log_dir.glob("*.pid"), log_dir / RING_FILE]:  # a ring that is gone: its records go too
         old.unlink(missing_ok=True)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    # Nodes sharing one machine's cores: an idle node's OpenMP threads must not spin-wait on the cores
-    # the active node needs (measured: a k=2 ring on 2 cores went from 95 to 63 ms/token).
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = dict(os.environ)  # OpenMP's short spin for nodes sharing cores: set in prima_rpc/__init__.py
     env.pop(TOKEN_ENV, None)
     env.update({TOKEN_ENV: token} if token else {})
     ring = LocalRing(addresses, log_dir, env=env, detach=detach)

@@ -4,14 +4,13 @@
 
 Every ring is real prima-node processes on 127.0.0.1. TPOT/TTFT come from the head's Finished event
 (the same clock for every shape); the reference is timed the same way in a subprocess with the nodes'
-environment (OMP_WAIT_POLICY=PASSIVE, as local rings set it). Bytes per hop per token: the serialized
+environment (OpenMP's short spin, prima_rpc/__init__.py). Bytes per hop per token: the serialized
 size of one decode frame times k (frames cross each hop k times a token).
 """
 
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -78,10 +77,9 @@ def main() -> None:
     if args.reference_only:
         print(json.dumps(reference(store, args.dtype, args.tokens, args.repeats)))
         return
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     out = subprocess.run([sys.executable, "-m", "tools.bench.bench_ring", "--reference-only", "--tokens",
                           str(args.tokens), "--dtype", args.dtype, "--repeats", str(args.repeats)],
-                         capture_output=True, text=True, check=True, env=env).stdout
+                         capture_output=True, text=True, check=True).stdout
     ref_ttft, ref_tpot = json.loads(out.strip().splitlines()[-1])
     rows = [("reference (1 process)", 1, ref_ttft, ref_tpot, 0)]
     fb = frame_bytes(576, args.dtype)
