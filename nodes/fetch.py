@@ -7,6 +7,7 @@ and complete files are reused on the next start. Names are checked before anythi
 lands outside the cache directory.
 """
 
+import asyncio
 import hashlib
 import json
 import os
@@ -175,10 +176,8 @@ class Fetcher:
                 part.unlink()
                 have = 0
             hasher = hashlib.sha256()
-            if have:  # the bytes already here count towards the checksum
-                with open(part, "rb") as f:
-                    while data := f.read(CHUNK):
-                        hasher.update(data)
+            if have:  # the bytes already here count towards the checksum (GBs: off the event loop)
+                await asyncio.to_thread(_hash_into, hasher, part)
             source = await self._stream(unit, have, entry.bytes, part, hasher, progress)
             if hasher.hexdigest() == entry.sha256 or not entry.sha256:
                 part.replace(path)
@@ -199,8 +198,7 @@ class Fetcher:
                         if chunk.total_bytes != size or got + len(chunk.data) > size:
                             raise StoreError(f"{source} serves {name} ({part.name.removesuffix('.part')}) with "
                                              f"{chunk.total_bytes} bytes, the manifest says {size}")
-                        f.write(chunk.data)
-                        hasher.update(chunk.data)
+                        await asyncio.to_thread(_append, f, hasher, chunk.data)  # disk and sha256 off the loop
                         got += len(chunk.data)
                         self.fetched += len(chunk.data)
                         progress(got)
@@ -232,6 +230,17 @@ class Fetcher:
         if address not in self._channels:
             self._channels[address] = aio_channel(address)
         return rpc.ControlStub(self._channels[address])
+
+
+def _hash_into(hasher, path: Path) -> None:
+    with open(path, "rb") as f:
+        while data := f.read(CHUNK):
+            hasher.update(data)
+
+
+def _append(f, hasher, data: bytes) -> None:
+    f.write(data)
+    hasher.update(data)
 
 
 def read_manifest_from(path: Path) -> None:
