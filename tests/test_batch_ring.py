@@ -154,7 +154,8 @@ def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
                                    ring_layers=info.n_layers, epoch=epoch, ring=[nodes[-1][1].peer] + [
                                        a for a, _ in nodes[1:]] if i == 0 else [], head_address=nodes[-1][1].peer,
                                    max_batch=max_batch, micro_batches=micro_batches)
-            list(ring.control(address).Assign(req, timeout=60))
+            with ring.control(address) as stub:
+                list(stub.Assign(req, timeout=60))
 
     assign(2, 2)  # four requests: two batches of two in the ring at once
     before = batch_stats(head)
@@ -168,5 +169,6 @@ def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
     info = ring.walk(head)[1][1]
     bad = pb.AssignRequest(windows=info.windows, model_id=info.model_id, ring_layers=info.n_layers, max_batch=65)
     with pytest.raises(grpc.RpcError) as err:
-        list(ring.control(local.addresses[1]).Assign(bad, timeout=30))
+        with ring.control(local.addresses[1]) as stub:
+            list(stub.Assign(bad, timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch" in err.value.details()

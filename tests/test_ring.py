@@ -102,21 +102,24 @@ def test_a_removed_device_is_routed_around(rings, reference):
         assert [a for a, _ in nodes] == [addresses[0], addresses[2], addresses[3]]
         tokens, _ = asyncio.run(collect(addresses[0], PROMPTS[0]))
         assert tokens == reference[PROMPTS[0]]
-        left = ring.control(addresses[1]).Info(ring.pb.InfoRequest(), timeout=5)
+        with ring.control(addresses[1]) as stub:
+            left = stub.Info(ring.pb.InfoRequest(), timeout=5)
         assert left.role == "relay" and not left.windows and left.stats.resident_bytes == 0
         with pytest.raises(ring.RingError, match="cannot hold layers"):
             ring.start(addresses[0], [10, 10, 10], members=[True, False, True])
     finally:  # the module's 4-node ring goes back to its first wiring
         for i, address in enumerate(addresses):
-            ring.control(address).SetPeer(ring.pb.SetPeerRequest(peer=addresses[(i + 1) % 4]), timeout=5)
+            with ring.control(address) as stub:
+                stub.SetPeer(ring.pb.SetPeerRequest(peer=addresses[(i + 1) % 4]), timeout=5)
 
 
 @pytest.mark.parametrize("buffer", [-1.0, float("nan"), 1e9])
 def test_a_bad_stream_buffer_is_refused(rings, buffer):
     local = rings(3)
-    info = ring.control(local.addresses[1]).Info(ring.pb.InfoRequest(), timeout=5)
-    req = ring.pb.AssignRequest(windows=[ring.pb.LayerRange(start=0, stop=10)], model_id=info.model_id,
-                                ring_layers=info.n_layers, stream_buffer_layers=buffer)
-    with pytest.raises(grpc.RpcError) as err:
-        list(ring.control(local.addresses[1]).Assign(req, timeout=30))
+    with ring.control(local.addresses[1]) as stub:
+        info = stub.Info(ring.pb.InfoRequest(), timeout=5)
+        req = ring.pb.AssignRequest(windows=[ring.pb.LayerRange(start=0, stop=10)], model_id=info.model_id,
+                                    ring_layers=info.n_layers, stream_buffer_layers=buffer)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Assign(req, timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stream_buffer_layers" in err.value.details()

@@ -119,7 +119,8 @@ def register(app: typer.Typer, state: dict) -> None:
         stopped = []
         for address in reached + silent:
             try:
-                ring.control(address).Shutdown(pb.ShutdownRequest(), metadata=metadata(state["token"]), timeout=5)
+                with ring.control(address) as stub:
+                    stub.Shutdown(pb.ShutdownRequest(), metadata=metadata(state["token"]), timeout=5)
                 stopped.append(address)
             except grpc.RpcError:
                 pass
@@ -135,7 +136,8 @@ def _reachable(state: dict) -> tuple[list[str], list[str]]:
     reached, seen, address = [], set(), state["node"]
     while len(reached) <= ring.MAX_RING:
         try:
-            info = ring.control(address).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+            with ring.control(address) as stub:
+                info = stub.Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 fail(rpc_message(exc.code(), exc.details(), address))

@@ -15,6 +15,7 @@ from rich.table import Table
 from prima_rpc.app import cli_args, ring, tables
 from prima_rpc.app.cli_errors import fail, guarded, rpc_message
 from prima_rpc.app.progress import bar
+from prima_rpc.app.status_rows import ring_prediction, status_row
 from prima_rpc.channel import metadata
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token, check_speculate, check_text
 from prima_rpc.v1 import prima_pb2 as pb
@@ -128,7 +129,8 @@ def register(app: typer.Typer, state: dict) -> None:
 def reach(state: dict) -> pb.NodeInfo:
     """The --node's Info, or a one-line error: unreachable, or the token refused."""
     try:
-        return ring.control(state["node"]).Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
+        with ring.control(state["node"]) as stub:
+            return stub.Info(pb.InfoRequest(), metadata=metadata(state["token"]), timeout=5)
     except grpc.RpcError as exc:
         fail(rpc_message(exc.code(), exc.details(), state["node"]))
 
@@ -285,34 +287,6 @@ def _watch(state: dict, seconds: float, json_out: bool) -> None:
                 time.sleep(seconds)
     except KeyboardInterrupt:
         pass
-
-
-def status_row(address: str, member_state: str, info) -> dict:
-    """A member's JSON row; a member that does not answer has only its address and state."""
-    if info is None:
-        info = ring.pb.NodeInfo(role="unknown", error="does not answer")
-    s = info.stats
-    return {"address": address, "state": member_state, "name": info.name, "role": info.role, "peer": info.peer,
-            "windows": [[r.start, r.stop] for r in info.windows], "loaded": info.loaded, "model": info.model_name,
-            "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
-            "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
-            "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
-            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
-            "batches": s.batches, "batched_frames": s.batched_frames,
-            "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
-            "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s,
-            # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
-            # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
-            "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire
-            "predicted_tpot_ms": round(info.predicted_tpot_ms, 3) or None,
-            "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None}
-
-
-def ring_prediction(rows: list[dict]) -> dict:
-    """The applied plan's TPOT (the head's copy) and the head's last decode step, in ms (None: unknown)."""
-    head = next((r for r in rows if r["role"] == "head"), None)
-    return {"predicted_tpot_ms": head["predicted_tpot_ms"] if head else None,
-            "measured_tpot_ms": (head["last_token_ms"] or None) if head else None}
 
 
 async def _stream(state: dict, prompt: str, messages, kwargs: dict, echo: bool):

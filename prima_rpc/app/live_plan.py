@@ -21,8 +21,8 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
     # Sequentially: profiles taken in parallel on shared cores would measure each other.
     for i, (address, _) in enumerate(nodes):
         try:
-            reply = ring.control(address).Profile(pb.ProfileRequest(refresh=refresh), metadata=metadata(token),
-                                                  timeout=120)
+            with ring.control(address) as stub:
+                reply = stub.Profile(pb.ProfileRequest(refresh=refresh), metadata=metadata(token), timeout=120)
         except grpc.RpcError as exc:
             raise ring.RingError(f"{address}: profile failed: {exc.code().name}: {exc.details()}") from None
         device = json.loads(reply.json)

@@ -1,8 +1,9 @@
 """Operations on a whole ring from outside: walk it, assign windows, read status (sync gRPC)."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import grpc
 
@@ -18,8 +19,14 @@ class RingError(Exception):
     """The ring is not in a state the command can work with."""
 
 
-def control(address: str) -> rpc.ControlStub:
-    return rpc.ControlStub(sync_channel(address))
+@contextmanager
+def control(address: str) -> Iterator[rpc.ControlStub]:
+    """A Control stub on a channel of its own, closed after use (a watch walks the ring every second)."""
+    channel = sync_channel(address)
+    try:
+        yield rpc.ControlStub(channel)
+    finally:
+        channel.close()
 
 
 def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tuple[str, pb.NodeInfo]]:
@@ -29,7 +36,8 @@ def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tup
     address = start
     while len(out) <= MAX_RING:
         try:
-            info = control(address).Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+            with control(address) as stub:
+                info = stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
         except grpc.RpcError as exc:
             where = f" (successor of {out[-1][0]})" if out else ""
             raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}") from None
@@ -88,7 +96,8 @@ def _status_by_walk(start: str, info: pb.NodeInfo, token: str | None,
 
 def _info(address: str, token: str | None, timeout: float) -> pb.NodeInfo | None:
     try:
-        return control(address).Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+        with control(address) as stub:
+            return stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
     except grpc.RpcError:
         return None
 
@@ -138,8 +147,9 @@ def start(head: str, windows: list[int], token: str | None = None,
                                predicted_ms=predicted[i], predicted_tpot_ms=predicted_tpot_ms,
                                max_batch=batching[0], micro_batches=batching[1])
         try:
-            for update in control(address).Assign(req, metadata=metadata(token)):
-                progress(address, update)
+            with control(address) as stub:
+                for update in stub.Assign(req, metadata=metadata(token)):
+                    progress(address, update)
         except grpc.RpcError as exc:
             raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
 
@@ -161,14 +171,15 @@ def _route_around(ring: list[tuple[str, pb.NodeInfo]], windows: list[int], membe
         req = pb.AssignRequest(model_id=ring[0][1].model_id, ring_layers=ring[0][1].n_layers,
                                epoch=time.time_ns() // 1_000_000)
         try:
-            for _ in control(address).Assign(req, metadata=metadata(token)):
-                pass
+            with control(address) as stub:
+                for _ in stub.Assign(req, metadata=metadata(token)):
+                    pass
         except grpc.RpcError as exc:
             raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
     for i, address in enumerate(kept):
         try:
-            control(address).SetPeer(pb.SetPeerRequest(peer=kept[(i + 1) % len(kept)]), metadata=metadata(token),
-                                     timeout=5)
+            with control(address) as stub:
+                stub.SetPeer(pb.SetPeerRequest(peer=kept[(i + 1) % len(kept)]), metadata=metadata(token), timeout=5)
         except grpc.RpcError as exc:
             raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
     now = walk(ring[0][0], token)
@@ -179,6 +190,7 @@ def _route_around(ring: list[tuple[str, pb.NodeInfo]], windows: list[int], membe
 
 def shutdown(address: str, token: str | None = None) -> None:
     try:
-        control(address).Shutdown(pb.ShutdownRequest(), metadata=metadata(token), timeout=5)
+        with control(address) as stub:
+            stub.Shutdown(pb.ShutdownRequest(), metadata=metadata(token), timeout=5)
     except grpc.RpcError as exc:
         raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None

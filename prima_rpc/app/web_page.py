@@ -20,7 +20,7 @@ from aiohttp import web
 
 from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, predict
-from prima_rpc.app.cli_ring import status_row  # the one shape of a node's status, shared with the CLI
+from prima_rpc.app.status_rows import status_row
 
 STATIC = Path(__file__).parent / "static"
 

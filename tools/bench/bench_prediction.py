@@ -36,9 +36,9 @@ from nodes.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.prefetch import KV_RESERVE_TOKENS
 from nodes.store import LayerStore
 from prima_rpc.app import ring
-from prima_rpc.app.cli_ring import status_row
 from prima_rpc.app.live_plan import plan_live, profile_ring
 from prima_rpc.app.local_ring import launch
+from prima_rpc.app.status_rows import status_row
 from prima_rpc.client import Finished, PrimaClient
 from solver.cost_model import Instance, evaluate
 from solver.model_profile import ModelProfile

@@ -1,0 +1,31 @@
+"""The one shape of a node's status row (`prima-ctl status --json`, the web page, the prediction benchmark)."""
+
+from prima_rpc.v1 import prima_pb2 as pb
+
+
+def status_row(address: str, member_state: str, info) -> dict:
+    """A member's JSON row; a member that does not answer has only its address and state."""
+    if info is None:
+        info = pb.NodeInfo(role="unknown", error="does not answer")
+    s = info.stats
+    return {"address": address, "state": member_state, "name": info.name, "role": info.role, "peer": info.peer,
+            "windows": [[r.start, r.stop] for r in info.windows], "loaded": info.loaded, "model": info.model_name,
+            "resident_bytes": s.resident_bytes, "rss_bytes": s.rss_bytes, "disk_read_bytes": s.disk_read_bytes,
+            "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
+            "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
+            "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes,
+            "batches": s.batches, "batched_frames": s.batched_frames,
+            "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
+            "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s,
+            # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
+            # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
+            "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire
+            "predicted_tpot_ms": round(info.predicted_tpot_ms, 3) or None,
+            "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None}
+
+
+def ring_prediction(rows: list[dict]) -> dict:
+    """The applied plan's TPOT (the head's copy) and the head's last decode step, in ms (None: unknown)."""
+    head = next((r for r in rows if r["role"] == "head"), None)
+    return {"predicted_tpot_ms": head["predicted_tpot_ms"] if head else None,
+            "measured_tpot_ms": (head["last_token_ms"] or None) if head else None}
