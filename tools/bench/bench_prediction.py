@@ -171,7 +171,7 @@ def main() -> None:
     store = ensure_default_store()
     with tempfile.TemporaryDirectory() as logs:
         rows = [] if args.no_plain else [("-", *r) for r in measure(store, SHAPES, args.tokens, args.repeats,
-                                                                     Path(logs))]
+                                                                     Path(logs), nodes=args.nodes)]
         for part in args.offload:
             fraction, mbps = (float(x) for x in part.split(":"))
             os.environ[DISK_MBPS_ENV] = str(mbps)
