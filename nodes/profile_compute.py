@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,74 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
         return None
     return {"read_cpu_s": max(cpu_streaming - cpu, 0.0) / nbytes,
             "stream_layer_s": max(compute_streaming - compute, 0.0) / n, "layers": n}
+
+
+LOSS_STEPS = 24  # timed decode steps per phase of measure_read_loss (after WARM_UP), phases alone / beside twice
+
+
+def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
+    """{"read_loss_s", "bytes_per_step", "layers"}: the compute time a node loses per byte another reader streams
+    beside it - what a streamed byte costs the ring where it is read while a node computes. The store's first
+    layers decode resident, alone and then with a second reader (a LayerStore of its own: the node's reader, its
+    O_DIRECT chunks and copies, $PRIMA_DISK_MBPS's pacing) streaming other layers beside them, twice in turn; the
+    loss is the difference of the steps' means over the bytes read while they computed. It is more than the
+    reader's CPU (read_cpu_s): a reader that takes a core from the compute's spinning OpenMP team stalls the whole
+    parallel region, and its copies take memory bandwidth (SmolLM2 fp32 beside a 1000 MB/s reader: 0.43-0.61 ns a
+    byte where read_cpu_s was 0.30-0.32; a 3-node ring with three such readers lost 0.38). None for a store
+    without weights or a reader that read nothing."""
+    store = LayerStore(store_dir)
+    if store.manifest.manifest_only:
+        return None
+    cfg, torch_dtype = store.config, getattr(torch, dtype)
+    n = max(1, min(cfg.n_layers, READ_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
+    units = [f"layer.{i % cfg.n_layers}" for i in range(n, 2 * n)]  # other layers where the store has them
+    reader = LayerStore(store_dir)
+    targets = {u: {name: torch.empty(span.shape, dtype=span.dtype) for name, span in reader.layout(u).items()}
+               for u in dict.fromkeys(units)}  # as stored: the reader's copies are plain bytes
+    shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
+    stop = threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            for u in units:
+                if stop.is_set():
+                    break
+                reader.read_into(u, targets[u])
+
+    x = torch.randn(1, cfg.hidden).to(torch_dtype)
+    steps = {False: [], True: []}
+    bytes_computing = []
+    try:
+        cache = shard.cache_for("profile", 0, 4 * (WARM_UP + LOSS_STEPS), 1)
+        pos = 0
+        for beside in (False, True, False, True):
+            thread = threading.Thread(target=stream, daemon=True) if beside else None
+            if thread:
+                stop.clear()
+                thread.start()
+            times = []
+            for i in range(WARM_UP + LOSS_STEPS):
+                if i == WARM_UP:
+                    began, read = time.perf_counter(), reader.bytes_read
+                time.sleep(QUIET_S)
+                start = time.perf_counter()
+                shard.compute(x, cache, pos, 0)
+                pos += 1
+                if i >= WARM_UP:
+                    times.append(time.perf_counter() - start)
+            if thread:  # the reader streams steadily: its bytes while computing are its share of the phase
+                bytes_computing.append((reader.bytes_read - read) * sum(times) / (time.perf_counter() - began))
+                stop.set()
+                thread.join()
+            steps[beside] += times
+    finally:
+        stop.set()
+        shard.close()
+    per_step = sum(bytes_computing) / len(steps[True])
+    if per_step <= 0:
+        return None
+    lost = statistics.fmean(steps[True]) - statistics.fmean(steps[False])
+    return {"read_loss_s": max(lost, 0.0) / per_step, "bytes_per_step": per_step, "layers": n}
 
 
 BATCH_SIZES = (1, 2, 4, 8)  # decode rows a batch cost curve is measured at

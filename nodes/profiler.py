@@ -34,6 +34,9 @@ Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline
                            first layers run resident, then streamed through its own prefetcher and reader, with
                            $PRIMA_DISK_MBPS's pacing; nodes/profile_compute.measure_streaming);
                            stream_layer_s the same run's compute of a streamed layer beyond a resident one's
+  read_loss_s              with a store's weights: the compute seconds lost per byte a second reader streams
+                           beside resident steps (nodes/profile_compute.measure_read_loss): what the cost model
+                           charges a streamed byte read while a node computes
   link_latency_s           one hop = mean PING round trip / 2, each PING after IDLE_S of quiet (as a
                            ring's frame finds its successor idle); link_bandwidth from PINGs that
                            carry 1 MiB of padding (the successor acks a PING without reading it)
@@ -77,7 +80,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.manifest import StoreError
 from nodes.prefetch import DEFAULT_FRACTION
 from nodes.profile_bench import measure_matmul_flops, measure_memory_bandwidth
-from nodes.profile_compute import measure_batch_cost, measure_node_layers, measure_streaming
+from nodes.profile_compute import measure_batch_cost, measure_node_layers, measure_read_loss, measure_streaming
 from nodes.profile_disk import measure_disk, measure_stream_rate
 from nodes.profile_frame import (
     measure_frame_overhead,
@@ -95,9 +98,9 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/8"  # /8: compute probes after 0.5 ms gaps (OpenMP spins briefly); /7: token_s with its
-# stream write, output_s cache-cold, means not medians; /6: read_cpu_s, stream_layer_s; /5: visit_s; /4: host,
-# batch_cost; /3: token_s, output_s, rates from the node's path (an older cache is measured again)
+FORMAT = "prima-profile/9"  # /9: read_loss_s; /8: compute probes after 0.5 ms gaps (OpenMP spins briefly); /7:
+# token_s with its stream write, output_s cache-cold, means not medians; /6: read_cpu_s, stream_layer_s; /5: visit_s;
+# /4: host, batch_cost; /3: token_s, output_s, rates from the node's path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 IDLE_S = 0.02  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
@@ -188,6 +191,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     decode = measure_node_layers(store_dir, dtype) if store_dir else None
     batch = measure_batch_cost(store_dir, dtype) if store_dir else None
     streaming = measure_streaming(store_dir, dtype) if store_dir else None
+    loss = measure_read_loss(store_dir, dtype) if store_dir else None
     store = LayerStore(store_dir) if store_dir else None
     hidden = store.config.hidden if store else DEFAULT_HIDDEN
     vocab = store.config.vocab if store else DEFAULT_VOCAB
@@ -205,12 +209,13 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         output_batch_cost=batch["output_batch_cost"] if batch else {},
         visit_s=measure_window_visit(store_dir, dtype, decode["layer_s"]) if decode else 0.0,
         read_cpu_s=streaming["read_cpu_s"] if streaming else 0.0,
+        read_loss_s=loss["read_loss_s"] if loss else 0.0,
         stream_layer_s=streaming["stream_layer_s"] if streaming else 0.0,
         # Metal shares the RAM pool: what it may take is also bounded by free RAM.
         vram_free=(min(gpu.vram_free, ram) if gpu.kind == "metal" else gpu.vram_free) if has_gpu else 0)
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
                    gpu=asdict(gpu), gpu_error=gpu_error, disk=asdict(disk), disk_dir=str(disk_dir),
-                   decode_layer=decode, batch=batch, streaming=streaming,
+                   decode_layer=decode, batch=batch, streaming=streaming, read_loss=loss,
                    torch_threads=torch.get_num_threads(),
                    local_s=time.perf_counter() - start)
     return fields, details

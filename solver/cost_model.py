@@ -101,7 +101,7 @@ class DeviceCosts:
     ram_layers: int  # floor(ram / b'): layers that fit in RAM
     gpu_cap: int  # layers that fit in VRAM (0 without a GPU)
     serial: float = 0.0  # s per round of compute a streaming turn cannot overlap with its reads
-    copy: float = 0.0  # s of CPU per byte read (profile read_cpu_s; none: a copy at RAM speed), lost by the compute
+    copy: float = 0.0  # s the compute loses per byte read beside it (profile read_loss_s, else read_cpu_s, else a copy)
     shared_host: bool = False  # another device of the instance runs on its machine: its reads in its gaps slow theirs
     visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
     cold: float = 0.0  # s more a layer's compute takes when it waited for its read (profile stream_layer_s)
@@ -128,7 +128,8 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
     hosts = [d.host for d in inst.devices]
     for d in inst.devices:
         f = d.batch_factor(inst.batch)  # a batch computes in one pass over the weights (1.0 for one request)
-        copy = d.read_cpu_s or 1.0 / d.ram_bandwidth  # CPU s a byte read costs; unmeasured: a copy at RAM speed
+        cpu = d.read_cpu_s or 1.0 / d.ram_bandwidth  # CPU s a byte read costs; unmeasured: a copy at RAM speed
+        copy = d.read_loss_s or cpu  # what the compute beside it loses per byte (measured: more than the CPU)
         ram = d.ram_available - (m.head_extra_bytes if d.is_head else 0)
         gpu_cap = 0
         gpu = math.inf
@@ -140,7 +141,7 @@ def _device_costs(inst: Instance) -> tuple[DeviceCosts, ...]:
             uma=d.unified_memory, macos=d.os == "macos", forced_fit=d.disk_seq_read < SLOW_DISK,
             alpha=f * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
             hop=d.link_latency_s + m.activation_bytes / d.link_bandwidth + d.frame_s,
-            disk=min(d.disk_seq_read, 1.0 / copy),  # the reader streams no faster than its CPU allows
+            disk=min(d.disk_seq_read, 1.0 / cpu),  # the reader streams no faster than its CPU allows
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
             serial=f * m.serial_fraction * layer_time(m.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
             copy=copy, shared_host=hosts.count(d.host) > 1 if d.host else False,
@@ -419,7 +420,7 @@ class Breakdown:
     hop_s: tuple[float, ...]  # k hop_m for ring members (when the ring has >= 2), else 0
     visit_s: tuple[float, ...]  # k v_m for devices that hold layers (inside compute_s), else 0
     inline_s: tuple[float, ...]  # I_m: the reads in the device's own turns (beside its compute when prefetching)
-    read_cpu_s: tuple[float, ...]  # the CPU its reads take (streaming devices; what the turn loses: stream_turn)
+    read_cpu_s: tuple[float, ...]  # what its reads cost the compute (streaming devices; read_loss_s, else their CPU)
     serial_s: tuple[float, ...]  # s_m: compute its turns' reads cannot overlap (streaming devices, else 0)
     turn_s: tuple[float, ...]  # z_m: its turns, compute and the reads it cannot hide
     cycle_s: tuple[float, ...]  # kappa + its turns, hops and the gaps its reads ahead need (0: no reads)

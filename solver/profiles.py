@@ -31,6 +31,8 @@ JSON schema (plain JSON, keys = field names, SI units):
                                         #   comes back to the node's window with its caches gone cold)
        "read_cpu_s": 4e-10,             # optional (0: 1 / ram_bandwidth, a copy): CPU seconds a byte its
                                         #   prefetcher reads costs (the read, the copy into its buffer)
+       "read_loss_s": 5e-10,            # optional (0: read_cpu_s): compute seconds a node loses per byte a
+                                        #   reader streams beside it (more than the reader's CPU)
        "stream_layer_s": 0.0008,        # optional (0): a streamed layer's compute beyond a resident one's
                                         #   (it starts cold, after waiting for its read)
        "is_head": true},                # optional; must be true exactly for the first device
@@ -48,8 +50,8 @@ from pathlib import Path
 
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
-OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "stream_layer_s", "is_head", "host",
-            "batch_cost", "output_batch_cost")
+OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "read_loss_s", "stream_layer_s", "is_head",
+            "host", "batch_cost", "output_batch_cost")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class DeviceProfile:
     output_s: float = 0.0
     visit_s: float = 0.0
     read_cpu_s: float = 0.0
+    read_loss_s: float = 0.0
     stream_layer_s: float = 0.0
     is_head: bool = False
     host: str = ""

@@ -69,6 +69,8 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert 0 <= prof.stream_layer_s < 0.1, prof  # a streamed layer's cold start (a tiny layer: may be ~0)
     streamed = doc["details"]["streaming"]  # the run they come from streamed the store's layers
     assert streamed["layers"] >= 1 and streamed["read_cpu_s"] == prof.read_cpu_s, streamed
+    loss = doc["details"]["read_loss"]  # resident steps beside a second reader: it read, and the loss is per byte
+    assert loss["bytes_per_step"] > 0 and loss["read_loss_s"] == prof.read_loss_s and 0 <= prof.read_loss_s < 1e-6
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):

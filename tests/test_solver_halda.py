@@ -88,10 +88,12 @@ def test_matches_exhaustive_search_with_window_visits(select):
 
 def with_reader_cpu(inst: Instance, seed: int) -> Instance:
     """The instance with a reader's CPU per byte per device (none, or up to twice its disk's time a byte: then
-    the reader, not the disk, bounds its reads), a streamed layer's cold start (none, or up to 2 of its layers'
-    time) and machines shared by some devices."""
+    the reader, not the disk, bounds its reads), the compute's loss per byte read beside it (none, or up to
+    three times), a streamed layer's cold start (none, or up to 2 of its layers' time) and machines shared by
+    some devices."""
     rng = random.Random(seed)
     devs = tuple(dataclasses.replace(d, read_cpu_s=rng.choice([0.0, rng.uniform(0, 2) / d.disk_seq_read]),
+                                     read_loss_s=rng.choice([0.0, rng.uniform(0, 3) / d.disk_seq_read]),
                                      stream_layer_s=rng.choice([0.0, rng.uniform(0, 2) * c.alpha]),
                                      host=rng.choice(["", "a", "a", "b"]))
                  for d, c in zip(inst.devices, device_costs(inst)))
@@ -128,6 +130,10 @@ def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
     costs = device_costs(dataclasses.replace(inst, devices=(two,), must_stay=frozenset()))[0]
     assert costs.disk == pytest.approx(5e8) and not costs.shared_host  # the reader's CPU bounds its rate
     assert costs.copy == 2e-9
+    # measured, the compute's loss beside a reader is what a byte costs it; the reader's CPU still bounds its rate
+    lossy = dataclasses.replace(two, read_loss_s=3e-9)
+    costs = device_costs(dataclasses.replace(inst, devices=(lossy,), must_stay=frozenset()))[0]
+    assert costs.copy == 3e-9 and costs.disk == pytest.approx(5e8)
 
 
 @pytest.mark.parametrize("seed, L", [(1, 24), (2, 32), (3, 24), (5, 32), (7, 32), (9, 24)])

@@ -128,7 +128,8 @@ def measure(store: Path, shapes: list[list[int]], tokens: int, repeats: int, log
         print("profiled (ms): " + "; ".join(
             f"{d.name} hop {d.frame_s * 1e3:.2f} + link {d.link_latency_s * 1e3:.2f}, visit {d.visit_s * 1e3:.2f}, "
             f"token {d.token_s * 1e3:.2f}, output {d.output_s * 1e3:.2f}, disk {d.disk_seq_read / 1e6:.0f} MB/s, "
-            f"reader {d.read_cpu_s * 1e9:.2f} ns/B, streamed layer +{d.stream_layer_s * 1e3:.2f}"
+            f"reader {d.read_cpu_s * 1e9:.2f} ns/B, loss {d.read_loss_s * 1e9:.2f} ns/B, "
+            f"streamed layer +{d.stream_layer_s * 1e3:.2f}"
             for d in devices), flush=True)
         plans = [("fixed", predict(devices, manifest, w)) for w in shapes]
         plans.append(("halda", plan_live(head, None, "halda")))  # the profiles cached above
