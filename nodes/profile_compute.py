@@ -131,7 +131,7 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     n = max(1, min(cfg.n_layers, READ_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
     units = [f"layer.{i % cfg.n_layers}" for i in range(n, 2 * n)]  # other layers where the store has them
-    reader = LayerStore(store_dir)
+    reader = LayerStore(store_dir, verify=False)  # a node's steady state: each file's checksum is read once
     targets = {u: {name: torch.empty(span.shape, dtype=span.dtype) for name, span in reader.layout(u).items()}
                for u in dict.fromkeys(units)}  # as stored: the reader's copies are plain bytes
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
@@ -147,13 +147,14 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     steps = {False: [], True: []}
     bytes_computing = []
+    thread = None
     try:
         cache = shard.cache_for("profile", 0, 4 * (WARM_UP + LOSS_STEPS), 1)
         pos = 0
         for beside in (False, True, False, True):
-            thread = threading.Thread(target=stream, daemon=True) if beside else None
-            if thread:
+            if beside:
                 stop.clear()
+                thread = threading.Thread(target=stream, daemon=True)
                 thread.start()
             times = []
             for i in range(WARM_UP + LOSS_STEPS):
@@ -165,13 +166,15 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
                 pos += 1
                 if i >= WARM_UP:
                     times.append(time.perf_counter() - start)
-            if thread:  # the reader streams steadily: its bytes while computing are its share of the phase
+            if beside:  # the reader streams steadily: its bytes while computing are its share of the phase
                 bytes_computing.append((reader.bytes_read - read) * sum(times) / (time.perf_counter() - began))
                 stop.set()
                 thread.join()
             steps[beside] += times
     finally:
         stop.set()
+        if thread is not None:
+            thread.join()  # a failed step: the reader finishes its file, then stops
         shard.close()
     per_step = sum(bytes_computing) / len(steps[True])
     if per_step <= 0:
