@@ -232,14 +232,15 @@ def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0
     The buffer is j whole layers (B = j b, j >= 1): the prefetcher reads whole matrices, and a gap fills a
     buffer of whole layers exactly with the layers that open the next window, where one of 1.65 layers took
     1.16-1.25 (the next matrix did not fit). Its k gaps hide u = k h bytes (h <= B each), the turns read
-    the rest, X - u of X = ovf + B, beside the compute: z = max(P + r X', (X - u)/d + s), where the compute
-    loses the reader's CPU of X' bytes: all X on a shared machine (what the gaps read slows the device
-    computing then; measured: 3 nodes on 2 cores, each reading 22.6 MB a token, lost 18 ms of compute a token
-    to 23 ms of reader CPU), X - u alone (its gaps' reads slow nothing). The cycle, z + u/d, must fit in G; a
-    gap's byte lengthens it by 1/d less what it saves the turn, so u is the most that fits, the turn the
-    least over j (the fewest layers among equal ones: each is read once more a token), and the bytes reported
-    hidden the fewest that give that turn. With k = 1 a gap hides what the turn would read anyway, so one
-    layer is best. Each turn is non-increasing in G.
+    the rest, X - u of X = ovf + B, beside the compute: its own turn is z = max(P + r (X - u), (X - u)/d + s),
+    the compute losing the reader's CPU of the bytes read beside it. On a shared machine the bytes its gaps
+    read slow the device computing then by r u (measured: 3 nodes on 2 cores at 1000 MB/s, a resident node
+    beside two readers computed 15.0 ms a token where alone 4.8); the ring pays z + r u. A read-bound turn
+    does not hide that loss: it is another device's compute. The cycle, z + u/d, must fit in G. The ring's
+    share is convex in u and the cycle's feasible u an interval, so the least share lies at an end of that
+    interval or where the turn's two terms meet; the turn is the least over j (the fewest layers among equal
+    ones: each is read once more a token), the bytes reported hidden the fewest that give it. With k = 1 a
+    gap hides what the turn would read anyway, so one layer is best. Each turn is non-increasing in G.
 
     A streamed layer's compute does not overlap reads: while it computes it holds its part of the buffer, and
     with one layer of buffer the reader has nowhere to read to (measured, 3 nodes at 60 %, one round: stalls
@@ -256,15 +257,21 @@ def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0
     s = s + a * X / b  # the streamed layers' compute, beside no read
     A = P + r * X  # the compute and the CPU of every byte read
     wait = 1.0 / d + cold / b  # a turn's read of a byte, the layer that waited for it starting cold
-    saves = r * (1.0 - shared)  # the turn's CPU a byte read in a gap saves
-    slope = 1.0 / d - saves  # what a gap's byte adds to the cycle
+    over = X * wait + s - G  # the reads' term of the cycle, all in the turn, past G: each gap byte saves c/b
+    slope = 1.0 / d - r  # what a gap's byte adds to the compute's term of the cycle
     with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.minimum(np.minimum(k * j * b, X), np.where(slope > 0, (G - A) / slope, np.inf))
-    ok = (u >= 0) & (X / d + (X - u) * (wait - 1.0 / d) + s <= G) & ((slope > 0) | (A + u * slope <= G))
-    turn = np.where(ok, np.maximum(A - saves * u, (X - u) * wait + s), np.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):  # the fewest gap bytes that give that turn
-        least = np.maximum(X - (turn - s) / wait, np.where(saves > 0, (A - turn) / saves, 0.0))
-    u = np.where(ok, np.clip(least, 0.0, u), 0.0)
+        lo = np.maximum(np.maximum(0.0, np.where(cold > 0, over * b / cold, np.where(over > 0, np.inf, 0.0))),
+                        np.where(slope < 0, (G - A) / slope, np.where((slope == 0) & (A > G), np.inf, 0.0)))
+        hi = np.minimum(np.minimum(k * j * b, X), np.where(slope > 0, (G - A) / slope, np.inf))
+        meet = np.where(wait != r, (X * wait + s - A) / (wait - r), lo)  # the turn's two terms equal
+    ok = lo <= hi
+    cand = np.stack([lo, np.clip(meet, lo, hi), hi])  # where the ring's convex share is least, in order
+    with np.errstate(invalid="ignore"):  # inf bytes where it cannot fit: masked below
+        share = np.maximum(A - r * cand, (X - cand) * wait + s) + shared * r * cand
+    least = share.min(axis=0)
+    first = (share <= least * (1 + 1e-12)).argmax(axis=0)  # the fewest gap bytes that give it
+    u = np.where(ok, np.take_along_axis(cand, first[None], axis=0)[0], 0.0)
+    turn = np.where(ok, least, np.inf)
     best = turn.argmin(axis=0)[None]  # the first (fewest layers) of the least
     pick = lambda v: np.take_along_axis(np.broadcast_to(v, turn.shape), best, axis=0)[0]  # noqa: E731
     return pick(turn), pick(j * b), pick(u / k)
@@ -315,15 +322,14 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
     v = model.add_var(f"v({m})", lb=0.0)  # reads in its own turns
     model += v >= y + e - k * h, f"inline({m})"
     zt = model.add_var(f"turn({m})", lb=0.0)  # its turns: compute and those reads side by side
-    # the reader's CPU: of every byte on a shared machine, else of the bytes read in its turns (stream_turn)
-    cpu = c.copy * c.disk * ((y + e) if c.shared_host else v)
-    model += zt >= P + cpu, f"turn_compute({m})"
+    model += zt >= P + c.copy * c.disk * v, f"turn_compute({m})"  # the reader's CPU of its turns' bytes
     # ... but the streamed layers' compute (stream_turn): a per layer, (disk y + b j)/b layers; the layers it
     # waits for, disk v / b, start cold
     model += zt >= (v * (1 + c.cold * c.disk / c.b) + k * c.serial / unit * o + c.alpha * c.disk / c.b * y
                     + c.alpha / unit * j), f"turn_reads({m})"
     model += T >= zt + k * c.hop / unit * hop_on + k * h, f"cycle({m})"  # k gaps long enough
-    return zt
+    # on a shared machine its gaps' bytes cost the device computing then their reader's CPU (stream_turn)
+    return zt + c.copy * c.disk * k * h if c.shared_host else zt
 
 
 # ------------------------------------------------------------------ a whole assignment
@@ -499,9 +505,9 @@ def evaluate(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list[b
             cpu.append((t.overflow + bm) * c.copy)
             waited = inline[-1] * c.disk / c.b  # layers its turns wait for: each starts cold
             serial.append(k * c.serial + c.alpha * (t.overflow + bm) / c.b + c.cold * waited)
-            lost = cpu[-1] if c.shared_host else inline[-1] * c.disk * c.copy
-            turn.append(max(t.compute + lost, inline[-1] + serial[-1]))
-            cycle.append(kap + turn[-1] + hm + k * h / c.disk)
+            own = max(t.compute + inline[-1] * c.disk * c.copy, inline[-1] + serial[-1])
+            turn.append(own + (k * h * c.copy if c.shared_host else 0.0))  # its gaps' reads slow a neighbour
+            cycle.append(kap + own + hm + k * h / c.disk)
     ring = kap + sum(turn) + sum(H)
     tpot = max([tpot, ring] + cycle)
     V = tuple(k * c.visit if wm else 0.0 for c, wm in zip(cs, w))

@@ -115,12 +115,18 @@ def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
     """Disk 100 B/s, layers of 10 B, 35 B a token past memory, compute 0.5 s, k = 1 (one layer of buffer: 45 B
     read a token, 10 of them in the gap), 0.004 s of CPU a byte read. Alone on its machine the turn loses the
     CPU of the 35 B it reads itself: 0.5 + 0.14; where another device computes while it reads in its gap, that
-    device loses the gap's 10 B too - charged here, all 45 B: 0.68 (and the turn needs no gap then: its
+    device loses the gap's 10 B too - charged to this device's share of the ring, all 45 B: 0.68 (and the turn needs no gap then: its
     compute outlasts its reads)."""
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False) == pytest.approx((0.64, 10.0, 10.0))
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.68, 10.0, 0.0))
-    # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute)
+    # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute) ...
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False)[0] == pytest.approx(0.35)
+    # ... and do not hide the gap's loss on a shared machine: that is the neighbour's compute (0.35 + 10 x 0.004)
+    assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.39, 10.0, 10.0))
+    # A fast disk (1000 B/s) under 0.5 s the reads cannot overlap: a byte read in the turn costs 0.001 s, in a gap
+    # on a shared machine 0.004; so it reads none there (0.5 + 0.045), where alone it hides the buffer's 10 B
+    assert stream_turn(1000.0, 10.0, 0.5, 1, 0.1, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.545, 10.0, 0.0))
+    assert stream_turn(1000.0, 10.0, 0.5, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False) == pytest.approx((0.535, 10.0, 10.0))
     # a layer the turn waits for starts cold, 0.02 s more: a read-bound turn waits for 3.5 layers (0.35 + 0.07);
     # a compute-bound one waits for none (0.64 as without)
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.1, 35.0, 10.0, 0.0, 0.004, False, 0.02)[0] == pytest.approx(0.42)
