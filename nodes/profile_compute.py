@@ -112,19 +112,26 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
             "stream_layer_s": max(compute_streaming - compute, 0.0) / n, "layers": n}
 
 
-LOSS_STEPS = 24  # timed decode steps per phase of measure_read_loss (after WARM_UP), phases alone / beside twice
+# measure_read_loss: phases alone / beside a reader, in turn, each WARM_UP steps and then timed ones for at least
+# LOSS_PHASE_S (and LOSS_MIN_STEPS). The loss comes in bursts, one a chunk handed over (4 MB, its copy and the
+# wake-ups around it), so the phases' length, not their steps, bounds the noise: with 24 steps a phase a 200 MB/s
+# reader handed over about 4 chunks, and 5 probes gave 2.17, 0.80, 0.00, 0.00, 0.02 ns a byte.
+LOSS_PAIRS = 4
+LOSS_PHASE_S = 0.3
+LOSS_MIN_STEPS = 8
+LOSS_MAX_STEPS = 400  # a bound on the KV positions each phase's cache holds
 
 
 def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
-    """{"read_loss_s", "bytes_per_step", "layers"}: the compute time a node loses per byte another reader streams
-    beside it - what a streamed byte costs the ring where it is read while a node computes. The store's first
-    layers decode resident, alone and then with a second reader (a LayerStore of its own: the node's reader, its
-    O_DIRECT chunks and copies, $PRIMA_DISK_MBPS's pacing) streaming other layers beside them, twice in turn; the
-    loss is the difference of the steps' means over the bytes read while they computed. It is more than the
-    reader's CPU (read_cpu_s): a reader that takes a core from the compute's spinning OpenMP team stalls the whole
-    parallel region, and its copies take memory bandwidth (SmolLM2 fp32 beside a 1000 MB/s reader: 0.43-0.61 ns a
-    byte where read_cpu_s was 0.30-0.32; a 3-node ring with three such readers lost 0.38). None for a store
-    without weights or a reader that read nothing."""
+    """{"read_loss_s", "bytes_per_step", "layers", "steps"}: the compute time a node loses per byte another reader
+    streams beside it - what a streamed byte costs the ring where it is read while a node computes. The store's
+    first layers decode resident, alone and then with a second reader (a LayerStore of its own: the node's reader,
+    its O_DIRECT chunks and copies, $PRIMA_DISK_MBPS's pacing) streaming other layers beside them, LOSS_PAIRS times
+    in turn (a drift of the machine's speed falls on both); the loss is the difference of the steps' means over
+    the bytes read while they computed. It is more than the reader's CPU (read_cpu_s): a reader that takes a core
+    from the compute's spinning OpenMP team stalls the whole parallel region, and its copies take memory bandwidth
+    (SmolLM2 fp32 beside a 1000 MB/s reader: 0.43-0.61 ns a byte where read_cpu_s was 0.30-0.32; a 3-node ring with
+    three such readers lost 0.31-0.39). None for a store without weights or a reader that read nothing."""
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return None
@@ -146,41 +153,45 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
 
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     steps = {False: [], True: []}
-    bytes_computing = []
+    bytes_computing = 0.0
     thread = None
     try:
-        cache = shard.cache_for("profile", 0, 4 * (WARM_UP + LOSS_STEPS), 1)
-        pos = 0
-        for beside in (False, True, False, True):
+        capacity = min(cfg.max_seq_len, WARM_UP + LOSS_MAX_STEPS)
+        for phase, beside in enumerate((False, True) * LOSS_PAIRS):
+            cache, pos = shard.cache_for(f"profile-{phase}", 0, capacity, 1), 0
             if beside:
                 stop.clear()
                 thread = threading.Thread(target=stream, daemon=True)
                 thread.start()
             times = []
-            for i in range(WARM_UP + LOSS_STEPS):
-                if i == WARM_UP:
-                    began, read = time.perf_counter(), reader.bytes_read
+            for _ in range(WARM_UP):
+                time.sleep(QUIET_S)
+                shard.compute(x, cache, pos, 0)
+                pos += 1
+            began, read = time.perf_counter(), reader.bytes_read
+            while pos < capacity and (len(times) < LOSS_MIN_STEPS or time.perf_counter() - began < LOSS_PHASE_S):
                 time.sleep(QUIET_S)
                 start = time.perf_counter()
                 shard.compute(x, cache, pos, 0)
                 pos += 1
-                if i >= WARM_UP:
-                    times.append(time.perf_counter() - start)
+                times.append(time.perf_counter() - start)
             if beside:  # the reader streams steadily: its bytes while computing are its share of the phase
-                bytes_computing.append((reader.bytes_read - read) * sum(times) / (time.perf_counter() - began))
+                bytes_computing += (reader.bytes_read - read) * sum(times) / (time.perf_counter() - began)
                 stop.set()
                 thread.join()
             steps[beside] += times
+            shard.release(f"profile-{phase}")
     finally:
         stop.set()
         if thread is not None:
             thread.join()  # a failed step: the reader finishes its file, then stops
         shard.close()
-    per_step = sum(bytes_computing) / len(steps[True])
+    per_step = bytes_computing / len(steps[True])
     if per_step <= 0:
         return None
     lost = statistics.fmean(steps[True]) - statistics.fmean(steps[False])
-    return {"read_loss_s": max(lost, 0.0) / per_step, "bytes_per_step": per_step, "layers": n}
+    return {"read_loss_s": max(lost, 0.0) / per_step, "bytes_per_step": per_step, "layers": n,
+            "steps": len(steps[True]) + len(steps[False])}
 
 
 BATCH_SIZES = (1, 2, 4, 8)  # decode rows a batch cost curve is measured at

@@ -98,9 +98,10 @@ from tools.default_model import prima_home
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/9"  # /9: read_loss_s; /8: compute probes after 0.5 ms gaps (OpenMP spins briefly); /7:
-# token_s with its stream write, output_s cache-cold, means not medians; /6: read_cpu_s, stream_layer_s; /5: visit_s;
-# /4: host, batch_cost; /3: token_s, output_s, rates from the node's path (an older cache is measured again)
+FORMAT = "prima-profile/10"  # /10: read_loss_s from longer phases; /9: read_loss_s; /8: compute probes after 0.5 ms
+# gaps (OpenMP spins briefly); /7: token_s with its stream write, output_s cache-cold, means not medians; /6:
+# read_cpu_s, stream_layer_s; /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from the node's path
+# (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 IDLE_S = 0.02  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives

@@ -15,6 +15,7 @@ from nodes.link import LinkDown, RingLink
 from nodes.main import serve
 from nodes.node import NodeConfig
 from nodes.prefetch import DEFAULT_FRACTION
+from nodes.profile_compute import LOSS_MIN_STEPS, LOSS_PAIRS
 from nodes.profile_disk import measure_disk
 from nodes.profile_host import available_ram, gpu_info, os_kind, parse_meminfo, parse_vm_stat, ram_rule
 from nodes.profiler import FORMAT, LinkRates, measure_link, profile_device, read_cache
@@ -71,6 +72,7 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert streamed["layers"] >= 1 and streamed["read_cpu_s"] == prof.read_cpu_s, streamed
     loss = doc["details"]["read_loss"]  # resident steps beside a second reader: it read, and the loss is per byte
     assert loss["bytes_per_step"] > 0 and loss["read_loss_s"] == prof.read_loss_s and 0 <= prof.read_loss_s < 1e-6
+    assert loss["steps"] >= 2 * LOSS_PAIRS * LOSS_MIN_STEPS  # every phase, alone and beside, timed its steps
 
 
 def test_profile_round_trips_through_the_solver_schema(measured):

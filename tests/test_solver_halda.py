@@ -115,8 +115,8 @@ def test_a_reader_s_cpu_is_lost_by_the_compute_beside_it():
     """Disk 100 B/s, layers of 10 B, 35 B a token past memory, compute 0.5 s, k = 1 (one layer of buffer: 45 B
     read a token, 10 of them in the gap), 0.004 s of CPU a byte read. Alone on its machine the turn loses the
     CPU of the 35 B it reads itself: 0.5 + 0.14; where another device computes while it reads in its gap, that
-    device loses the gap's 10 B too - charged to this device's share of the ring, all 45 B: 0.68 (and the turn needs no gap then: its
-    compute outlasts its reads)."""
+    device loses the gap's 10 B too - charged to this device's share of the ring, all 45 B: 0.68 (and the turn
+    needs no gap then: its compute outlasts its reads)."""
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, False) == pytest.approx((0.64, 10.0, 10.0))
     assert stream_turn(100.0, 10.0, 0.0, 1, 0.5, 35.0, 10.0, 0.0, 0.004, True) == pytest.approx((0.68, 10.0, 0.0))
     # read-bound: the reads (0.35 s) outlast the compute and its CPU loss (0.5 -> 0.1 s of compute) ...
