@@ -26,8 +26,9 @@
 # - Loads as a node makes them (cost_model): a short device (binary o_m: it streams at all) also
 #   reads its stream buffer's bytes (e_m: their read time, >= one layer's, chosen by the ILP); each
 #   gap hides h_m <= e_m, what they cannot, v_m >= y_m + e_m - k h_m, is read beside its compute,
-#   turn_m >= P_m, v_m + s_m o_m (s_m: the compute its reads cannot overlap); and its cycle, turns +
-#   hops + k gaps of h_m, bounds T.
+#   turn_m >= P_m + r_m v_m, v_m + s_m o_m (s_m: the compute its reads cannot overlap; r_m: the compute's
+#   loss per byte read beside it); on a shared machine the ring also pays r_m k h_m, the gap bytes' loss to
+#   the device computing then; and its cycle, its turns + hops + k gaps of h_m, bounds T.
 # - Exact and fast (issue 18): no ILP is solved that cannot win. First the best k = 1 plan in which
 #   every share fits in memory, by a DP over devices (nothing is read, so TPOT is a sum of per-device
 #   terms: fitting_optimum); a k > 1 plan that reads nothing cannot beat it. Then only a plan where
