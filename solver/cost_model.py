@@ -428,7 +428,9 @@ class Breakdown:
     inline_s: tuple[float, ...]  # I_m: the reads in the device's own turns (beside its compute when prefetching)
     read_cpu_s: tuple[float, ...]  # what its reads cost the compute (streaming devices; read_loss_s, else their CPU)
     serial_s: tuple[float, ...]  # s_m: compute its turns' reads cannot overlap (streaming devices, else 0)
-    turn_s: tuple[float, ...]  # z_m: its turns, compute and the reads it cannot hide
+    # z_m: its turns, compute and the reads it cannot hide; on a shared machine also its gap reads' loss, which the
+    # devices computing during its gaps take (charged here: the ring's sum is right, a node's own time is less)
+    turn_s: tuple[float, ...]
     cycle_s: tuple[float, ...]  # kappa + its turns, hops and the gaps its reads ahead need (0: no reads)
     buffer_bytes: tuple[int, ...]  # B_m: the stream buffer of each streaming device (0: it does not stream)
     labels: tuple[str, ...]
