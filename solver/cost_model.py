@@ -22,7 +22,7 @@
 #                        max_m z_m + k hop_m + k h_m / disk_m)   a device's cycle: its turns, its hops,
 #                                                        and k gaps long enough to read h_m
 #
-# This is what a node does (nodes/prefetch.py): a short device keeps what its memory holds but a
+# This is what a node does (nodes/engine/prefetch.py): a short device keeps what its memory holds but a
 # stream buffer of B_m bytes (at least one layer) resident, tensor by tensor, and streams the rest,
 # O_m + B_m bytes a token, in visit order through that buffer. While the rest of the ring works
 # (a gap) it can fill only the buffer, so each of its k gaps hides at most B_m of reads, and at most
@@ -43,8 +43,8 @@ from functools import cached_property
 
 import numpy as np
 
+from prima_rpc.spec.profiles import DeviceProfile
 from solver.model_profile import ModelProfile
-from solver.profiles import DeviceProfile
 
 SLOW_DISK = 0.1e9  # B/s; below this prima.cpp forbids offloading (the device must fit, M4)
 DEFAULT_CTX = 4096  # planning context length for the KV cache when none is given

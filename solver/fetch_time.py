@@ -8,8 +8,8 @@ says what the first start costs.
 
 from collections.abc import Sequence
 
+from prima_rpc.spec.profiles import DeviceProfile
 from solver.model_profile import ModelProfile
-from solver.profiles import DeviceProfile
 
 
 def add_first_start(result: dict, model: ModelProfile, devices: Sequence[DeviceProfile],

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import mip
 import numpy as np
 
+from prima_rpc.spec.windows import layer_ranges
 from solver.cost_model import (
     DeviceCosts,
     Instance,
@@ -61,7 +62,6 @@ from solver.cost_model import (
     reads_floor,
 )
 from solver.plan import Infeasible, RingPlan, build_plan
-from solver.windows import layer_ranges
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from nodes.manifest import ARCHITECTURES, DTYPES, FileEntry, Manifest, ModelConfig, StoreError
-from nodes.shapes import layer_flops, layer_params, matrix_params, matrix_shapes
+from prima_rpc.spec.manifest import ARCHITECTURES, DTYPES, FileEntry, Manifest, ModelConfig, StoreError
+from prima_rpc.spec.shapes import layer_flops, layer_params, matrix_params, matrix_shapes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 2, "int4": 2}  # KV elements: quantized stores
 # compute (and cache) in bfloat16
@@ -59,7 +59,7 @@ class ModelProfile:
     # --- derived quantities (per decode token) ---
     @cached_property
     def config(self) -> ModelConfig:
-        """The shape as the nodes hold it (nodes.shapes computes from it)."""
+        """The shape as the nodes hold it (prima_rpc.spec.shapes computes from it)."""
         return ModelConfig(self.architecture, self.hidden, self.intermediate, self.n_layers, self.n_heads,
                            self.n_kv_heads, self.head_dim, self.vocab, self.max_seq_len, qkv_bias=self.qkv_bias,
                            tie_embeddings=self.tie_embeddings)
@@ -72,7 +72,7 @@ class ModelProfile:
     def serial_fraction(self) -> float:
         """The share of a layer's compute that a streaming node cannot overlap with its reads in a turn:
         the attention stage of the round's first layer (its reads wait for it to free the buffer) and
-        the down projection of the last (computed after its read); nodes.model.STAGES."""
+        the down projection of the last (computed after its read); nodes.engine.model.STAGES."""
         m = {unit: a * b for unit, (a, b) in matrix_shapes(self.config).items()}
         return (m["wqkv"] + m["wo"] + m["w_down"]) / matrix_params(self.config)
 
@@ -123,7 +123,7 @@ class ModelProfile:
 
     @classmethod
     def from_json(cls, data: dict) -> ModelProfile:
-        """From a manifest's JSON (parsed by nodes.manifest, the one parser); ValueError when it is malformed."""
+        """From a manifest's JSON (parsed by spec/manifest.py, the one parser); ValueError when it is malformed."""
         if not isinstance(data, dict):
             raise ValueError(f"manifest must be a dict, got {type(data).__name__}")
         try:

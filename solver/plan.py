@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prima_rpc.spec.windows import layer_ranges
 from solver.cost_model import Instance, device_costs, evaluate, memory_bytes
-from solver.windows import layer_ranges
 
 ROLES = ("head", "worker", "relay", "removed")
 

@@ -1,4 +1,4 @@
-"""TPOT with speculative decoding: one trip verifies N drafted tokens (nodes/speculate.py).
+"""TPOT with speculative decoding: one trip verifies N drafted tokens (nodes/generation/speculate.py).
 
 A trip with N + 1 positions costs what a plain token's trip costs (every hop, k rounds, every streamed
 layer's read: `tpot_s` of cost_model.evaluate) plus the compute of N more positions (`position_compute_s`):

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
+from prima_rpc.spec.profiles import DeviceProfile, load_profiles
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
 from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
-from solver.profiles import DeviceProfile, load_profiles
 from solver.speculation import speculation_json
 from solver.throughput import Throughput, predict_throughput
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from prima_rpc.spec.profiles import DeviceProfile
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
-from solver.profiles import DeviceProfile
 
 GiB = 2**30
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
 from prima_rpc.client import Finished, PrimaClient, Token
 
 

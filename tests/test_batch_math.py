@@ -4,9 +4,9 @@ what it gets alone, for segments of different lengths and positions, resident an
 import pytest
 import torch
 
-from nodes.routing import Windows
-from nodes.shard import Shard
-from nodes.store import LayerStore
+from nodes.engine.shard import Shard
+from nodes.engine.store import LayerStore
+from prima_rpc.spec.windows import Windows
 
 TOL = 1e-5  # float32: a matmul over more rows may sum in another order (a GEMM instead of a GEMV)
 

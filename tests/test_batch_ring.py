@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from nodes.store import LayerStore
+from nodes.engine.store import LayerStore
 from prima_rpc import codec
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
 from prima_rpc.app.local_ring import free_ports
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token

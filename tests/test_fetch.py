@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from nodes.fetch import PART, Fetcher, read_manifest_from, safe_name
-from nodes.manifest import MANIFEST, StoreError, read_manifest
+from nodes.ring.fetch import PART, Fetcher, read_manifest_from, safe_name
 from prima_rpc.app.local_ring import launch
+from prima_rpc.spec.manifest import MANIFEST, StoreError, read_manifest
 
 TOKEN = "fetch-secret"
 UNITS = ["layer.2", "layer.3"]
@@ -114,8 +114,8 @@ def test_a_transfer_that_does_not_fit_the_disk_is_refused(server, tiny_store, tm
 
 @pytest.mark.slow
 def test_only_the_head_has_the_model_ring_equals_reference(smol_store, tmp_path):
-    from nodes.generation import GenerateParams
-    from nodes.reference import ReferenceModel
+    from nodes.generation.reference import ReferenceModel
+    from nodes.generation.state import GenerateParams
     from prima_rpc.app import ring
     from tests.test_failures import PROMPT, TOKENS, generate_and_break
 

@@ -1,8 +1,8 @@
 """The plan's first-start term: devices without the model fetch their windows' bytes over their links."""
 
+from prima_rpc.spec.profiles import DeviceProfile
 from solver.fetch_time import add_first_start
 from solver.model_profile import ModelProfile
-from solver.profiles import DeviceProfile
 
 
 def partial(cls, **fields):

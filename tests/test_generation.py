@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from nodes.generation import GenerateParams, Generation
-from nodes.sampling import Sampler, SamplingParams
-from nodes.store import LayerStore
-from nodes.text import PromptError, TextCodec
+from nodes.engine.store import LayerStore
+from nodes.generation.sampling import Sampler, SamplingParams
+from nodes.generation.state import GenerateParams, Generation
+from nodes.generation.text import PromptError, TextCodec
 
 
 @pytest.fixture(scope="module")

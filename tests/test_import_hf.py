@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from nodes.manifest import StoreError, read_manifest
-from nodes.reference import ReferenceModel
-from nodes.store import LayerStore
+from nodes.engine.store import LayerStore
+from nodes.generation.reference import ReferenceModel
+from prima_rpc.spec.manifest import StoreError, read_manifest
 from tools.import_hf import import_hf, read_config, rope, special_tokens
 
 transformers = pytest.importorskip("transformers")
@@ -253,15 +253,15 @@ def test_existing_store_needs_overwrite(hf_dirs, tmp_path):
 def test_quantized_import_is_the_float_weights_quantized(hf_dirs, tmp_path, dtype):
     """--dtype int4|int8 from a Hugging Face directory: fused matrices, each its float32 weights quantized
     (int4 groups of 32; the embedding int8 rows); the store runs and stays close to float32."""
-    from nodes.model import Layer
-    from nodes.quant import Int4, Int8
+    from nodes.engine.model import Layer
+    from nodes.engine.quant import Int4, Int8, weight_format
 
     src, _ = hf_dirs["llama"]
     f32 = LayerStore(import_hf(src, tmp_path / "f32", dtype="float32"))
     q = LayerStore(import_hf(src, tmp_path / "q", dtype=dtype))
     assert q.manifest.dtype == dtype and q.manifest.embed.format == "int8"
     a = Layer.from_unit(f32.load("layer.1"), torch.float32)
-    b = Layer.from_unit(q.load("layer.1"), torch.float32, q.manifest.weight_format())
+    b = Layer.from_unit(q.load("layer.1"), torch.float32, weight_format(q.manifest))
     assert isinstance(b.wqkv, Int4 if dtype == "int4" else Int8)
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         w, got = getattr(a, name), getattr(b, name).rows(torch.arange(getattr(a, name).shape[0]))

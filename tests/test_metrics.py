@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodes import metrics
+from nodes.ring import metrics
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports, launch
 from prima_rpc.client import Finished, PrimaClient, PrimaError

@@ -4,7 +4,7 @@ equals whole prefill."""
 import pytest
 import torch
 
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018]
 

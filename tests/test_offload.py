@@ -14,12 +14,10 @@ import psutil
 import pytest
 import torch
 
-from nodes.diskio import ChunkReader
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_targets
-from nodes.generation import GenerateParams
-from nodes.manifest import StoreError
-from nodes.model import STAGES, Layer
-from nodes.prefetch import (
+from nodes.engine.diskio import ChunkReader
+from nodes.engine.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets, unit_targets
+from nodes.engine.model import STAGES, Layer
+from nodes.engine.prefetch import (
     KV_RESERVE_TOKENS,
     Prefetcher,
     aligned,
@@ -30,11 +28,13 @@ from nodes.prefetch import (
     share,
     spread_counts,
 )
-from nodes.reference import ReferenceModel
-from nodes.routing import Step, Windows
-from nodes.shapes import matrix_shapes
-from nodes.shard import Shard
-from nodes.store import LayerStore
+from nodes.engine.shard import Shard
+from nodes.engine.store import LayerStore
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.spec.shapes import matrix_shapes
+from prima_rpc.spec.windows import Step, Windows
 
 MB = 1 << 20
 
@@ -441,9 +441,9 @@ def test_smollm2_with_a_one_layer_budget_equals_the_reference(smol_store):
 RSS_SCRIPT = r"""
 import json, sys, threading, time
 import psutil, torch
-from nodes.routing import Windows
-from nodes.shard import Shard
-from nodes.store import LayerStore
+from prima_rpc.spec.windows import Windows
+from nodes.engine.shard import Shard
+from nodes.engine.store import LayerStore
 
 store_dir, budget, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 proc = psutil.Process()

@@ -30,11 +30,11 @@ def torch_sees(module: str, **env) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("module", ["nodes.main", "prima_rpc.app.cli", "tools.bench.bench_prediction"])
+@pytest.mark.parametrize("module", ["nodes.ring.main", "prima_rpc.app.cli", "tools.bench.bench_prediction"])
 def test_entry_points_set_a_short_spin_before_torch_loads(module):
     assert torch_sees(module) == "3000"
 
 
 def test_a_users_own_openmp_setting_wins():
-    assert torch_sees("nodes.main", OMP_WAIT_POLICY="PASSIVE") == "None"
-    assert torch_sees("nodes.main", GOMP_SPINCOUNT="50000") == "50000"
+    assert torch_sees("nodes.ring.main", OMP_WAIT_POLICY="PASSIVE") == "None"
+    assert torch_sees("nodes.ring.main", GOMP_SPINCOUNT="50000") == "50000"

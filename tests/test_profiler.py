@@ -10,16 +10,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodes import profile_disk, profiler
-from nodes.link import LinkDown, RingLink
-from nodes.main import serve
-from nodes.node import NodeConfig
-from nodes.prefetch import DEFAULT_FRACTION
-from nodes.profile_compute import LOSS_MIN_STEPS, LOSS_PAIRS
-from nodes.profile_disk import measure_disk
-from nodes.profile_host import available_ram, gpu_info, os_kind, parse_meminfo, parse_vm_stat, ram_rule
-from nodes.profiler import FORMAT, LinkRates, measure_link, profile_device, read_cache
-from solver.profiles import DeviceProfile, devices_from_json
+from nodes.engine.prefetch import DEFAULT_FRACTION
+from nodes.errors import LinkDown
+from nodes.profiling import disk as profile_disk
+from nodes.profiling import profiler
+from nodes.profiling.compute import LOSS_MIN_STEPS, LOSS_PAIRS
+from nodes.profiling.disk import measure_disk
+from nodes.profiling.host import available_ram, gpu_info, os_kind, parse_meminfo, parse_vm_stat, ram_rule
+from nodes.profiling.profiler import FORMAT, LinkRates, measure_link, profile_device, read_cache
+from nodes.ring.link import RingLink
+from nodes.ring.main import serve
+from nodes.ring.node import NodeConfig
+from prima_rpc.spec.profiles import DeviceProfile, devices_from_json
 
 GiB = 1 << 30
 
@@ -288,7 +290,7 @@ def test_disk_probe_reads_a_store_s_own_files(tiny_store, monkeypatch):
 
 
 def test_stream_rate_reads_layer_files_through_the_node_s_reader(tiny_store, tmp_path, monkeypatch):
-    from nodes import diskio
+    from nodes.engine import diskio
 
     read, seen = diskio.ChunkReader.read, []
 
@@ -370,7 +372,7 @@ def test_a_node_profiles_in_its_compute_thread(fake_probes, monkeypatch):
         return json.loads(reply.json)
 
     assert asyncio.run(scenario())["name"] == "solo"
-    assert len(threads) == 1 and threads[0].startswith("compute"), threads  # the node's pool (nodes/node.py)
+    assert len(threads) == 1 and threads[0].startswith("compute"), threads  # the node's pool (nodes/ring/node.py)
 
 
 def test_link_to_a_dead_port_is_link_down(tmp_path):

@@ -11,12 +11,10 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from test_offload import ring_step  # in-process shards in ring order, shared with the float tests
 
-from nodes.fused import head_bytes, kv_bytes, layer_bytes
-from nodes.generation import GenerateParams
-from nodes.manifest import StoreError
-from nodes.model import Layer
-from nodes.prefetch import KV_RESERVE_TOKENS
-from nodes.quant import (
+from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.engine.model import Layer
+from nodes.engine.prefetch import KV_RESERVE_TOKENS
+from nodes.engine.quant import (
     LAYOUTS,
     ONEDNN_MIN_WEIGHTS,
     Int4,
@@ -27,11 +25,14 @@ from nodes.quant import (
     pack_int4,
     quantize_int8,
     unpack_int4,
+    weight_format,
 )
-from nodes.reference import ReferenceModel
-from nodes.routing import Windows
-from nodes.shard import Shard
-from nodes.store import LayerStore
+from nodes.engine.shard import Shard
+from nodes.engine.store import LayerStore
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.spec.windows import Windows
 from tools.default_model import default_gguf, ensure_default_store
 from tools.import_gguf import import_gguf
 from tools.synth import synth
@@ -101,7 +102,7 @@ def test_int4_weights_equal_the_ggufs_on_every_layer(smol_int4):
     identity matmul, slow with float32 activations). With bfloat16 activations scale and zero are bfloat16."""
     tensors = {t.name: t for t in GGUFReader(default_gguf()).tensors}
     store = LayerStore(smol_int4)
-    cfg, fmt = store.config, store.manifest.weight_format()
+    cfg, fmt = store.config, weight_format(store.manifest)
     through_kernel = {0, cfg.n_layers // 2, cfg.n_layers - 1}
     parts = {"wo": ["attn_output"], "w_down": ["ffn_down"], "w_gate_up": ["ffn_gate", "ffn_up"],
              "wqkv": ["attn_q", "attn_k", "attn_v"]}
@@ -179,18 +180,18 @@ def test_quantized_shards_equal_the_reference(kind, ranges, budget, buffer_layer
                                               monkeypatch):
     """int8: every matrix through oneDNN (its threshold lowered), packed on each use when streamed."""
     if kind == "int8":
-        monkeypatch.setattr("nodes.quant.ONEDNN_MIN_WEIGHTS", 0)
+        monkeypatch.setattr("nodes.engine.quant.ONEDNN_MIN_WEIGHTS", 0)
         tiny = synth(tmp_path_factory.mktemp("stores") / "tiny-int8", "tiny", seed=3, dtype="int8")
     else:
         tiny = tiny_int4
     ref = ReferenceModel(tiny)
     assert isinstance(ref.layers[0].wqkv, Int8) == (kind == "int8") == getattr(ref.layers[0].wqkv, "onednn", False)
     store = LayerStore(tiny)
-    cfg, fmt = store.config, store.manifest.weight_format()
+    cfg, fmt = store.config, weight_format(store.manifest)
     layer = layer_bytes(cfg, ref.dtype, fmt)
     buffer = int(buffer_layers * layer)
     if buffer_layers:
-        fixed = head_bytes(cfg, ref.dtype, store.manifest.weight_format("embed")) + kv_bytes(
+        fixed = head_bytes(cfg, ref.dtype, weight_format(store.manifest, "embed")) + kv_bytes(
             cfg, ref.dtype, cfg.n_layers, min(KV_RESERVE_TOKENS, cfg.max_seq_len))
         budget = fixed + int(budget * layer) + buffer
     shards = [Shard(LayerStore(tiny), Windows(tuple(r), ref.cfg.n_layers, i == 0), ref.dtype, budget=budget,

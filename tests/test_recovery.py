@@ -3,8 +3,8 @@
 import grpc
 import pytest
 
-from nodes import frames, recovery
-from nodes.recovery import Keep, MemberState, Probe, Rejoin, RingView, RouteAround
+from nodes.ring import frames, recovery
+from nodes.ring.recovery import Keep, MemberState, Probe, Rejoin, RingView, RouteAround
 
 UP, DOWN = Probe(True, True), Probe(False)
 A, B, C = "a:1", "b:1", "c:1"

@@ -7,8 +7,8 @@ same float32 values, and only summation order differs).
 import pytest
 import torch
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
 from tools.default_model import default_gguf
 
 PROMPTS = [

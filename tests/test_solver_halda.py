@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from prima_rpc.spec.profiles import DeviceProfile, load_profiles
+from prima_rpc.spec.windows import layer_ranges
 from solver.cost_model import Instance, allowed, device_costs, evaluate, fits, stream_turn
 from solver.exhaustive import exhaustive
 from solver.halda import _in_ring, build_model, divisors, halda, solve
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible
 from solver.presets import preset
-from solver.profiles import DeviceProfile, load_profiles
 from solver.synthetic import N_CTX, cycled_devices, random_devices, small_instance, starved_devices
-from solver.windows import layer_ranges
 from tools.synth import synth
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
@@ -242,7 +242,7 @@ def test_stream_buffers_are_whole_layers():
     hides h = min(10 j, (G - P) d / k) a gap, no more than the turn needs ((35 + 10 j - 10) / 2: the turn reads
     10 B beside its compute); turn = max(0.1, (35 + 10 j - 2 h) / 100). j = 1: 0.25; j = 2: 0.15; j = 3: h = 27.5,
     0.1, the least, and the first so. (A buffer of 2.5 layers would reach it too, but a gap fills only whole
-    matrices, and a buffer of whole layers exactly; nodes.prefetch.)"""
+    matrices, and a buffer of whole layers exactly; nodes.engine.prefetch.)"""
     assert stream_turn(100.0, 10.0, 0.0, 2, 0.1, 35.0, 10.0) == pytest.approx((0.1, 30.0, 27.5))
     # a cycle of 0.5 s: (35 + 10 j) / 100 must fit, only j = 1: h = min(10, 0.4 * 100 / 2) = 10, turn 0.25
     assert stream_turn(100.0, 10.0, 0.0, 2, 0.1, 35.0, 0.5) == pytest.approx((0.25, 10.0, 10.0))

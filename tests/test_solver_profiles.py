@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from nodes.manifest import read_manifest
-from nodes.shapes import PUBLISHED, layer_params, layer_shapes
+from prima_rpc.spec.manifest import read_manifest
+from prima_rpc.spec.profiles import DeviceProfile, devices_from_json, devices_to_json, load_profiles
+from prima_rpc.spec.shapes import PUBLISHED, layer_params, layer_shapes
 from solver.model_profile import ModelProfile
 from solver.presets import PRESETS, preset
-from solver.profiles import DeviceProfile, devices_from_json, devices_to_json, load_profiles
 from tools.synth import synth
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
@@ -122,7 +122,7 @@ def test_tied_embeddings_use_embedding_for_output():
 
 
 def test_solver_and_nodes_count_a_layer_alike(tmp_path):
-    """One definition of a layer's parameters (nodes.shapes): the profile built from a store's parsed
+    """One definition of a layer's parameters (prima_rpc.spec.shapes): the profile built from a store's parsed
     manifest counts what the node's config counts, norms and q/k/v biases included."""
     for name in ("tiny", "tiny-qwen2"):
         manifest, _ = read_manifest(synth(tmp_path / name, name, manifest_only=True))

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from prima_rpc.app.cli_plan import terms
+from prima_rpc.spec.profiles import load_profiles
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Instance, evaluate, kappa
 from solver.halda import halda
 from solver.plan import RingPlan
 from solver.presets import preset
-from solver.profiles import load_profiles
 from solver.simulator import simulate
 from solver.strategies import plan_offline
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from prima_rpc.spec.profiles import DeviceProfile, devices_from_json
 from solver.cost_model import Instance, device_costs, evaluate, kappa
 from solver.event_sim import simulate_pipeline
 from solver.halda import halda
@@ -14,7 +15,6 @@ from solver.halda_batch import halda_for
 from solver.model_profile import ModelProfile
 from solver.pipeline import makespan
 from solver.plan import Infeasible, build_plan
-from solver.profiles import DeviceProfile, devices_from_json
 from solver.ring_sim import Member, ring_steps, simulate_ring
 from solver.simulator import simulate
 from solver.synthetic import small_instance

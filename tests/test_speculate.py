@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
-from nodes.sampling import Sampler, SamplingParams
-from nodes.speculate import DraftModel, PromptLookup, SpeculateParams, Speculator, load_draft
-from nodes.store import LayerStore
-from nodes.text import TextCodec
-from nodes.work import Rejected
+from nodes.engine.store import LayerStore
+from nodes.errors import Rejected
+from nodes.generation.draft import DraftModel, load_draft
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.sampling import Sampler, SamplingParams
+from nodes.generation.speculate import PromptLookup, SpeculateParams, Speculator
+from nodes.generation.state import GenerateParams
+from nodes.generation.text import TextCodec
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
 REPEAT = ("Repeat this text exactly: the quick brown fox jumps over the lazy dog while the cat sleeps on the "

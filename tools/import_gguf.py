@@ -1,5 +1,5 @@
 """Import a Llama-family GGUF file into a layer store: float (de-quantized with the `gguf` package), or
-quantized, where Q4_0/Q4_1 blocks become int4 exactly and other tensors are quantized (nodes/quant.py)."""
+quantized, where Q4_0/Q4_1 blocks become int4 exactly and other tensors are quantized (nodes/engine/quant.py)."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -9,9 +9,9 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from nodes.manifest import DTYPES, ModelConfig, StoreError
-from nodes.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
-from nodes.shapes import FUSED as SHAPES_FUSED
+from nodes.engine.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
+from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
+from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter
 
@@ -24,7 +24,7 @@ LAYER_NAMES = {
     "ffn_up.weight": "w_up.weight", "ffn_down.weight": "w_down.weight",
 }
 REQUIRED = [n for n in LAYER_NAMES.values() if not n.endswith(".bias")]
-# A quantized store's fused matrices (nodes.shapes.FUSED): their GGUF parts, in row order.
+# A quantized store's fused matrices (prima_rpc.spec.shapes.FUSED): their GGUF parts, in row order.
 GGUF_NAME = {store: gguf.removesuffix(".weight") for gguf, store in LAYER_NAMES.items()}
 FUSED = {unit: tuple(GGUF_NAME[f"{p}.weight"] for p in parts) for unit, parts in SHAPES_FUSED.items()}
 EXACT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups (d, m) as they are

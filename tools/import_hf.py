@@ -9,9 +9,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from nodes.manifest import DTYPES, ModelConfig, StoreError
-from nodes.quant import writing_format
-from nodes.shapes import unit_shapes
+from nodes.engine.quant import writing_format
+from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
+from prima_rpc.spec.shapes import unit_shapes
 from tools.store_writer import StoreWriter, quantize_unit
 
 ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}

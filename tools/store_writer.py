@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from nodes.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
-from nodes.quant import BITS, Format
+from nodes.engine.quant import BITS, Format
+from prima_rpc.spec.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
 
 # A quantized store's matrices: fused as the model multiplies by them, from a float unit's tensors (in order).
 FUSED = {"wqkv": ("wq", "wk", "wv"), "wo": ("wo",), "w_gate_up": ("w_gate", "w_up"), "w_down": ("w_down",),

@@ -9,9 +9,9 @@ from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.manifest import DTYPES, FileEntry, ModelConfig, StoreError
-from nodes.quant import BITS, GROUP, Format, writing_format
-from nodes.shapes import PRESETS, layer_shapes, matrix_shapes, unit_shapes
+from nodes.engine.quant import BITS, GROUP, Format, writing_format
+from prima_rpc.spec.manifest import DTYPES, FileEntry, ModelConfig, StoreError
+from prima_rpc.spec.shapes import PRESETS, layer_shapes, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file
 
 CHAT_TEMPLATE = (

@@ -11,8 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from nodes.manifest import Manifest, StoreError
-from nodes.store import LayerStore
+from nodes.engine.store import LayerStore
+from prima_rpc.spec.manifest import Manifest, StoreError
 from tools.store_writer import StoreWriter
 
 

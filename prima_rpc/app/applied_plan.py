@@ -4,7 +4,7 @@ However the windows were chosen (`prima-ctl start` with Halda, a saved plan, `--
 node loss), this is the prediction for what the ring holds, so it can be set beside what the head measures.
 """
 
-from solver.windows import layer_ranges
+from prima_rpc.spec.windows import layer_ranges
 
 NOT_ASSIGNED = "No plan is applied: the ring has no windows yet (prima-ctl start assigns them)."
 
@@ -31,13 +31,13 @@ def predict(head: str, token: str | None) -> dict:
 
     Profiles every node (cached per node; the first time they are measured, which takes a while);
     raises ring.RingError when a node cannot be reached or profiled, NoPlan when nothing is assigned."""
-    from nodes.prefetch import KV_RESERVE_TOKENS  # torch and the solver: only when a prediction is asked for
+    from nodes.engine.prefetch import KV_RESERVE_TOKENS  # torch and the solver: only when a prediction is asked for
     from prima_rpc.app import ring
     from prima_rpc.app.live_plan import profile_ring
+    from prima_rpc.spec.profiles import devices_from_json
     from solver.cost_model import Instance, evaluate
     from solver.model_profile import ModelProfile
     from solver.plan import build_plan
-    from solver.profiles import devices_from_json
     from solver.strategies import plan_to_json
 
     k, windows = assignment(ring.walk(head, token))

@@ -40,7 +40,7 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
             overwrite: bool = typer.Option(False, help="replace an existing store")):
     """Import a GGUF file or a Hugging Face directory into a per-layer store."""
     if default:
-        from tools.default_model import DEFAULT_DTYPE, default_store_dir, ensure_default_store
+        from tools.importers import DEFAULT_DTYPE, default_store_dir, ensure_default_store
 
         dtype = dtype or DEFAULT_DTYPE
         with bar(f"importing SmolLM2 into {default_store_dir(dtype)}") as progress:
@@ -50,15 +50,10 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
         fail("give SRC and OUT, or --default")
     if not src.exists():
         fail(f"{src} does not exist")
+    from tools.importers import import_model
+
     with bar(f"importing {src.name}") as progress:
-        if src.is_dir():
-            from tools.import_hf import import_hf
-
-            import_hf(src, out, dtype=dtype, overwrite=overwrite, progress=progress)
-        else:
-            from tools.import_gguf import import_gguf
-
-            import_gguf(src, out, dtype=dtype or "float32", overwrite=overwrite, progress=progress)
+        import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress)
     print(out)
 
 
@@ -73,10 +68,10 @@ def synth(out: Path = typer.Argument(..., help="the store directory to create"),
           layers: int = typer.Option(None, help="override the preset's layer count"),
           overwrite: bool = typer.Option(False)):
     """Write a synthetic store with random weights of a real model's shape."""
-    from tools.synth import synth as make
+    from tools.importers import synth_store
 
     with bar(f"writing {preset}") as progress:
-        make(out, preset, seed=seed, dtype=dtype, bits_per_weight=bits_per_weight, manifest_only=manifest_only,
+        synth_store(out, preset, seed=seed, dtype=dtype, bits_per_weight=bits_per_weight, manifest_only=manifest_only,
              overwrite=overwrite, layers=layers, progress=progress)
     print(out)
 
@@ -97,8 +92,9 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     cli_args.generate_args(prompt, max_tokens, temperature, top_k, top_p, seed, stop)
-    from nodes.speculate import DraftModel, SpeculateParams, Speculator, load_draft
-    from nodes.work import Rejected
+    from nodes.errors import Rejected
+    from nodes.generation.draft import DraftModel, load_draft
+    from nodes.generation.speculate import SpeculateParams, Speculator
 
     try:
         speculation = SpeculateParams(speculate, draft_tokens)
@@ -112,9 +108,9 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         cli_args.store(model)
     import torch
 
-    from nodes.generation import GenerateParams
-    from nodes.reference import ReferenceModel
-    from nodes.sampling import SamplingParams
+    from nodes.generation.reference import ReferenceModel
+    from nodes.generation.sampling import SamplingParams
+    from nodes.generation.state import GenerateParams
 
     if dtype not in (None, "float32", "bfloat16"):
         fail(f"--dtype must be float32 or bfloat16, got {dtype}")
@@ -154,7 +150,7 @@ cli_serve.register(app, state)
 
 
 def _default_model() -> Path:
-    from tools.default_model import DEFAULT_DTYPE, ensure_default_store
+    from tools.importers import DEFAULT_DTYPE, ensure_default_store
 
     return ensure_default_store(dtype=DEFAULT_DTYPE)
 

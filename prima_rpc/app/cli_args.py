@@ -42,7 +42,7 @@ def generate_args(prompt: str, max_tokens: int, temperature: float, top_k: int, 
 
 def store(path: Path) -> Path:
     """A layer store directory (its manifest is read, not its weights)."""
-    from nodes.manifest import StoreError, read_manifest
+    from prima_rpc.spec.manifest import StoreError, read_manifest
 
     text(str(path), "the model path")
     try:

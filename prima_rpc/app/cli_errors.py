@@ -13,9 +13,9 @@ import grpc
 import typer
 from typer.exceptions import TyperException
 
-from nodes.manifest import StoreError
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import PrimaError
+from prima_rpc.spec.manifest import StoreError
 
 
 def fail(message: str, status: int = 2) -> NoReturn:

@@ -14,8 +14,8 @@ from prima_rpc.app.cli_ring import _start, _stream, reach
 from prima_rpc.app.progress import bar
 from prima_rpc.channel import TOKEN_ENV, metadata
 from prima_rpc.client import PrimaError
+from prima_rpc.spec.windows import even_windows
 from prima_rpc.v1 import prima_pb2 as pb
-from solver.windows import even_windows
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -45,7 +45,7 @@ def register(app: typer.Typer, state: dict) -> None:
             fail(f"--windows gives {len(sizes)} windows for {local} nodes")
         cli_args.text(prompt, "--prompt")
         if model is None:
-            from tools.default_model import DEFAULT_DTYPE, ensure_default_store
+            from tools.importers import DEFAULT_DTYPE, ensure_default_store
 
             with bar("importing SmolLM2 (once)") as progress:
                 model = ensure_default_store(progress=progress, dtype=DEFAULT_DTYPE)

@@ -9,10 +9,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from nodes.manifest import read_manifest
 from prima_rpc.app import tables
 from prima_rpc.app.cli_errors import fail, guarded
 from prima_rpc.client import DRAFT_TOKENS
+from prima_rpc.spec.manifest import read_manifest
 
 
 def register(app: typer.Typer, state: dict) -> None:
@@ -73,7 +73,7 @@ def speculation_option(rate: float | None, draft: int | None) -> tuple[int, floa
         if draft is not None:
             fail("--draft-tokens needs --speculate-accept R")
         return None
-    from nodes.speculate import DEFAULT_DRAFT  # torch: only when planning with speculation
+    from nodes.generation.speculate import DEFAULT_DRAFT  # torch: only when planning with speculation
 
     draft = DEFAULT_DRAFT if draft is None else draft
     if not 0.0 <= rate <= 1.0:

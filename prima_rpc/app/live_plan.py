@@ -4,13 +4,13 @@ import json
 
 import grpc
 
-from nodes.prefetch import KV_RESERVE_TOKENS
+from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from prima_rpc.app import ring
 from prima_rpc.channel import metadata
+from prima_rpc.spec.profiles import devices_from_json
 from prima_rpc.v1 import prima_pb2 as pb
 from solver.fetch_time import add_first_start
 from solver.model_profile import ModelProfile
-from solver.profiles import devices_from_json
 from solver.strategies import plan_for
 
 

@@ -29,7 +29,7 @@ class LaunchError(Exception):
 
 def run_dir(port: int) -> Path:
     """Where the local ring whose first node serves on `port` keeps its logs and pid files."""
-    from tools.default_model import prima_home
+    from prima_rpc.spec.home import prima_home
 
     return prima_home() / "run" / str(port)
 
@@ -135,7 +135,7 @@ class Recorded:
 
 
 def recorded_rings() -> list[Recorded]:
-    from tools.default_model import prima_home
+    from prima_rpc.spec.home import prima_home
 
     found = (Recorded.read(d) for d in sorted((prima_home() / "run").glob("*/")))
     return [r for r in found if r is not None]
@@ -186,7 +186,7 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
     ring = LocalRing(addresses, log_dir, env=env, detach=detach)
     for i, port in enumerate(ports):
         store = models[i] if models else model
-        cmd = [sys.executable, "-m", "nodes.main", "--host", "127.0.0.1", "--port", str(port),
+        cmd = [sys.executable, "-m", "nodes.ring.main", "--host", "127.0.0.1", "--port", str(port),
                "--peer", addresses[(i + 1) % n], "--name", f"node{i}"]
         cmd += ["--model", str(store)] if store else []
         cmd += extra_args[i] if extra_args else []

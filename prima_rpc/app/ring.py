@@ -8,9 +8,9 @@ from contextlib import contextmanager
 import grpc
 
 from prima_rpc.channel import metadata, sync_channel
+from prima_rpc.spec.windows import layer_ranges
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
-from solver.windows import layer_ranges
 
 MAX_RING = 256
 

@@ -17,15 +17,15 @@ import os
 import tempfile
 from pathlib import Path
 
-from nodes.diskio import DISK_MBPS_ENV
-from nodes.prefetch import KV_RESERVE_TOKENS
+from nodes.engine.diskio import DISK_MBPS_ENV
+from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import assignment
 from prima_rpc.app.live_plan import profile_ring
+from prima_rpc.spec.profiles import DeviceProfile, devices_from_json
 from solver.cost_model import Instance
 from solver.model_profile import ModelProfile
 from solver.plan import build_plan
-from solver.profiles import DeviceProfile, devices_from_json
 from solver.throughput import predict_throughput
 from tools.bench.markdown import table
 
@@ -69,7 +69,7 @@ def loopback_rows(store: Path, concurrencies: list[int], logs: Path, extra: list
 
 
 def main() -> None:
-    from nodes.store import LayerStore
+    from nodes.engine.store import LayerStore
     from tools.bench.bench_prediction import budgets
     from tools.default_model import ensure_default_store
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes.diskio import DISK_MBPS_ENV
+from nodes.engine.diskio import DISK_MBPS_ENV
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, Token

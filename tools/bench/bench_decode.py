@@ -29,8 +29,8 @@ THREADS = 2
 def run_prima(store: str, dtype: str, n: int) -> dict:
     import torch
 
-    from nodes.generation import GenerateParams, Generation
-    from nodes.reference import ReferenceModel
+    from nodes.generation.reference import ReferenceModel
+    from nodes.generation.state import GenerateParams, Generation
 
     torch.set_num_threads(THREADS)
     model = ReferenceModel(store, dtype=getattr(torch, dtype))
@@ -166,7 +166,7 @@ GOALS = {"smollm2": [("int4", "Q4_1", 0.5)], "8b": [("int4", "Q4_0", 0.6), ("int
 
 
 def main() -> None:
-    from tools.default_model import prima_home
+    from prima_rpc.spec.home import prima_home
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["smollm2", "8b"], choices=["smollm2", "8b"])

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes.fetch import Fetcher
-from nodes.store import LayerStore
+from nodes.engine.store import LayerStore
+from nodes.ring.fetch import Fetcher
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import PrimaClient, Token

@@ -1,6 +1,6 @@
 """int8 matmul kernels side by side on llama3-8b's matrices (and SmolLM2's output): torch's bfloat16 kernel
 (`_weight_int8pack_mm`, weights widened to float) vs `Int8.mm` (oneDNN u8 x s8 with activations quantized per
-row; what nodes/quant.py runs for large matrices), at 1, 4 and 8 rows, 2 threads, interleaved; best of
+row; what nodes/engine/quant.py runs for large matrices), at 1, 4 and 8 rows, 2 threads, interleaved; best of
 --repeats, as ms per call and GB/s of int8 weights read.
 
     python -m tools.bench.bench_int8 [--rows 1 4 8] [--repeats 7] [--json]
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from nodes.quant import Int8
+from nodes.engine.quant import Int8
 
 BASE = "int8pack bf16"
 SHAPES = {"wqkv 6144x4096": (6144, 4096), "wo 4096x4096": (4096, 4096), "w_gate_up 28672x4096": (28672, 4096),

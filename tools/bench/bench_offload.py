@@ -39,14 +39,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nodes.diskio import DISK_MBPS_ENV
-from nodes.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
-from nodes.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
-from nodes.store import LayerStore
+from nodes.engine.diskio import DISK_MBPS_ENV
+from nodes.engine.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
+from nodes.engine.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
+from nodes.engine.quant import weight_format
+from nodes.engine.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
-from tools.default_model import prima_home
+from prima_rpc.spec.home import prima_home
 from tools.synth import synth
 
 PROMPT = "Once upon a time"
@@ -139,7 +140,7 @@ def run(store: Path, windows: list[int], budgets: list[int], depth: int | None, 
 def bench(args) -> None:
     store = ensure_store(args.store, args.layers, args.dtype)
     manifest = LayerStore(store).manifest
-    cfg, fmt, hfmt = manifest.config, manifest.weight_format(), manifest.weight_format("embed")
+    cfg, fmt, hfmt = manifest.config, weight_format(manifest), weight_format(manifest, "embed")
     # float32 stores compute in float32, the others in bfloat16 (nodes get --dtype: bfloat16 stores too)
     compute = "float32" if manifest.dtype == "float32" else "bfloat16"
     n_layers, n, dtype = cfg.n_layers, args.nodes, getattr(torch, compute)

@@ -31,19 +31,19 @@ from pathlib import Path
 import psutil
 import torch
 
-from nodes.diskio import DISK_MBPS_ENV
-from nodes.fused import head_bytes, kv_bytes, layer_bytes
-from nodes.prefetch import KV_RESERVE_TOKENS
-from nodes.store import LayerStore
+from nodes.engine.diskio import DISK_MBPS_ENV
+from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.engine.prefetch import KV_RESERVE_TOKENS
+from nodes.engine.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.app.live_plan import plan_live, profile_ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.app.status_rows import status_row
 from prima_rpc.client import Finished, PrimaClient
+from prima_rpc.spec.profiles import devices_from_json
 from solver.cost_model import Instance, evaluate
 from solver.model_profile import ModelProfile
 from solver.plan import build_plan
-from solver.profiles import devices_from_json
 from solver.strategies import plan_to_json
 from tools.default_model import ensure_default_store
 

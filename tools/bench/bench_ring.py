@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from nodes.generation import GenerateParams, Generation
-from nodes.reference import ReferenceModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams, Generation
 from prima_rpc import codec
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch

@@ -16,13 +16,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from prima_rpc.spec.profiles import load_profiles
 from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Instance
 from solver.exhaustive import exhaustive
 from solver.halda import halda, solver_name
 from solver.plan import Infeasible
 from solver.presets import preset
-from solver.profiles import load_profiles
 from solver.simulator import simulate
 from solver.synthetic import cycled_devices, random_devices, small_instance, starved_devices
 

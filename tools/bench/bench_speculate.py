@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes.generation import GenerateParams
-from nodes.reference import ReferenceModel
-from nodes.speculate import DraftModel, SpeculateParams, Speculator
+from nodes.generation.draft import DraftModel
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.speculate import SpeculateParams, Speculator
+from nodes.generation.state import GenerateParams
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, Token

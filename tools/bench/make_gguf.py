@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from nodes.shapes import PRESETS
+from prima_rpc.spec.shapes import PRESETS
 from tools.default_model import default_gguf
 
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",

@@ -1,0 +1,95 @@
+"""A decoder layer's fused buffers, allocated once, and where each tensor of a unit file goes inside them."""
+
+import torch
+
+from nodes.engine.model import Layer, Weight
+from nodes.engine.quant import Format
+from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.shapes import FUSED, fused_rows, layer_params, matrix_params, matrix_shapes
+
+
+def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
+    """A Layer of uninitialised tensors with the shapes `Layer.from_unit` makes (64-byte aligned, like it)."""
+    matrices = {unit: torch.empty(shape, dtype=dtype) for unit, shape in matrix_shapes(cfg).items()}
+    return Layer(**empty_small(cfg, dtype), **matrices)
+
+
+def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Unit tensor name -> the (contiguous) part of `layer` it fills; from_unit's torch.cat, without the copy."""
+    out = small_targets({"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm, "bqkv": layer.bqkv}, cfg)
+    for unit in STREAM_UNITS:
+        out.update(unit_targets(unit, getattr(layer, unit), cfg))
+    return out
+
+
+STREAM_UNITS = tuple(FUSED)  # a layer's matrices: the units of residency and streaming
+SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
+
+
+def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> its part of the fused matrix `t` (one of STREAM_UNITS)."""
+    return {name: t[rows] for name, rows in fused_rows(unit, cfg).items()}
+
+
+def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
+                 dtype: torch.dtype) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The tensors (dtype, shape) that hold one of STREAM_UNITS in memory: one fused float matrix, or a
+    quantized one's two stored tensors (named as in the unit file)."""
+    shape = matrix_shapes(cfg)[unit]
+    if fmt is None:
+        return {unit: (dtype, shape)}
+    return {f"{unit}.{part}": spec for part, spec in fmt.parts(shape).items()}
+
+
+def part_targets(unit: str, parts: dict[str, torch.Tensor], cfg: ModelConfig,
+                 fmt: Format | None) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> where it goes among `parts` (stream_parts' tensors)."""
+    return unit_targets(unit, parts[unit], cfg) if fmt is None else dict(parts)
+
+
+def part_weight(unit: str, parts: dict[str, torch.Tensor], fmt: Format | None, dtype: torch.dtype) -> Weight:
+    """The matrix that `parts` hold, ready for linear()."""
+    if fmt is None:
+        return parts[unit]
+    return fmt.weight(parts[f"{unit}.qweight"], parts[f"{unit}.scales"], dtype)
+
+
+def empty_parts(unit: str, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {name: torch.empty(shape, dtype=dt) for name, (dt, shape) in stream_parts(unit, cfg, fmt, dtype).items()}
+
+
+def matrix_bytes(shape: tuple[int, int], fmt: Format | None, dtype: torch.dtype) -> int:
+    return torch.Size(shape).numel() * dtype.itemsize if fmt is None else fmt.nbytes(shape)
+
+
+def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
+    """A layer's SMALL tensors, uninitialised (bqkv None without biases)."""
+    h, q, kv = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {"attn_norm": torch.empty(h, dtype=dtype), "ffn_norm": torch.empty(h, dtype=dtype),
+            "bqkv": torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None}
+
+
+def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Unit file tensor name -> its part of a layer's small tensors (SMALL; bqkv may be None)."""
+    out = {"attn_norm.weight": small["attn_norm"], "ffn_norm.weight": small["ffn_norm"]}
+    b = small.get("bqkv")
+    if b is not None:
+        out.update({name: b[rows] for name, rows in fused_rows("wqkv", cfg, "bias").items()})
+    return out
+
+
+def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
+    """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases
+    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
+
+
+def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
+    """Memory of the head's embedding, final norm and (untied) output projection."""
+    matrix = matrix_bytes((cfg.vocab, cfg.hidden), fmt, dtype)
+    return matrix * (1 if cfg.tie_embeddings else 2) + cfg.hidden * dtype.itemsize
+
+
+def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int, tokens: int) -> int:
+    """KV cache memory of `tokens` positions over `layers` layers."""
+    return 2 * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize * layers * tokens

@@ -1,0 +1,389 @@
+"""Disk offload: which weights stay resident under a memory budget, and a prefetcher that streams the rest.
+
+A token visits a node's layers in one fixed cyclic order (its windows in layer order, round after round,
+then the next token from the first again). A layer's four matrices (wqkv, wo, w_gate_up, w_down) are the
+units of residency: what the budget holds beside a stream buffer stays resident, down to single units of
+one layer, so no memory is left over; the rest streams, in visit order, through the buffer (a ring of
+bytes, at least one layer): while the node computes, and while the rest of the ring works, a reader thread
+fills whatever of the buffer is free with the next streamed units. Space is freed only when its layer was
+used (or, after a misprediction, is no longer expected), so nothing read ahead is evicted before its use.
+
+How big the buffer is, is the plan's choice (solver.cost_model): each byte of it is read once more a
+token, but lets one more byte be read while the rest of the ring works. Streamed layers are placed where
+they cost least: the first few of each window at its start (read during the gap before it, and used at
+once, so the buffer frees for the next reads) and the others at its end, so their reads run beside the
+compute of the window's resident layers. Decisions are pure functions (tested with tables); `Prefetcher`
+performs them.
+"""
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+import psutil
+import torch
+
+from nodes.engine.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
+from nodes.engine.quant import Format
+from nodes.engine.store import LayerStore
+from prima_rpc.spec.manifest import ModelConfig, StoreError
+
+DEPTH = 1  # default buffer without a plan: DEPTH + 1 layers (read one ahead of the one computing)
+KV_RESERVE_TOKENS = 2048  # KV positions the budget keeps room for, all requests together (more are refused)
+DEFAULT_FRACTION = 0.8  # default budget: this share of the RAM available at assignment
+DEPTH_ENV = "PRIMA_PREFETCH_DEPTH"  # benchmarks: 0 = no prefetch (load on demand)
+MAX_BUFFER_LAYERS = 1024  # a plan's stream buffer beyond this is not a plan (Assign refuses it)
+ALIGN = 64  # every unit in the buffer starts here: fp32 matmul rounding depends on it (like torch's allocator)
+
+
+def default_budget() -> int:
+    return int(psutil.virtual_memory().available * DEFAULT_FRACTION)
+
+
+def prefetch_depth() -> int:
+    """The read-ahead depth: DEPTH, or the environment's PRIMA_PREFETCH_DEPTH (0 turns prefetch off)."""
+    text = os.environ.get(DEPTH_ENV, "")
+    try:
+        depth = int(text) if text else DEPTH
+    except ValueError:
+        raise StoreError(f"{DEPTH_ENV}={text!r} is not a whole number") from None
+    if depth < 0:
+        raise StoreError(f"{DEPTH_ENV} must be >= 0, got {depth}")
+    return depth
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def parts_bytes(parts: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    """Bytes a streamed unit's tensors (nodes.engine.fused.stream_parts) take in the buffer, each aligned."""
+    return sum(aligned(torch.Size(shape).numel() * dt.itemsize) for dt, shape in parts.values())
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a node holds its layers under a budget."""
+
+    order: tuple[int, ...]  # the node's layers in visit order
+    streamed: tuple[tuple[int, tuple[str, ...]], ...]  # (layer, its streamed units), in visit order
+    buffer: int  # stream buffer bytes (0: nothing streamed)
+    prefetch: bool  # read ahead (else load on demand)
+    budget: int  # effective budget in bytes: the requested one, or the minimum when that was lower
+    requested: int  # 0: unlimited
+    unit_bytes: dict[str, int] = field(hash=False)  # bytes of each matrix of a layer, aligned
+    small_bytes: int = 0  # a layer's norms and biases, always resident
+    fixed_bytes: int = 0  # head units + KV reserve, always in memory
+
+    @property
+    def layer_bytes(self) -> int:
+        return sum(self.unit_bytes.values()) + self.small_bytes
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Bytes read from disk per token (one visit of every layer)."""
+        return sum(self.unit_bytes[u] for _, units in self.streamed for u in units)
+
+    @property
+    def resident(self) -> frozenset[int]:
+        """Layers with no streamed unit."""
+        return frozenset(self.order) - {layer for layer, _ in self.streamed}
+
+    @property
+    def weight_bytes(self) -> int:
+        """Layer memory: resident units, every layer's small tensors, and the stream buffer."""
+        return len(self.order) * self.layer_bytes - self.streamed_bytes + self.buffer
+
+    @property
+    def below_minimum(self) -> bool:
+        return 0 < self.requested < self.budget
+
+
+def merge_windows(order: list[int]) -> list[list[int]]:
+    """The visit order cut into windows: runs of consecutive layers (computed in one go)."""
+    out: list[list[int]] = []
+    for layer in order:
+        if out and out[-1][-1] + 1 == layer:
+            out[-1].append(layer)
+        else:
+            out.append([layer])
+    return out
+
+
+def share(total: int, weights: list[int]) -> list[int]:
+    """`total` split in proportion to `weights` (largest remainders), each part <= its weight."""
+    s = sum(weights)
+    exact = [total * w / s for w in weights]
+    parts = [int(e) for e in exact]
+    for i in sorted(range(len(weights)), key=lambda i: parts[i] - exact[i])[:total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def spread_counts(total: int, lengths: list[int], lead: int) -> list[int]:
+    """How many of `total` streamed layers each window gets: first up to `lead` each (what a gap before it
+    can read ahead), then the rest evenly, so that every round's turns read alike (a round whose turns
+    read little leaves the next round's gaps too short to read ahead in)."""
+    leads = [min(lead, n) for n in lengths]
+    if total <= sum(leads):
+        return share(total, leads)
+    counts, extra = list(leads), [0] * len(lengths)
+    for _ in range(total - sum(leads)):  # one at a time to the window that has the fewest extra and room
+        i = min((i for i in range(len(lengths)) if counts[i] < lengths[i]), key=lambda i: extra[i])
+        counts[i] += 1
+        extra[i] += 1
+    return counts
+
+
+def placement(window: list[int], count: int, lead: int) -> list[int]:
+    """Which `count` layers of a window stream: `lead` at its start (read in the gap before it, used first,
+    freeing the buffer at once), the rest at its end (read beside the compute of the resident ones)."""
+    lead = min(lead, count)
+    return window[:lead] + (window[len(window) - (count - lead):] if count > lead else [])
+
+
+def partial_units(unit_bytes: dict[str, int], need: int) -> tuple[str, ...]:
+    """The fewest bytes of one layer's units that cover `need` (0 < need < the layer's matrices)."""
+    best: tuple[int, tuple[str, ...]] | None = None
+    for r in range(1, len(STREAM_UNITS) + 1):
+        for units in combinations(STREAM_UNITS, r):
+            size = sum(unit_bytes[u] for u in units)
+            if size >= need and (best is None or size < best[0]):
+                best = (size, units)
+    assert best is not None, (unit_bytes, need)
+    return best[1]
+
+
+def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, fixed_bytes: int, budget: int,
+                prefetch: bool, buffer: int = 0) -> MemoryPlan:
+    """Resident units and the stream buffer for `budget` bytes (0: unlimited).
+
+    Everything that fits stays resident. Otherwise a buffer of `buffer` bytes (0: DEPTH + 1 layers; at
+    least one layer, exactly one without prefetch) and as many units resident as the rest of the budget
+    holds: whole layers, then single units of one more layer. A budget below head + KV reserve + every
+    layer's small tensors + the buffer runs at that minimum."""
+    matrices = sum(unit_bytes.values())
+    n = len(order)
+    plan = dict(order=tuple(order), prefetch=prefetch, requested=budget, unit_bytes=dict(unit_bytes),
+                small_bytes=small_bytes, fixed_bytes=fixed_bytes)
+    if budget <= 0 or n == 0 or fixed_bytes + n * (matrices + small_bytes) <= budget:
+        return MemoryPlan(streamed=(), buffer=0, budget=budget if budget > 0 else 0, **plan)
+    if not prefetch:
+        buffer = matrices
+    buffer = max(aligned(buffer or (DEPTH + 1) * matrices), matrices)
+    room = budget - fixed_bytes - n * small_bytes - buffer  # for resident matrices
+    need = n * matrices - max(room, 0)  # matrix bytes that stream
+    whole, rest = divmod(need, matrices)
+    if whole >= n:
+        whole, rest = n, 0
+    windows = merge_windows(order)
+    lead = max(1, buffer // matrices)
+    counts = spread_counts(whole, [len(w) for w in windows], lead)
+    units = {layer: STREAM_UNITS for w, c in zip(windows, counts) for layer in placement(w, c, lead)}
+    if rest > 0:  # the partial layer closes the window that streams least (its reads beside most compute)
+        i = min((i for i, w in enumerate(windows) if counts[i] < len(w)), key=lambda i: (counts[i], -i))
+        (extra,) = set(placement(windows[i], counts[i] + 1, lead)) - set(placement(windows[i], counts[i], lead))
+        units[extra] = partial_units(unit_bytes, rest)
+    streamed = tuple((layer, units[layer]) for layer in order if layer in units)
+    out = MemoryPlan(streamed=streamed, buffer=buffer, budget=budget, **plan)
+    return replace(out, budget=max(budget, fixed_bytes + out.weight_bytes))
+
+
+def arena_alloc(size: int, used: list[tuple[int, int]], n: int) -> int | None:
+    """Where n bytes go in a ring buffer of `size` bytes whose allocations `used` ((offset, bytes), oldest
+    first) are freed oldest first; None when they do not fit until more is freed."""
+    if not used:
+        return 0 if n <= size else None
+    oldest, (last, last_n) = used[0][0], used[-1]
+    end = last + last_n
+    if last >= oldest:  # not wrapped: after the newest, else from the start up to the oldest
+        if end + n <= size:
+            return end
+        return 0 if n <= oldest else None
+    return end if end + n <= oldest else None
+
+
+def fits_alone(size: int, offset: int, sizes: list[int]) -> bool:
+    """Whether a layer's units (`sizes`, in order) placed from `offset` on, wrapping to the start at most
+    once, fit a ring buffer of `size` bytes with nothing else in it: when a layer is awaited, everything
+    older has been freed, so its units must fit then or the wait would never end."""
+    pos, wrapped = offset, False
+    for i, n in enumerate(sizes):
+        if pos + n <= (offset if wrapped else size):
+            pos += n
+        elif not wrapped and i and n <= offset:
+            pos, wrapped = n, True
+        else:
+            return False
+    return True
+
+
+@dataclass
+class Piece:
+    """One streamed unit of one layer, in the buffer."""
+
+    index: int  # in the plan's cyclic list of pieces
+    offset: int
+    size: int
+    ready: bool = False
+    error: Exception | None = None
+
+
+class Prefetcher:
+    """Streams the plan's streamed units through its buffer; acquire/release come from the compute thread."""
+
+    def __init__(self, store: LayerStore, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype,
+                 fmt: Format | None = None):
+        """fmt: the store's quantized format (None: float matrices)."""
+        assert plan.streamed and plan.buffer > 0, plan
+        self.store, self.plan, self.cfg, self.dtype, self.fmt = store, plan, cfg, dtype, fmt
+        self.parts = {u: stream_parts(u, cfg, self.fmt, dtype) for u in STREAM_UNITS}
+        self.pieces = [(layer, unit) for layer, units in plan.streamed for unit in units]  # cyclic order
+        self.first = {}  # layer -> index of its first piece
+        for i, (layer, _) in enumerate(self.pieces):
+            self.first.setdefault(layer, i)
+        self.count = {layer: len(units) for layer, units in plan.streamed}
+        self.units = dict(plan.streamed)
+        self.buffer = torch.empty(plan.buffer, dtype=torch.uint8)
+        self.queue: deque[Piece] = deque()  # in the buffer, oldest first
+        self.cursor = 0  # the next piece to read when the queue is empty
+        self.in_use: int | None = None
+        self.stall_s, self.loads, self.misses = 0.0, 0, 0
+        self.closed = self.flushing = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+
+    def start(self) -> None:
+        """Start reading ahead (the buffer may be used for other reads until then)."""
+        self.thread.start()
+
+    def view(self, unit: str, offset: int) -> dict[str, torch.Tensor]:
+        """The unit's tensors (nodes.engine.fused.stream_parts) in the buffer from `offset`, each 64-byte aligned."""
+        out = {}
+        for name, (dt, shape) in self.parts[unit].items():
+            n = torch.Size(shape).numel() * dt.itemsize
+            out[name] = self.buffer[offset:offset + n].view(dt).view(shape)
+            offset += aligned(n)
+        return out
+
+    def scratch(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every matrix of a layer, laid out in the buffer (for reads before the prefetcher starts)."""
+        out, offset = {}, 0
+        for unit in STREAM_UNITS:
+            out[unit] = self.view(unit, offset)
+            offset += self.plan.unit_bytes[unit]
+        return out
+
+    def _next_job(self) -> tuple[int, int] | None:
+        """(piece index, offset) to read next, or None to wait."""
+        if self.flushing or len(self.queue) >= len(self.pieces):
+            return None  # dropping what was read ahead, or one whole cycle is in the buffer
+        index = (self.queue[-1].index + 1) % len(self.pieces) if self.queue else self.cursor
+        layer, unit = self.pieces[index]
+        if not self.plan.prefetch and layer != self.in_use:
+            return None  # on demand: only the layer being waited for
+        used = [(p.offset, p.size) for p in self.queue]
+        offset = arena_alloc(self.plan.buffer, used, self.plan.unit_bytes[unit])
+        if offset is not None and index == self.first[layer]:
+            sizes = [self.plan.unit_bytes[u] for u in self.units[layer]]
+            if not fits_alone(self.plan.buffer, offset, sizes):  # start it at 0 (wasting the end), or wait
+                offset = 0 if not used or (used[-1][0] >= used[0][0] and sizes[0] <= used[0][0]) else None
+        return None if offset is None else (index, offset)
+
+    def acquire(self, layer: int, units: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Some of the layer's streamed matrices (the next ones of its units, in order) from the buffer,
+        waiting for their reads if needed (the wait counts as stall)."""
+        first = self.first[layer] + self.units[layer].index(units[0])
+        with self.cond:
+            if self.queue and self.queue[0].index != first:
+                self.misses += 1  # not the predicted order (e.g. interleaved requests): re-aim from here
+                self._flush()
+            if not self.queue:
+                self.cursor = first
+            self.in_use = layer
+            self.cond.notify_all()
+            start = time.perf_counter()
+            waited = False
+            while True:
+                got = list(self.queue)[:len(units)]
+                failed = next((p.error for p in got if p.error is not None), None)
+                if failed is not None or (len(got) == len(units) and all(p.ready for p in got)):
+                    break
+                waited = True
+                self.cond.wait()
+            if waited:
+                self.stall_s += time.perf_counter() - start
+            if failed is not None:
+                self._flush()
+                self.in_use = None
+                raise failed
+            units = [self.pieces[p.index][1] for p in got]
+            return {u: part_weight(u, self.view(u, p.offset), self.fmt, self.dtype) for u, p in zip(units, got)}
+
+    def release(self, layer: int, units: tuple[str, ...]) -> None:
+        """Those matrices were used: their part of the buffer may take the next units."""
+        with self.cond:
+            for _ in units:
+                self.queue.popleft()
+            self.cursor = (self.first[layer] + self.units[layer].index(units[-1]) + 1) % len(self.pieces)
+            self.in_use = None
+            self.cond.notify_all()
+
+    def _flush(self) -> None:
+        """Drop everything read ahead (waiting for a read in flight: it writes into the buffer)."""
+        self.flushing = True
+        while any(not p.ready and p.error is None for p in self.queue):
+            self.cond.wait()
+        self.queue.clear()
+        self.flushing = False
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and (job := self._next_job()) is None:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                layer = self.pieces[job[0]][0]
+                group = []  # this layer's next units that fit now: one read of its file, in their order
+                while job is not None and self.pieces[job[0]][0] == layer:
+                    index, offset = job
+                    group.append(Piece(index, offset, self.plan.unit_bytes[self.pieces[index][1]]))
+                    self.queue.append(group[-1])
+                    job = self._next_job()
+            targets, owner, waiting = {}, {}, {}
+            for piece in group:
+                unit = self.pieces[piece.index][1]
+                part = part_targets(unit, self.view(unit, piece.offset), self.cfg, self.fmt)
+                targets.update(part)
+                owner.update({name: piece for name in part})
+                waiting[piece.index] = len(part)
+
+            def done(name: str, owner=owner, waiting=waiting) -> None:  # a unit is usable once its tensors are in
+                piece = owner[name]
+                waiting[piece.index] -= 1
+                if not waiting[piece.index]:
+                    with self.cond:
+                        piece.ready = True
+                        self.loads += 1
+                        self.cond.notify_all()
+
+            try:
+                self.store.read_part(f"layer.{layer}", targets, done)
+            except Exception as exc:  # any failure must reach the waiting compute thread
+                error = exc if isinstance(exc, StoreError) else StoreError(f"layer {layer}: {exc!r}")
+                with self.cond:
+                    for piece in group:
+                        if not piece.ready:
+                            piece.error = error
+                    self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)

@@ -1,0 +1,350 @@
+"""Quantized weight matrices run through torch's CPU kernels: int4 (groups of 32 along K, a scale and a
+min each, GGUF Q4_0/Q4_1 blocks kept exactly) and int8 (one scale per row).
+
+The model multiplies by a weight through `linear(x, w)` and embeds through `embed_rows(w, ids)`: a float
+tensor, an `Int4` or an `Int8` alike, so the maths (nodes/engine/model.py) knows nothing of quantization.
+
+Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
+and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
+with float32 or float16 ones (those paths are not vectorised): bfloat16 is the activation dtype quantized
+stores run in unless asked otherwise. Large int8 matrices go through oneDNN's int8 x int8 kernel instead
+(`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from prima_rpc.spec.manifest import Manifest, StoreError
+
+GROUP = 32  # int4: weights per (scale, min) along K; GGUF's block size
+QUANTIZED = ("int4", "int8")
+BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus int4's float16 (d, m) per group
+
+
+def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
+    """The activation dtype: the one asked for, else bfloat16 for quantized stores (their kernels' fast
+    path) and float32 for float ones (the reference's exact oracle)."""
+    if requested:
+        return requested
+    return "bfloat16" if store_dtype in QUANTIZED else "float32"
+
+
+# float32 with few rows (decode steps, small batches): torch's CPU GEMM for x @ w.T reads w at about half the
+# speed of w @ x.T, whose kernel splits the long N side across threads; one row alone takes the GEMV path, as
+# slow, so it is padded to two. Measured on SmolLM2's matrices, 2 threads: one row 0.44 -> 0.25 ms, 2-8 rows
+# 0.8-1.06 -> 0.19-0.43 ms. Low bits differ from F.linear's (~5e-5 on values ~20), as any batched GEMM's do.
+FEW_ROWS = 8
+
+
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ bias) for a float weight [N, K] or a quantized one."""
+    if isinstance(w, torch.Tensor):
+        if w.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype:
+            rows = x.shape[0]
+            xt = torch.cat([x, x.new_zeros(1, x.shape[1])]) if rows == 1 else x
+            y = torch.mm(w, xt.t()).t()[:rows].contiguous()
+            return y if bias is None else y + bias
+        return torch.nn.functional.linear(x, w, bias)
+    y = w.mm(x) if x.dim() == 2 else w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
+    return y if bias is None else y + bias
+
+
+def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x contiguous in `dtype`; no dispatch when it already is (the usual case: a few per layer per token)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def embed_rows(w, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of an embedding matrix [V, H], in its compute dtype."""
+    if isinstance(w, torch.Tensor):
+        return torch.nn.functional.embedding(ids, w)
+    return w.rows(ids)
+
+
+# --- int4: torch's packed CPU layout ------------------------------------------------------------------
+# The kernel (aten/src/ATen/native/cpu/int4mm_kernel.cpp) wants [N, K/2] bytes in blocks of BLOCK_N rows
+# (64 with AVX-512, 32 otherwise), each [K, BLOCK_N/2] bytes: with "lanes" (AVX-512, AVX2) byte j holds row
+# j in its low nibble and row j + BLOCK_N/2 in its high one, without (scalar builds) rows 2j and 2j+1; a
+# last partial block always pairs. It dequantizes w = (q - 8) * scale + zero in float32 (one fma).
+
+
+@dataclass(frozen=True)
+class Layout:
+    block: int  # rows per block
+    lanes: bool
+
+    @property
+    def name(self) -> str:
+        return f"{'lanes' if self.lanes else 'pairs'}{self.block}"
+
+    @staticmethod
+    def parse(name: str) -> "Layout":
+        for layout in LAYOUTS:
+            if layout.name == name:
+                return layout
+        raise ValueError(f"unknown int4 layout {name!r}; known: {[x.name for x in LAYOUTS]}")
+
+
+LAYOUTS = (Layout(64, True), Layout(32, True), Layout(32, False))
+
+
+def pack_int4(q: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """uint8 [N, K/2] in `layout` from values q uint8 [N, K] in [0, 16) (what the kernel's own packer
+    makes, without its int32 copy of the input)."""
+    n, k = q.shape
+    full = n // layout.block * layout.block
+    x = q[:full].view(-1, layout.block, k).transpose(1, 2)  # [nb, K, block]
+    if layout.lanes:
+        half = layout.block // 2
+        body = x[..., :half] | (x[..., half:] << 4)
+    else:
+        body = x[..., 0::2] | (x[..., 1::2] << 4)
+    rest = q[full:].t()  # [K, n - full]
+    tail = rest[:, 0::2] | (rest[:, 1::2] << 4)
+    return torch.cat([body.reshape(-1), tail.reshape(-1)]).view(n, k // 2)
+
+
+def unpack_int4(packed: torch.Tensor, layout: Layout, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Values uint8 [N, K] (or only `rows` of them) of a packed [N, K/2] tensor."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    flat = packed.reshape(-1)
+    full = n // layout.block * layout.block
+    if rows is None:
+        rows = torch.arange(n)
+    block, r = rows // layout.block, rows % layout.block
+    out = torch.empty(len(rows), k, dtype=torch.uint8)
+    body = rows < full
+    if body.any():
+        b, rr = block[body], r[body]
+        half = layout.block // 2
+        if layout.lanes:
+            byte, high = rr % half, rr >= half
+        else:
+            byte, high = rr // 2, rr % 2 == 1
+        step = layout.block // 2
+        idx = b[:, None] * (k * step) + torch.arange(k)[None, :] * step + byte[:, None]  # [R, K]
+        v = flat[idx]
+        out[body] = torch.where(high[:, None], v >> 4, v & 15)
+    if (~body).any():
+        tail = flat[full * k // 2:].view(k, (n - full) // 2)
+        rr = rows[~body] - full
+        v = tail[:, rr // 2].t()
+        out[~body] = torch.where((rr % 2 == 1)[:, None], v >> 4, v & 15)
+    return out
+
+
+@cache
+def machine_layout() -> Layout:
+    """The layout torch's int4 kernel uses on this machine, found by packing a probe with it."""
+    probe = torch.randint(0, 16, (112, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe.int(), 1)
+    for layout in LAYOUTS:
+        if torch.equal(packed.view(torch.uint8), pack_int4(probe, layout)):
+            return layout
+    raise RuntimeError("torch's int4 CPU kernel packs weights in a layout this build does not know")
+
+
+def repack_int4(packed: torch.Tensor, have: Layout, want: Layout) -> torch.Tensor:
+    return packed if have == want else pack_int4(unpack_int4(packed, have), want)
+
+
+def kernel_scales(dm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's (scale, zero) [K/32, N, 2] in `dtype` from the stored (d, m) float16 [K/32, N, 2] of
+    w = d q + m: scale = d, zero = m + 8 d. In float32 this is exact (the kernel's fma then rounds
+    (q - 8) d + m + 8 d once, like GGUF's d q + m); bfloat16 rounds d and m + 8 d to 8 significant bits."""
+    d, m = dm[..., 0].float(), dm[..., 1].float()
+    return torch.stack([d, m + 8 * d], dim=-1).to(dtype)
+
+
+class Int4:
+    """Weights [N, K]: w = (q - 8) * scale + zero per group of 32 along K, packed for the int4 kernel."""
+
+    def __init__(self, packed: torch.Tensor, sz: torch.Tensor, layout: Layout):
+        self.packed = packed  # uint8 [N, K/2] in `layout`
+        self.sz = sz  # [K/32, N, 2] scale and zero in the activation dtype
+        self.layout = layout
+        self.shape = (packed.shape[0], packed.shape[1] * 2)
+
+    @staticmethod
+    def from_dm(packed: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype, layout: Layout) -> "Int4":
+        return Int4(repack_int4(packed, layout, machine_layout()), kernel_scales(dm, dtype), machine_layout())
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, K] in the activation dtype (the kernel wants it contiguous and of the scales' dtype)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(as_kernel_input(x, self.sz.dtype), self.packed, GROUP,
+                                                          self.sz)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` de-quantized as the kernel does (float32 fma, then the activation dtype)."""
+        q = unpack_int4(self.packed, self.layout, ids.reshape(-1)).float() - 8  # [R, K]
+        sz = self.sz[:, ids.reshape(-1)].float()  # [G, R, 2]
+        scale, zero = (sz[..., j].t().repeat_interleave(GROUP, dim=1) for j in (0, 1))
+        return torch.addcmul(zero, q, scale).to(self.sz.dtype).view(*ids.shape, self.shape[1])
+
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.sz.numel() * self.sz.element_size()
+
+
+ONEDNN_MIN_WEIGHTS = 1 << 22  # int8 matrices this large go through oneDNN (below: its fixed cost per call loses)
+
+
+class Int8:
+    """Weights [N, K] = q * scale[n], one scale per row.
+
+    Large matrices (>= ONEDNN_MIN_WEIGHTS values) multiply through oneDNN's u8 x s8 VNNI kernel, like
+    llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two int8 terms (the value at a_r / 127
+    steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
+    activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
+    through its output layer) and a row's result does not depend on the other rows of a batch. Measured on 8B
+    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-1.3x the bfloat16 kernel at 1 row, 1.5-1.9x
+    at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
+    read), then q is released unless rows() used it first (a tied embedding), so a matrix is held once.
+    Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights widened to float; ~8 us a call
+    where oneDNN's fixed cost and the activation quantization take ~50)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it)
+        self.scale = scale.to(dtype)  # [N] in the activation dtype (the int8pack kernel wants them alike)
+        self.shape = tuple(q.shape)
+        self.onednn = q.numel() >= ONEDNN_MIN_WEIGHTS
+        self.packed = None  # oneDNN's layout of q, made on first mm
+        self.keep_q = False
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.onednn:
+            return torch.ops.aten._weight_int8pack_mm(as_kernel_input(x, self.scale.dtype), self.q, self.scale)
+        if self.packed is None:
+            self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.shape[1]])
+            self.kernel_scale, self.zeros = self.scale.float(), torch.zeros(self.shape[0], dtype=torch.int32)
+            if not self.keep_q:
+                self.q = None
+        # x = a (hi + r) / 127 per row, hi = round(127 x / a), and the remainder r = b lo / 127 the same way: both
+        # halves go through the kernel as 2M rows (at a few rows it reads the weights once either way)
+        m, xf = x.shape[0], x.float()
+        a = xf.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # [M, 1]
+        scaled = xf * (127 / a)  # not in place: xf may be x itself
+        hi = scaled.round()
+        r = scaled.sub_(hi)  # in [-0.5, 0.5]
+        b = r.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
+        xq = torch.cat([hi, r.mul_(127 / b).round_()]).add_(128).to(torch.uint8)  # [2M, K] in [1, 255]
+        y = torch.ops.onednn.qlinear_pointwise(xq, 1 / 127, 128, self.packed, self.kernel_scale, self.zeros, None,
+                                               1.0, 0, torch.float32, "none", [], "")
+        return y[m:].mul_(b / 127).add_(y[:m]).mul_(a).to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.q is None:
+            raise RuntimeError("rows of an int8 matrix whose values were released once packed for oneDNN")
+        self.keep_q = True
+        return (self.q[ids].float() * self.scale[ids].float()[..., None]).to(self.scale.dtype)
+
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] + self.scale.numel() * self.scale.element_size()
+
+
+# --- quantizers: from float weights, and GGUF blocks --------------------------------------------------
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values q uint8 [N, K] and (d, m) float16 [K/32, N, 2] with w ~ d q + m per group of 32 (min/max,
+    like GGUF's Q4_1)."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"int4 needs rows of a multiple of {GROUP} values, got {k}")
+    g = w.float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d = ((hi - lo) / 15).half()
+    m = lo.half()
+    inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(lo))
+    q = ((g - m.float()[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8).view(n, k)
+    return q, torch.stack([d, m], dim=-1).transpose(0, 1).contiguous()
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and float32 scales [N] (each a bfloat16 value, so the kernel's scales are exact)."""
+    amax = w.float().abs().amax(-1)
+    scale = (amax / 127).bfloat16().float()
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    q = (w.float() * inv[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def gguf_q4(blocks, kind: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values q uint8 [N, K] and (d, m) float16 [K/32, N, 2] of a Q4_0 or Q4_1 tensor's raw blocks
+    (uint8 [N, K/32 * block bytes]), exactly: Q4_1 is d q + m, Q4_0 is d (q - 8), i.e. m = -8 d."""
+    raw = torch.from_numpy(blocks.copy()).view(n, k // GROUP, -1)  # [N, G, bytes]
+    d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    if kind == "Q4_1":
+        m, qs = raw[..., 2:4].contiguous().view(torch.float16)[..., 0], raw[..., 4:]
+    else:
+        m, qs = -8 * d, raw[..., 2:]
+    q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, k)  # a block's low nibbles are its first 16 values
+    return q, torch.stack([d, m], dim=-1).transpose(0, 1).contiguous()
+
+
+# --- how a store's matrices are laid out in its files ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Format:
+    """A quantized store's matrix format: each matrix M is two tensors of its unit file, `M.qweight` and
+    `M.scales` (int4: packed uint8 [N, K/2] and (d, m) float16 [K/32, N, 2]; int8: int8 [N, K] and
+    float32 [N])."""
+
+    name: str  # int4 | int8
+    layout: Layout = LAYOUTS[0]  # int4: the packing the files hold (that of the machine that wrote them)
+
+    def parts(self, shape: tuple[int, int]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        n, k = shape
+        if self.name == "int4":
+            return {"qweight": (torch.uint8, (n, k // 2)), "scales": (torch.float16, (k // GROUP, n, 2))}
+        return {"qweight": (torch.int8, (n, k)), "scales": (torch.float32, (n,))}
+
+    def nbytes(self, shape: tuple[int, int]) -> int:
+        return sum(torch.Size(s).numel() * dt.itemsize for dt, s in self.parts(shape).values())
+
+    def weight(self, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> "Int4 | Int8":
+        """The kernel's weight from the two stored tensors, activations in `dtype`."""
+        if self.name == "int4":
+            return Int4.from_dm(qweight, scales, dtype, self.layout)
+        return Int8(qweight, scales, dtype)
+
+    def encode(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qweight, scales) of a float matrix [N, K]."""
+        if self.name == "int4":
+            q, dm = quantize_int4(w)
+            return pack_int4(q, self.layout), dm
+        return quantize_int8(w)
+
+    def manifest(self) -> dict:
+        return {"group": GROUP, "layout": self.layout.name} if self.name == "int4" else {}
+
+    @staticmethod
+    def of(dtype: str, quant: dict | None) -> "Format | None":
+        """The format of a store of weight dtype `dtype` (None for float stores)."""
+        if dtype not in QUANTIZED:
+            return None
+        quant = quant or {}
+        if dtype == "int4":
+            if quant.get("group", GROUP) != GROUP:
+                raise ValueError(f"int4 groups of {quant.get('group')} are not supported (only {GROUP})")
+            return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)))
+        return Format("int8")
+
+
+def writing_format(dtype: str) -> "Format | None":
+    """The format a new store of `dtype` is written in on this machine."""
+    return Format(dtype, machine_layout()) if dtype == "int4" else Format.of(dtype, None)
+
+
+def weight_format(manifest: Manifest, unit: str | None = None) -> Format | None:
+    """The Format of a quantized store's matrices (of one unit's, which may differ: an int4 store keeps an
+    embedding that is not int4 in its source as int8); None for float stores."""
+    dtype = (manifest.units()[unit].format if unit else "") or manifest.dtype
+    try:
+        return Format.of(dtype, manifest.quant)
+    except ValueError as exc:
+        raise StoreError(f"store {manifest.name!r}: {exc}") from None

@@ -1,0 +1,274 @@
+"""The model part a node holds for one assignment: its windows' layers, KV caches, and (head) the head.
+
+Under a memory budget only some layers (down to single matrices) stay resident; the rest stream from the
+layer store through a `Prefetcher`'s buffer (nodes/engine/prefetch.py), stage by stage (nodes.engine.model.STAGES).
+Everything here is synchronous torch work, called from the node's single compute thread (the prefetcher
+reads on its own thread).
+"""
+
+import time
+from collections.abc import Callable
+
+import structlog
+import torch
+
+from nodes.engine.fused import (
+    STREAM_UNITS,
+    empty_layer,
+    empty_parts,
+    empty_small,
+    head_bytes,
+    kv_bytes,
+    layer_targets,
+    part_targets,
+    part_weight,
+    small_targets,
+    stream_parts,
+)
+from nodes.engine.model import (
+    STAGES,
+    Head,
+    KVCache,
+    Layer,
+    Rope,
+    Segment,
+    attention_stage,
+    down_stage,
+    gate_up_stage,
+    layer_forward,
+    nbytes,
+)
+from nodes.engine.prefetch import (
+    KV_RESERVE_TOKENS,
+    MemoryPlan,
+    Prefetcher,
+    default_budget,
+    parts_bytes,
+    plan_memory,
+    prefetch_depth,
+)
+from nodes.engine.quant import weight_format
+from nodes.engine.store import LayerStore
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.spec.windows import Windows
+
+
+class Shard:
+    def __init__(self, store: LayerStore, windows: Windows, dtype: torch.dtype,
+                 progress: Callable[[int, int, str], None] = lambda done, total, unit: None,
+                 *, budget: int | None = 0, depth: int | None = None, buffer: int = 0, log=None):
+        """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
+        depth: 0 loads streamed layers on demand (None: DEPTH or $PRIMA_PREFETCH_DEPTH);
+        buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers)."""
+        budget = default_budget() if budget is None else budget
+        depth = prefetch_depth() if depth is None else depth
+        self.store, self.windows, self.dtype = store, windows, dtype
+        self.cfg = cfg = store.config
+        self.fmt = fmt = weight_format(store.manifest)  # None: float matrices
+        self.log = log or structlog.get_logger()
+        order = sorted(windows.layers())
+        head_mem = head_bytes(cfg, dtype, weight_format(store.manifest, "embed")) if windows.head else 0
+        fixed = head_mem + kv_bytes(
+            cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+        units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
+        bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
+        small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
+        self.plan: MemoryPlan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
+        # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
+        self.kv_room = self.plan.budget - self.plan.weight_bytes - head_mem if self.plan.budget else None
+        units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
+        total = sum(store.entry(u).bytes for u in units)
+        done = 0
+
+        def loaded(unit: str) -> None:
+            nonlocal done
+            done += store.entry(unit).bytes
+            progress(done, total, unit)
+
+        self.head: Head | None = None
+        if windows.head:
+            embed = store.new_tensors("embed", dtype if fmt is None else None)
+            loaded("embed")
+            head = store.new_tensors("head", dtype if fmt is None else None)
+            loaded("head")
+            self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
+        self.layers: dict[int, Layer] = {}  # resident
+        self.small: dict[int, dict] = {}  # streamed layers: their norms and biases
+        self.kept: dict[int, dict] = {}  # streamed layers: their resident matrices
+        self.prefetcher: Prefetcher | None = None
+        if self.plan.streamed:
+            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt)
+        streamed = dict(self.plan.streamed)
+        for i in order:
+            unit = f"layer.{i}"
+            if i in self.plan.resident and fmt is None:
+                self.layers[i] = layer = empty_layer(cfg, dtype)
+                store.read_into(unit, layer_targets(layer, cfg))
+            elif i in self.plan.resident:  # quantized: the stored tensors, then the kernel's weights
+                self.layers[i] = Layer.from_unit(store.new_tensors(unit, None), dtype, fmt)
+            else:  # streamed: read now only what stays (norms, biases, kept matrices)
+                small = self.small[i] = empty_small(cfg, dtype)
+                targets = small_targets(small, cfg)
+                if store.needs_check(unit):  # whole, into the buffer, so a bad file fails the assignment
+                    scratch = self.prefetcher.scratch()
+                    for u in STREAM_UNITS:
+                        targets.update(part_targets(u, scratch[u], cfg, fmt))
+                    store.read_into(unit, targets)
+                    kept = {u: {k: t.clone() for k, t in scratch[u].items()} for u in STREAM_UNITS
+                            if u not in streamed[i]}
+                else:
+                    kept = {u: empty_parts(u, cfg, fmt, dtype) for u in STREAM_UNITS if u not in streamed[i]}
+                    for u, parts in kept.items():
+                        targets.update(part_targets(u, parts, cfg, fmt))
+                    store.read_part(unit, targets)
+                self.kept[i] = {u: part_weight(u, parts, fmt, dtype) for u, parts in kept.items()}
+            loaded(unit)
+        if self.prefetcher:
+            self.prefetcher.start()
+        self.rope = Rope(cfg, cfg.max_seq_len, dtype)
+        self.caches: dict[str, KVCache] = {}
+        self.compute_s = 0.0  # in compute(), stalls excluded
+        self._stalled = 0.0
+        if self.plan.streamed:
+            p = self.plan
+            (self.log.warning if p.below_minimum else self.log.info)(
+                "offload plan", budget=p.budget, requested_budget=p.requested, resident=sorted(p.resident),
+                streamed=[f"{layer}" + ("" if len(us) == len(STREAM_UNITS) else f"({','.join(us)})")
+                          for layer, us in p.streamed],
+                buffer=p.buffer, streamed_bytes=p.streamed_bytes, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
+                read=store.read_method)
+
+    @property
+    def stall_s(self) -> float:
+        """Waits for streamed layers, as of the last finished compute() (so that compute time measured around
+        a frame, minus this, never goes back while a frame is in progress)."""
+        return self._stalled
+
+    def resident_bytes(self) -> int:
+        """Weights held in memory (resident layers and matrices, stream buffer, head) plus the KV caches."""
+        weights = sum(layer.nbytes() for layer in self.layers.values())
+        weights += sum(nbytes(t) for parts in (*self.small.values(), *self.kept.values())
+                       for t in parts.values() if t is not None)
+        if self.prefetcher:
+            weights += self.prefetcher.buffer.numel()
+        if self.head is not None:
+            weights += sum(nbytes(t) for t in {id(t): t for t in
+                           (self.head.embed, self.head.norm, self.head.output)}.values())
+        return weights + sum(c.nbytes() for c in self.caches.values())
+
+    def close(self) -> None:
+        """Stop the prefetcher's thread (the shard is being replaced)."""
+        if self.prefetcher:
+            self.prefetcher.close()
+
+    def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int) -> KVCache:
+        """The request's cache, made on its first frame; ValueError for frames that do not fit it."""
+        cache = self.caches.get(request_id)
+        if cache is None:
+            if start_pos != 0:
+                raise ValueError(f"unknown request id {request_id!r} (no KV cache here; frames must start at 0)")
+            if not (tokens <= capacity <= self.cfg.max_seq_len):
+                raise ValueError(f"capacity {capacity} must be in [{tokens}, {self.cfg.max_seq_len}]")
+            self._check_kv_room(capacity)
+            cache = self.caches[request_id] = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
+        if start_pos + tokens > cache.capacity:
+            raise ValueError(f"positions [{start_pos}, {start_pos + tokens}) exceed the request's "
+                             f"KV capacity {cache.capacity}")
+        return cache
+
+    def _check_kv_room(self, capacity: int) -> None:
+        """A new cache must fit the memory budget beside the caches already held: refuse clearly, not overrun."""
+        if self.kv_room is None:
+            return
+        per_position = kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
+        free = self.kv_room - sum(c.nbytes() for c in self.caches.values())
+        if capacity * per_position > free:
+            room = max(free, 0) // per_position
+            raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
+                             f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
+                             "lower max_tokens, wait for other requests, or raise --mem-budget")
+
+    def release(self, request_id: str) -> bool:
+        found = self.caches.pop(request_id, None) is not None
+        if found and self.prefetcher:
+            p = self.prefetcher
+            self.log.info("offload stats", request_id=request_id, resident_bytes=self.resident_bytes(),
+                          disk_read_bytes=self.store.bytes_read, compute_s=round(self.compute_s, 3),
+                          stall_s=round(p.stall_s, 3), loads=p.loads, misses=p.misses)
+        return found
+
+    def compute(self, x: torch.Tensor, cache: KVCache, start_pos: int, next_layer: int) -> tuple[torch.Tensor, int]:
+        """One request: the batch of one."""
+        (x,), next_layer = self.compute_batch([(x, cache, start_pos)], next_layer)
+        return x, next_layer
+
+    @torch.inference_mode()
+    def compute_batch(self, items: list[tuple[torch.Tensor, KVCache, int]],
+                      next_layer: int) -> tuple[list[torch.Tensor], int]:
+        """Run every consecutive window from next_layer for several requests at once (one pass over the weights,
+        one read of a streamed layer): items are (hidden [T, H], its KV cache, its start position). Returns each
+        request's new hidden state and the next layer."""
+        begin, stalled = time.perf_counter(), self._stalled
+        x = torch.cat([h for h, _, _ in items]) if len(items) > 1 else items[0][0]
+        x = x.to(self.dtype)
+        lengths = [h.shape[0] for h, _, _ in items]
+        for start, stop in self.windows.run_from(next_layer):
+            for i in range(start, stop):
+                segs = [Segment(cache.kv[i], pos, t) for (_, cache, pos), t in zip(items, lengths, strict=True)]
+                layer = self.layers.get(i)
+                if layer is not None:
+                    x = layer_forward(x, layer, segs, self.cfg, self.rope)
+                else:
+                    x = self._streamed_forward(i, x, segs)
+            next_layer = stop
+        if self.prefetcher:
+            self._stalled = self.prefetcher.stall_s
+        self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)
+        return list(x.split(lengths)) if len(items) > 1 else [x], next_layer
+
+    def _streamed_forward(self, i: int, x: torch.Tensor, segs: list[Segment]) -> torch.Tensor:
+        """A streamed layer stage by stage: each stage waits only for its own matrices and frees them after."""
+        small, kept, cfg = self.small[i], self.kept[i], self.cfg
+
+        def run(stage: tuple[str, ...], fn):
+            streamed = tuple(u for u in stage if u not in kept)
+            try:
+                got = self.prefetcher.acquire(i, streamed) if streamed else {}
+            except StoreError as exc:  # the node fails the request (ValueError) rather than the whole loop
+                raise ValueError(f"layer {i} could not be read: {exc}") from None
+            try:
+                return fn(**{u: got[u] if u in got else kept[u] for u in stage})
+            finally:
+                if streamed:
+                    self.prefetcher.release(i, streamed)
+
+        attn, gate_up, down = STAGES
+        h = run(attn, lambda wqkv, wo: attention_stage(x, small["attn_norm"], wqkv, small["bqkv"], wo, segs,
+                                                       cfg, self.rope))
+        a = run(gate_up, lambda w_gate_up: gate_up_stage(h, small["ffn_norm"], w_gate_up, cfg))
+        return run(down, lambda w_down: down_stage(h, a, w_down))
+
+    @torch.inference_mode()
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        return self.head.embed_tokens(torch.tensor(ids))
+
+    @torch.inference_mode()
+    def last_logits(self, hs: list[torch.Tensor]) -> torch.Tensor:
+        """Float32 logits [n, V] of the last position of each of n hidden states, in one projection."""
+        return self.head.logits(torch.cat([h[-1:] for h in hs]).to(self.dtype), self.cfg.norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [V] of the last position of h [T, H]."""
+        return self.head.logits(h[-1:].to(self.dtype), self.cfg.norm_eps)[0]
+
+
+def check_assignment(store: LayerStore | None, windows: Windows, model_id: str) -> None:
+    if store is not None and model_id and model_id != store.model_id:
+        raise StoreError(f"model mismatch: the ring runs {model_id[:12]}, this node has {store.model_id[:12]}")
+    if windows.relay:
+        return
+    if store is None:
+        raise StoreError("this node was started without --model, so it can only be a relay")
+    if windows.n_layers != store.config.n_layers:
+        raise StoreError(f"the ring's model has {windows.n_layers} layers, this node's has {store.config.n_layers}")

@@ -1,0 +1,30 @@
+"""The errors a request or frame ends with, each carrying the gRPC status its client or peer gets."""
+
+import grpc
+
+
+class Rejected(Exception):
+    """A request or frame refused before use, with the gRPC status it is answered with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class RequestFailed(Exception):
+    """A request ended before it finished, with the gRPC status its client gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class RequestCancelled(RequestFailed):
+    """The client cancelled the request."""
+
+    def __init__(self):
+        super().__init__(grpc.StatusCode.CANCELLED, "cancelled")
+
+
+class LinkDown(Exception):
+    """The successor could not be reached."""

@@ -1,0 +1,1 @@
+"""Generation: the per-request state machine, sampling, speculation, text, and the single-process reference."""

@@ -1,0 +1,88 @@
+"""Text in and out: the store's tokenizer, its chat template, and streaming detokenisation."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from prima_rpc.spec.manifest import Manifest, StoreError
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be turned into tokens (empty, too long, bad chat)."""
+
+
+def _raise(message: str):
+    raise TemplateError(message)
+
+
+class TextCodec:
+    def __init__(self, manifest: Manifest, tokenizer_path: Path | None):
+        if tokenizer_path is None or not tokenizer_path.is_file():
+            raise StoreError(f"the store has no tokenizer file ({tokenizer_path})")
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.manifest = manifest
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(manifest.chat_template) if manifest.chat_template else None
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise PromptError("this model has no chat template; send a raw prompt")
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                raise PromptError(f"bad chat message {str(m)[:80]}: role system|user|assistant and text content")
+        bos = self.token_text(self.manifest.bos_token_id)
+        eos = self.token_text(self.manifest.eos_token_ids[0] if self.manifest.eos_token_ids else None)
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True,
+                                        bos_token=bos, eos_token=eos)
+        except TemplateError as exc:
+            raise PromptError(f"chat template failed: {exc}") from None
+
+    def token_text(self, token_id: int | None) -> str:
+        if token_id is None or token_id < 0:
+            return ""
+        return self.tokenizer.id_to_token(token_id) or ""
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        bos = self.manifest.bos_token_id
+        # Chat templates that write {{ bos_token }} themselves must not get a second one.
+        if self.manifest.add_bos and bos is not None and bos >= 0 and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
+
+    def prompt_ids(self, prompt: str = "", messages: list[dict] | None = None, raw: bool = False) -> list[int]:
+        if messages:
+            text = self.chat_prompt(messages)
+        elif not prompt:
+            raise PromptError("the prompt is empty")
+        else:
+            text = prompt if raw else self.chat_prompt([{"role": "user", "content": prompt}])
+        return self.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class StreamDecoder:
+    """Turns tokens into text pieces as they arrive, never splitting a UTF-8 character."""
+
+    codec: TextCodec
+    ids: list[int] = field(default_factory=list)
+    prefix: int = 0  # tokens before `prefix` can no longer change the text
+    read: int = 0  # tokens up to `read` have been handed out as text
+
+    def push(self, token_id: int) -> str:
+        # Decode a short window only (TGI's method): context tokens [prefix, read) plus the new ones.
+        self.ids.append(token_id)
+        before = self.codec.decode(self.ids[self.prefix:self.read])
+        after = self.codec.decode(self.ids[self.prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before):]

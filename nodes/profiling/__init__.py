@@ -1,0 +1,1 @@
+"""Profiling: what a device measures of itself (compute, memory, disk, host, frames) for the planner."""

@@ -1,0 +1,176 @@
+"""`prima-node`: one device of the ring. Serves Ring, Control and Inference until stopped."""
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import structlog
+import typer
+
+from nodes.errors import RequestFailed
+from nodes.ring import metrics
+from nodes.ring.auth import TokenAuth
+from nodes.ring.node import Node, NodeConfig
+from nodes.ring.services import ControlService, InferenceService, RingService
+from nodes.ring.work import MAX_BATCH, MAX_REQUESTS
+from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def token_from(path: str | None) -> str | None:
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9}
+    t = text.strip().lower()
+    num = t.rstrip("abgikm")
+    try:
+        value = float(num) * units[t[len(num):]]
+    except (ValueError, KeyError):
+        raise typer.BadParameter(f"{text!r} is not a size like 512MiB or 2GiB") from None
+    if value < 0:
+        raise typer.BadParameter("a size cannot be negative")
+    return int(value)
+
+
+async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0,
+                tls: grpc.ServerCredentials | None = None) -> None:
+    """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off).
+    tls: serve TLS with these credentials (else plaintext)."""
+    stop = asyncio.Event()
+    interceptors = [TokenAuth(cfg.token)] if cfg.token else []
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+    bind = f"{cfg.host}:{cfg.port}"
+    port = server.add_secure_port(bind, tls) if tls else server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"cannot listen on {cfg.host}:{cfg.port}")
+    advertised = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    node = Node(replace(cfg, port=port))
+    node.address = f"{advertised}:{port}"
+    rpc.add_RingServicer_to_server(RingService(node), server)
+    rpc.add_ControlServicer_to_server(ControlService(node, stop), server)
+    rpc.add_InferenceServicer_to_server(InferenceService(node), server)
+    await server.start()
+    try:
+        exporter = await metrics.start(node, cfg.host, metrics_port, cfg.token) if metrics_port else None
+    except OSError as exc:
+        await server.stop(grace=None)
+        raise OSError(f"metrics: cannot listen on {cfg.host}:{metrics_port}: {exc}") from None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if not cfg.token and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        structlog.get_logger().warning(
+            f"NO TOKEN: anyone who can reach {cfg.host}:{port} can drive this node; "
+            "start every node with PRIMA_TOKEN=SECRET (or --token-file)")
+    ready(node.address)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            actor = tasks.create_task(node.run(), name="node")
+            await stop.wait()
+            # End in-flight requests with a clear status before the server stops taking calls.
+            if node.head is not None:
+                node.head.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                                                 f"{node.cfg.name or node.address} is shutting down"))
+            await server.stop(grace=2)
+            actor.cancel()  # the node closes its link, channels and compute thread
+    finally:
+        await server.stop(grace=2)
+        if exporter is not None:
+            await exporter.cleanup()
+
+
+def fault_layer(text: str) -> int:
+    """Fault injection for tests: PRIMA_FAULT_LAYER=L makes the first compute of layer L raise (-1: off)."""
+    if not text:
+        return -1
+    if not text.isdigit():
+        raise typer.BadParameter(f"PRIMA_FAULT_LAYER must be a layer number, got {text[:20]!r}")
+    return int(text)
+
+
+def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: bool) -> grpc.ServerCredentials | None:
+    """Server credentials, and how this node dials others (the same CA; its own certificate if mutual)."""
+    if not (cert or key or ca or mutual):
+        return None
+    if not (cert and key and ca):
+        raise ValueError("TLS needs --tls-cert, --tls-key and --tls-ca together")
+    cert_pem, key_pem, ca_pem = read_pem(cert, "certificate"), read_pem(key, "key"), read_pem(ca, "CA")
+    configure_tls(Tls(ca_pem, cert_pem if mutual else None, key_pem if mutual else None))
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem if mutual else None,
+                                       require_client_auth=mutual)
+
+
+@app.command()
+def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the ring"),
+         port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
+         host: str = typer.Option("0.0.0.0", help="address to bind"),
+         model: Path = typer.Option(None, help="layer store directory (none: fetch the assigned layers from the "
+                                               "ring's head into --cache; a relay loads nothing)"),
+         cache: Path = typer.Option(None, help="where weights fetched from other nodes are kept "
+                                               "(default: $PRIMA_HOME/cache)"),
+         name: str = typer.Option("", help="a name for status tables"),
+         mem_budget: str = typer.Option("0", show_default=False,
+                                        help="memory for weights, KV caches and the stream buffer, e.g. 2GiB "
+                                             "(default, or 0: 80 % of the RAM available when windows are assigned)"),
+         token: str = typer.Option(None, "--token-file", metavar="PATH", callback=token_from, show_default=False,
+                                   help="a file holding the cluster secret (default: $PRIMA_TOKEN); never on the "
+                                        "command line, where ps shows it"),
+         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
+                                               "stores, float32 otherwise)"),
+         metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
+         tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
+         tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
+         tls_ca: Path = typer.Option(None, help="PEM roots to trust when dialling the successor and ring members"),
+         tls_mutual: bool = typer.Option(False, help="require client certificates signed by --tls-ca"),
+         draft: Path = typer.Option(None, help="a draft model store (same tokenizer) the head runs for "
+                                                "speculative decoding with speculate=draft"),
+         max_batch: int = typer.Option(MAX_BATCH, min=1, max=MAX_REQUESTS,
+                                       help="frames of different requests one compute takes at most (a plan "
+                                            "may set another)"),
+         log_level: str = typer.Option("info")):
+    """Run one node of a prima-rpc ring."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
+                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    if dtype not in (None, "float32", "bfloat16"):
+        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    from prima_rpc.spec.home import prima_home
+
+    cfg = NodeConfig(port=port, host=host, peer=peer, model=model, cache=cache or prima_home() / "cache", name=name,
+                     mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
+                     fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")), max_batch=max_batch)
+    try:
+        tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # Windows: the default loop
+        runner = asyncio.run
+    try:
+        runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
+                     metrics_port=metrics_port, tls=tls))
+    except (StoreError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    app()

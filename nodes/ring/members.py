@@ -1,0 +1,188 @@
+"""The head's watch over its members, always on: probe each every second, perform what recovery decides.
+
+Lost members are routed around and the survivors re-planned under a new epoch (frames of the old
+ring are dropped everywhere; waiting requests replay); a lost member that answers again is wired
+back in its old place. The decisions are pure functions in nodes/ring/recovery.py; this module does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import grpc
+
+from nodes.errors import Rejected, RequestFailed
+from nodes.ring import frames, recovery
+from nodes.ring.recovery import Keep, Probe, Rejoin, RingView, RouteAround
+from prima_rpc.channel import aio_channel, metadata
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.spec.windows import Windows
+from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+if TYPE_CHECKING:
+    from nodes.ring.head import Head
+
+PROBE_TIMEOUT = 2.0
+PROBE_INTERVAL = 1.0
+ASSIGN_TIMEOUT = 120.0
+REPLAN_ERRORS = (grpc.RpcError, Rejected, StoreError, ValueError, OSError)  # a re-plan that cannot be done
+
+
+class Members:
+    """The head's members: their addresses and states, and Control channels to them."""
+
+    def __init__(self, owner: Head, token: str | None):
+        self.owner = owner
+        self.md = metadata(token)
+        self.head = ""  # the head's address as its predecessor dials it
+        self.members: tuple[str, ...] = ()  # the ring now, without the head
+        self.original: tuple[str, ...] = ()  # as prima-ctl started it: the order lost members rejoin in
+        self.lost: frozenset[str] = frozenset()
+        self.misses: dict[str, int] = {}
+        self.answers: dict[str, Probe] = {}  # the last round's
+        self.wake = asyncio.Event()  # a frame could not be sent: probe now
+        self.link_failures: dict[str, str] = {}  # request id -> why its frame was not sent
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def set_ring(self, head: str, members: list[str], fresh: bool) -> None:
+        self.head, self.members = head, tuple(members)
+        if fresh:  # a ring from prima-ctl forgets the old one's losses
+            self.original, self.lost, self.misses, self.answers = tuple(members), frozenset(), {}, {}
+
+    def view(self) -> RingView:
+        return RingView(self.head, self.members, self.original, self.lost, tuple(self.misses.items()),
+                        busy=bool(self.owner.requests))
+
+    def states(self) -> list[tuple[str, str]]:
+        """(address, state) of every member, the head first; none before a ring names the head."""
+        if not self.head:
+            return []
+        return [(a, s.value) for a, s in recovery.member_states(self.view(), self.answers)]
+
+    def link_down(self, request_id: str, message: str) -> None:
+        """The head could not send a request's frame: find out now whether its successor is lost."""
+        self.link_failures[request_id] = message
+        self.wake.set()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def round(self) -> None:
+        """Wait a probe interval (less if a send failed), then check every member."""
+        try:
+            await asyncio.wait_for(self.wake.wait(), PROBE_INTERVAL)
+        except TimeoutError:
+            pass
+        self.wake.clear()
+        if self.head:
+            await self.check()
+
+    async def check(self) -> None:
+        targets = recovery.probed(self.view())
+        infos = await asyncio.gather(*(self._info(a) for a in targets))
+        answers = {a: Probe(info is not None, info is not None and self._holds_model(info))
+                   for a, info in zip(targets, infos)}
+        self.misses = dict(recovery.tally(self.misses, answers))
+        self.answers = answers
+        decision = recovery.decide(replace(self.view(), misses=tuple(self.misses.items())), answers)
+        failures, self.link_failures = self.link_failures, {}
+        match decision:
+            case RouteAround():
+                await self._route_around(decision, answers)
+            case Rejoin():
+                await self._rejoin(decision, answers)
+            case Keep():  # everyone answers: a frame lost on a broken link ends its request
+                for request_id, message in failures.items():
+                    self.owner.fail(request_id, _unavailable(message))
+
+    async def _route_around(self, d: RouteAround, answers: dict[str, Probe]) -> None:
+        node = self.owner.node
+        self.lost |= set(d.lost)
+        node.log.warning("ring members lost: re-planning on the survivors", lost=list(d.lost),
+                         survivors=list(d.survivors))
+        self.owner.ring_ready.clear()
+        self.owner.ring_changed()
+        try:
+            await self._apply({a: answers[a] for a in d.survivors})
+        except REPLAN_ERRORS as exc:  # the requests end with the reason; the next round tries again
+            message = f"lost node(s) {', '.join(d.lost)} and the survivors cannot take over: {_why(exc)}"
+            node.log.error("recovery failed", error=message)
+            node.last_error = message
+            self.members = d.survivors
+            self.owner.fail_all(_unavailable(message))
+        finally:
+            self.owner.ring_ready.set()
+
+    async def _rejoin(self, d: Rejoin, answers: dict[str, Probe]) -> None:
+        node = self.owner.node
+        node.log.info("lost nodes are back: re-planning with them", back=list(d.back))
+        self.owner.ring_ready.clear()
+        self.owner.ring_changed()
+        try:
+            await self._apply({a: answers[a] for a in d.order})
+            self.lost -= set(d.back)
+        except REPLAN_ERRORS as exc:  # the ring stays as it was; the next round tries again
+            node.log.warning("rejoin failed", error=_why(exc))
+        finally:
+            self.owner.ring_ready.set()
+
+    async def _apply(self, members: dict[str, Probe]) -> None:
+        """Rewire and re-assign the ring [head, *members] under a new epoch."""
+        node = self.owner.node
+        n_layers, model_id = node.store.config.n_layers, node.store.model_id
+        plan = recovery.replan(self.head, members, n_layers)
+        epoch = node.epoch + 1
+        for address, peer in plan.peers[1:]:
+            await self._control(address).SetPeer(frames.set_peer(peer), metadata=self.md, timeout=PROBE_TIMEOUT)
+        await node.set_peer(plan.peers[0][1])
+
+        max_batch, micro_batches = node.batching  # the plan's batching survives the re-plan
+
+        async def assign(address: str, ranges) -> None:
+            req = frames.assign(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head,
+                                max_batch=max_batch, micro_batches=micro_batches)
+            async for _ in self._control(address).Assign(req, metadata=self.md, timeout=ASSIGN_TIMEOUT):
+                pass
+
+        remote = [assign(a, r) for a, r in zip(members, plan.ranges[1:])]
+        head = node.assign(Windows(plan.ranges[0], n_layers, True), model_id, lambda *a: None, epoch=epoch,
+                           replan=True, ring=[self.head, *members], max_batch=max_batch,
+                           micro_batches=micro_batches)
+        await asyncio.gather(head, *remote)
+        node.log.info("ring re-planned", ranges=[list(r) for r in plan.ranges], epoch=epoch)
+
+    # ------------------------------------------------------------------ channels
+
+    def _control(self, address: str) -> rpc.ControlStub:
+        if address not in self._channels:
+            self._channels[address] = aio_channel(address)
+        return rpc.ControlStub(self._channels[address])
+
+    async def _info(self, address: str) -> pb.NodeInfo | None:
+        try:
+            return await self._control(address).Info(frames.info_request(), metadata=self.md, timeout=PROBE_TIMEOUT)
+        except grpc.RpcError:
+            # A fresh channel next time: a restarted node is seen at once, not after the channel's backoff.
+            await self._channels.pop(address).close()
+            return None
+
+    def _holds_model(self, info: pb.NodeInfo) -> bool:
+        store = self.owner.node.store
+        return info.n_layers == store.config.n_layers and info.model_id == store.model_id
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+
+def _unavailable(message: str) -> RequestFailed:
+    return RequestFailed(grpc.StatusCode.UNAVAILABLE, message)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)

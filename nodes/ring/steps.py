@@ -1,0 +1,156 @@
+"""The head's step scheduler (continuous batching): the steps of its requests go round the ring together.
+
+Each request's generation loop stays its own coroutine; when its next step is ready (a decode token, a verify
+frame with drafts, or a prefill chunk of at most PREFILL_CHUNK tokens) it hands it here. A batch is sent when
+every request at the head has handed in its step, or once none has handed in or come back for STEP_GAP_S, and
+at most STEP_WAIT_S after the first was handed in (or after a slot in the ring freed, for steps that waited
+for one), so that one slow request (a draft model, say) does not hold the others long. A batch goes as one
+embedding and frames sent back to back (batch_rest), up to the node's max batch. At most `micro_batches`
+batches are in the ring at once; a request that arrives meanwhile joins the next batch, so a new prompt delays
+the others' decode by at most one chunk per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nodes.ring.work import Work
+from prima_rpc.v1 import prima_pb2 as pb
+
+if TYPE_CHECKING:
+    from nodes.ring.head import Head
+
+STEP_GAP_S = 0.05
+STEP_WAIT_S = 0.25
+
+
+@dataclass
+class _Step:
+    request_id: str
+    ids: list[int]
+    pos: int
+    capacity: int
+    sent: asyncio.Future
+    since: float
+
+
+class Stepper:
+    def __init__(self, head: Head):
+        self.head, self.node = head, head.node
+        self.at_head: set[str] = set()  # requests computing at the head (logits, sampling, drafts)
+        self.ready: list[_Step] = []
+        self.in_ring: dict[str, list[int]] = {}  # request id -> its batch's count of requests still in the ring
+        self.batches = 0  # batches in the ring
+        self.last_in = 0.0  # when the latest step was handed in or came back
+        self.freed = 0.0  # when a batch last came back whole (a slot in the ring freed)
+        self.kick = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def join(self, request_id: str) -> None:
+        self.at_head.add(request_id)
+
+    def leave(self, request_id: str) -> None:
+        self.back(request_id)
+        self.at_head.discard(request_id)
+        self.ready = [s for s in self.ready if s.request_id != request_id]
+        self.kick.set()
+
+    def back(self, request_id: str) -> None:
+        """The request's step came back from the ring (or failed): it is at the head again."""
+        cell = self.in_ring.pop(request_id, None)
+        if cell is not None:
+            cell[0] -= 1
+            if cell[0] == 0:
+                self.batches -= 1
+                self.freed = time.perf_counter()
+            self.at_head.add(request_id)
+            self.last_in = time.perf_counter()
+            self.kick.set()
+
+    async def send(self, request_id: str, ids: list[int], pos: int, capacity: int) -> None:
+        """Queue a step of `ids` at positions [pos, pos + len(ids)); returns once it is in the ring."""
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._run(), name="head-steps")
+        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter())
+        self.last_in = step.since
+        self.at_head.discard(request_id)
+        self.ready.append(step)
+        self.kick.set()
+        await step.sent
+
+    async def _run(self) -> None:
+        while True:
+            await self.kick.wait()
+            self.kick.clear()
+            while self.ready and self.batches < self.node.micro_batches:
+                limit = self.node.max_batch
+                now = time.perf_counter()
+                # Steps that waited for a slot in the ring wait no longer than fresh ones: the cap counts from
+                # when they could go, else two groups that split once would stay split for good.
+                since = max(self.ready[0].since, self.freed)
+                left = min(STEP_WAIT_S - (now - since), STEP_GAP_S - (now - self.last_in))
+                if self.at_head and len(self.ready) < limit and left > 0:  # others are about to hand in theirs
+                    try:
+                        await asyncio.wait_for(self.kick.wait(), left)
+                    except TimeoutError:
+                        pass
+                    self.kick.clear()
+                    continue
+                batch, self.ready = self.ready[:limit], self.ready[limit:]
+                try:
+                    await self._send(batch)
+                except Exception as exc:  # its requests fail with it; the scheduler goes on for the others
+                    _settle(batch, exc)
+
+    async def _send(self, batch: list[_Step]) -> None:
+        from nodes.ring.head import RingChanged
+
+        head, node = self.head, self.node
+        batch = [s for s in batch if not s.sent.done()]
+        if not batch:
+            return
+        if not head.ring_ready.is_set() or node.shard is None:  # a re-plan began: these steps' epoch is over
+            return _settle(batch, RingChanged())
+        try:
+            x = await asyncio.get_running_loop().run_in_executor(
+                node.pool, node.shard.embed, [i for s in batch for i in s.ids])
+        except Exception as exc:
+            return _settle(batch, exc)
+        go = []
+        for s, h in zip(batch, x.split([len(s.ids) for s in batch]), strict=True):
+            req = head.requests.get(s.request_id)
+            if s.sent.done() or req is None:
+                continue
+            if req.failure:
+                s.sent.set_exception(req.failure)
+            elif not head.ring_ready.is_set():  # a re-plan began while embedding
+                s.sent.set_exception(RingChanged())
+            else:
+                go.append((s, h))
+        if not go:
+            return
+        cell = [len(go)]
+        self.batches += 1
+        for s, _ in go:
+            self.in_ring[s.request_id] = cell
+        for i, (s, h) in enumerate(go):
+            await node.inbox.put(Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch,
+                                      batch_rest=len(go) - 1 - i))
+        _settle([s for s, _ in go], None)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+def _settle(steps: list[_Step], exc: BaseException | None) -> None:
+    for s in steps:
+        if not s.sent.done():
+            if exc is None:
+                s.sent.set_result(None)
+            else:
+                s.sent.set_exception(exc)

@@ -1,0 +1,148 @@
+"""The layer store's manifest: model shape, rope, tokenizer facts and the per-unit file list."""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT = "prima-store/1"
+MANIFEST = "manifest.json"
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/engine/quant.py
+
+
+class StoreError(Exception):
+    """A layer store that is missing, malformed or does not match its manifest."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the store directory
+    bytes: int
+    sha256: str = ""  # empty in manifest-only stores
+    format: str = ""  # the unit's weight format (a DTYPES name); empty in stores written before it was recorded
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-family decoder."""
+
+    architecture: str
+    hidden: int
+    intermediate: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"type": "llama3", "factor", "low_freq_factor", ...}
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise StoreError(f"unsupported architecture {self.architecture!r}; supported: {ARCHITECTURES}")
+        for name in ("hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab"):
+            if getattr(self, name) <= 0:
+                raise StoreError(f"model dimension {name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise StoreError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    config: ModelConfig
+    dtype: str  # weight dtype of the safetensors files
+    bits_per_weight: float  # bytes on disk per weight * 8 (below 16 for quantized-size what-ifs)
+    embed: FileEntry
+    layers: tuple[FileEntry, ...]
+    head: FileEntry
+    tokenizer: str | None = None  # tokenizer.json (Hugging Face tokenizers format)
+    chat_template: str | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    add_bos: bool = False
+    manifest_only: bool = False
+    quant: dict = field(default_factory=dict)  # quantized stores: how matrices are packed (nodes.engine.quant.Format)
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        cfg = asdict(self.config)
+        dims = {k: cfg.pop(k) for k in ("hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads",
+                                         "head_dim", "vocab", "max_seq_len")}
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "architecture": cfg.pop("architecture"),
+            "dims": dims,
+            "norm_eps": cfg.pop("norm_eps"),
+            "rope": {"theta": cfg.pop("rope_theta"), "scaling": cfg.pop("rope_scaling")},
+            "qkv_bias": cfg.pop("qkv_bias"),
+            "tie_embeddings": cfg.pop("tie_embeddings"),
+            "dtype": self.dtype,
+            "bits_per_weight": self.bits_per_weight,
+            "manifest_only": self.manifest_only,
+            "tokenizer": self.tokenizer,
+            "chat_template": self.chat_template,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_ids": list(self.eos_token_ids),
+            "add_bos": self.add_bos,
+            "files": {
+                "embed": asdict(self.embed),
+                "layers": [asdict(f) for f in self.layers],
+                "head": asdict(self.head),
+            },
+            **({"quant": self.quant} if self.quant else {}),
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+    @staticmethod
+    def from_json(data: dict) -> "Manifest":
+        try:
+            if data.get("format") != FORMAT:
+                raise StoreError(f"not a {FORMAT} manifest (format={data.get('format')!r})")
+            dims, rope, files = data["dims"], data["rope"], data["files"]
+            config = ModelConfig(
+                architecture=data["architecture"], **dims, norm_eps=float(data["norm_eps"]),
+                rope_theta=float(rope["theta"]), rope_scaling=rope.get("scaling"),
+                qkv_bias=bool(data["qkv_bias"]), tie_embeddings=bool(data["tie_embeddings"]),
+            )
+            layers = tuple(FileEntry(**f) for f in files["layers"])
+            if len(layers) != config.n_layers:
+                raise StoreError(f"manifest lists {len(layers)} layer files for {config.n_layers} layers")
+            if data["dtype"] not in DTYPES:
+                raise StoreError(f"unsupported weight dtype {data['dtype']!r}; supported: {DTYPES}")
+            return Manifest(
+                name=data["name"], config=config, dtype=data["dtype"],
+                bits_per_weight=float(data["bits_per_weight"]),
+                embed=FileEntry(**files["embed"]), layers=layers, head=FileEntry(**files["head"]),
+                tokenizer=data.get("tokenizer"), chat_template=data.get("chat_template"),
+                bos_token_id=data.get("bos_token_id"), eos_token_ids=tuple(data.get("eos_token_ids", ())),
+                add_bos=bool(data.get("add_bos", False)), manifest_only=bool(data.get("manifest_only", False)),
+                quant=data.get("quant", {}), extra=data.get("extra", {}),
+            )
+        except (KeyError, TypeError) as exc:
+            raise StoreError(f"malformed manifest: missing or wrong field {exc}") from None
+
+    def units(self) -> dict[str, FileEntry]:
+        """Every weight unit by name: 'embed', 'layer.0' .. 'layer.{L-1}', 'head'."""
+        named = {"embed": self.embed, "head": self.head}
+        named.update({f"layer.{i}": f for i, f in enumerate(self.layers)})
+        return named
+
+
+def read_manifest(store_dir: Path) -> tuple[Manifest, str]:
+    """The manifest of a store and its fingerprint (sha256 of the manifest file)."""
+    path = Path(store_dir) / MANIFEST
+    if not path.is_file():
+        raise StoreError(f"{store_dir} is not a layer store: {MANIFEST} is missing")
+    raw = path.read_bytes()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{path}: invalid JSON ({exc})") from None
+    return Manifest.from_json(data), hashlib.sha256(raw).hexdigest()

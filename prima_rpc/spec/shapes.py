@@ -1,0 +1,78 @@
+"""Shapes of Llama-family decoders: published models' dims, and the tensors of a layer (no torch, no files)."""
+
+from math import prod
+
+from prima_rpc.spec.manifest import ModelConfig
+
+# Published shapes (their config.json), and tiny ones for tests; the solver's presets and tools.synth read them.
+PRESETS: dict[str, ModelConfig] = {
+    "llama3-8b": ModelConfig("llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 1e-5, 500000.0),
+    "llama3-70b": ModelConfig("llama", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 1e-5, 500000.0),
+    "qwen2.5-32b": ModelConfig("qwen2", 5120, 27648, 64, 40, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
+    "qwen2.5-72b": ModelConfig("qwen2", 8192, 29568, 80, 64, 8, 128, 152064, 32768, 1e-6, 1e6, qkv_bias=True),
+    # Tiny stores for tests: a few MB, fast on two cores.
+    "tiny": ModelConfig("llama", 64, 128, 8, 4, 2, 16, 320, 512, tie_embeddings=True),
+    "tiny-qwen2": ModelConfig("qwen2", 64, 160, 6, 4, 2, 16, 320, 512, qkv_bias=True),
+    # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
+    "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
+}
+PUBLISHED = ("llama3-8b", "llama3-70b", "qwen2.5-32b", "qwen2.5-72b")  # real checkpoints' shapes
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """A decoder layer's unit file: tensor name -> shape (norms, matrices, q/k/v biases if any)."""
+    h, q, kv, i = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.intermediate
+    shapes = {
+        "attn_norm.weight": (h,), "wq.weight": (q, h), "wk.weight": (kv, h), "wv.weight": (kv, h),
+        "wo.weight": (h, q), "ffn_norm.weight": (h,), "w_gate.weight": (i, h), "w_up.weight": (i, h),
+        "w_down.weight": (h, i),
+    }
+    if cfg.qkv_bias:
+        shapes.update({"wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,)})
+    return shapes
+
+
+# A layer's matrices as the nodes hold them, fused: each one's unit-file matrices, stacked by rows in this order.
+FUSED = {"wqkv": ("wq", "wk", "wv"), "wo": ("wo",), "w_gate_up": ("w_gate", "w_up"), "w_down": ("w_down",)}
+
+
+def fused_rows(unit: str, cfg: ModelConfig, suffix: str = "weight") -> dict[str, slice]:
+    """Unit-file tensor name -> its rows in the fused `unit` (suffix "bias": the fused bias of wqkv)."""
+    shapes, out, row = layer_shapes(cfg), {}, 0
+    for part in FUSED[unit]:
+        n = shapes[f"{part}.{suffix}"][0]
+        out[f"{part}.{suffix}"] = slice(row, row + n)
+        row += n
+    return out
+
+
+def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """The fused matrices' shapes (FUSED)."""
+    shapes = layer_shapes(cfg)
+    return {unit: (sum(shapes[f"{p}.weight"][0] for p in parts), shapes[f"{parts[0]}.weight"][1])
+            for unit, parts in FUSED.items()}
+
+
+def layer_params(cfg: ModelConfig) -> int:
+    """Every parameter of a decoder layer: matrices, its two norm vectors, and biases."""
+    return sum(prod(s) for s in layer_shapes(cfg).values())
+
+
+def matrix_params(cfg: ModelConfig) -> int:
+    return sum(prod(s) for s in matrix_shapes(cfg).values())
+
+
+def layer_flops(cfg: ModelConfig) -> int:
+    """A layer's work per token: one multiply-add per matrix weight (norms and biases are elementwise, noise).
+    The profilers' measured rates and the solver's predictions both divide by it."""
+    return 2 * matrix_params(cfg)
+
+
+def unit_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Every unit file of a store: 'embed', 'layer.0' .. 'layer.{L-1}', 'head' -> its tensors' shapes."""
+    units = {"embed": {"embed.weight": (cfg.vocab, cfg.hidden)}}
+    units.update({f"layer.{i}": layer_shapes(cfg) for i in range(cfg.n_layers)})
+    units["head"] = {"norm.weight": (cfg.hidden,)}
+    if not cfg.tie_embeddings:
+        units["head"]["output.weight"] = (cfg.vocab, cfg.hidden)
+    return units
