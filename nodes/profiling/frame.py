@@ -155,14 +155,14 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
     a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on.
     Each one after other weights went through the caches, as a token's layers pass between two: back to back,
     the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1)."""
-    from nodes.engine.model import Head
+    from nodes.engine.model import OutputHead
     from nodes.engine.store import LayerStore
 
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return 0.0
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    head = Head.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
+    head = OutputHead.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     other = torch.ones(EVICT_BYTES // 4)
     times: list[float] = []
