@@ -18,9 +18,9 @@ from nodes.profiling.compute import LOSS_MIN_STEPS, LOSS_PAIRS
 from nodes.profiling.disk import measure_disk
 from nodes.profiling.host import available_ram, gpu_info, os_kind, parse_meminfo, parse_vm_stat, ram_rule
 from nodes.profiling.profiler import FORMAT, LinkRates, measure_link, profile_device, read_cache
+from nodes.ring.config import NodeConfig
 from nodes.ring.link import RingLink
 from nodes.ring.main import serve
-from nodes.ring.node import NodeConfig
 from prima_rpc.spec.profiles import DeviceProfile, devices_from_json
 
 GiB = 1 << 30

@@ -15,7 +15,7 @@ import pytest
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
+from prima_rpc.app.local_ring import launch, wait_serving
 from prima_rpc.client import PrimaClient, PrimaError, Token
 
 pytestmark = pytest.mark.slow
@@ -77,11 +77,16 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
         local.stop()
 
 
-def test_a_failed_compute_ends_its_request_at_once_and_the_ring_serves_the_next(tiny_store, tmp_path, monkeypatch):
-    # Fault injection: a real exception raised inside a node's compute, which nothing else can cause on demand.
-    monkeypatch.setenv("PRIMA_FAULT_LAYER", "4")  # read once by each node's main(); only node2 holds layer 4
+def test_a_failed_compute_ends_its_request_at_once_and_the_ring_serves_the_next(tiny_store, tmp_path):
     local = launch(tiny_store, 3, log_dir=tmp_path, detach=False)
     try:
+        # A mock of a fault nothing real causes on demand, an exception inside a node's compute: node2 (it will
+        # hold layer 4) restarts, same command, under tests/faulty_node.py, whose first compute of layer 4 raises.
+        local.processes[2].terminate()
+        local.processes[2].wait()
+        python, _, _, *args = local.commands[2]  # python -m nodes.ring.main ARGS
+        local.commands[2] = [python, "-m", "tests.faulty_node", "4", *args]
+        wait_serving(local.addresses[2], local.start_node(2), 60, log=local.log("node2"))
         ring.start(local.addresses[0], [2, 3, 3])  # node1 [0, 3), node2 [3, 6), the head [6, 8)
 
         async def one() -> list[int]:

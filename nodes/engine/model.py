@@ -63,7 +63,7 @@ class Layer:
 
 
 @dataclass
-class Head:
+class OutputHead:
     """Embedding, final norm and output projection: what the head node holds besides layers."""
 
     embed: Weight  # [V, H]
@@ -71,10 +71,10 @@ class Head:
     output: Weight  # [V, H] (the embedding itself when tied)
 
     @staticmethod
-    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool, fmt: Format | None = None) -> "Head":
+    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool, fmt: Format | None = None) -> "OutputHead":
         emb = matrix(embed, "embed", dtype, fmt)
         out = emb if tied else matrix(head, "output", dtype, fmt)
-        return Head(embed=emb, norm=head["norm.weight"].to(dtype), output=out)
+        return OutputHead(embed=emb, norm=head["norm.weight"].to(dtype), output=out)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return embed_rows(self.embed, ids)  # [T, H]

@@ -27,9 +27,9 @@ from nodes.engine.fused import (
 )
 from nodes.engine.model import (
     STAGES,
-    Head,
     KVCache,
     Layer,
+    OutputHead,
     Rope,
     Segment,
     attention_stage,
@@ -85,13 +85,13 @@ class Shard:
             done += store.entry(unit).bytes
             progress(done, total, unit)
 
-        self.head: Head | None = None
+        self.head: OutputHead | None = None
         if windows.head:
             embed = store.new_tensors("embed", dtype if fmt is None else None)
             loaded("embed")
             head = store.new_tensors("head", dtype if fmt is None else None)
             loaded("head")
-            self.head = Head.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
+            self.head = OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
         self.layers: dict[int, Layer] = {}  # resident
         self.small: dict[int, dict] = {}  # streamed layers: their norms and biases
         self.kept: dict[int, dict] = {}  # streamed layers: their resident matrices

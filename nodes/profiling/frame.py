@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
+from nodes.generation import head_step
+from nodes.generation.state import GenerateParams, Generation
 from prima_rpc import codec
 from prima_rpc.v1 import prima_pb2 as pb
 
@@ -67,11 +69,12 @@ async def _measure(hidden: int, dtype: torch.dtype, rounds: int) -> float:
 def measure_token_overhead(vocab: int, hidden: int, dtype: torch.dtype = torch.float32, text=None,
                            rounds: int = ROUNDS) -> float:
     """Median seconds of the head's own work per token besides its layers and output layer, as the head does
-    it (nodes/ring/head.py): the step handed to its scheduler task (nodes/ring/steps.py), the embedding and the logits
-    each handed through the compute thread, the waiter the ring's answer resolves, greedy sampling over the
-    vocabulary, detokenising (text: a nodes.generation.text.TextCodec, when the store has a tokenizer) and the token's
-    Generate event written to a real gRPC stream (a loopback client reads it): the write alone took 0.25-0.35 ms
-    a token here, a third of what the probe missed without it."""
+    it (nodes/ring/head.py): the step handed to its scheduler task (nodes/ring/steps.py), the embedding and the
+    logits each handed through the compute thread, the waiter the ring's answer resolves, greedy sampling over the
+    vocabulary and detokenising (text: a nodes.generation.text.TextCodec, when the store has a tokenizer) - the
+    embedding, logits, sampling and detokenising by the head's own code, nodes/generation/head_step.py - and the
+    token's Generate event written to a real gRPC stream (a loopback client reads it): the write alone took
+    0.25-0.35 ms a token here, a third of what the probe missed without it."""
     if vocab < 1 or hidden < 1 or rounds < 1:
         raise ValueError(f"vocab, hidden and rounds must be >= 1, got {vocab}, {hidden}, {rounds}")
     return asyncio.run(_measure_token(vocab, hidden, dtype, text, rounds))
@@ -104,16 +107,15 @@ async def _measure_token(vocab: int, hidden: int, dtype: torch.dtype, text, roun
 
 
 async def _token_rounds(vocab: int, hidden: int, dtype: torch.dtype, text, rounds: int, times: list[float]):
-    """The head's per-token path, `rounds` + 20 times (the first 20 warm up), each time in `times`."""
-    from nodes.generation.sampling import Sampler, SamplingParams  # the head's own
-    from nodes.generation.text import StreamDecoder
-
+    """The head's per-token path, `rounds` + 20 times (the first 20 warm up), each time in `times`: the head's
+    own code for the embedding, the logits and the sampling and detokenising (nodes/generation/head_step.py)."""
     loop = asyncio.get_running_loop()
     table = torch.randn(256, hidden).to(dtype)  # a lookup costs the same in a vocabulary-sized table
     logits = torch.randn(vocab)
-    sample = Sampler(SamplingParams())
-    decoder = StreamDecoder(text) if text is not None else None
     ids = torch.randint(0, min(vocab, 32000), (rounds + 20,)).tolist()
+    top = float(logits.max())
+    gen = Generation(ids[:1], GenerateParams(max_tokens=rounds + 20), text if text is not None else _NoText(), (),
+                     rounds + 22)  # greedy, as the head's default; no EOS: every round yields its token
     kick, steps = asyncio.Event(), []
 
     async def scheduler() -> None:  # the head's step scheduler: its own task, woken by each step handed in
@@ -126,28 +128,31 @@ async def _token_rounds(vocab: int, hidden: int, dtype: torch.dtype, text, round
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="compute") as pool:
             for i in range(rounds + 20):
+                logits[ids[i]] = top + 1 + i  # greedy sampling picks ids[i]: real tokens to detokenise
                 await asyncio.sleep(IDLE_S)
                 start = time.perf_counter()
                 steps.append(loop.create_future())
                 kick.set()
                 await steps[-1]
-                x = await loop.run_in_executor(pool, torch.Tensor.__getitem__, table, [ids[i] % 256])
+                x = await head_step.embed(pool, table.__getitem__, [ids[i] % 256])
                 waiter = loop.create_future()
                 loop.call_soon(waiter.set_result, x)  # the ring's answer arrives on the event loop
-                await waiter
-                out = await loop.run_in_executor(pool, _handed, logits)  # not a clone: a parallel kernel here
-                # would leave OpenMP workers in this thread (see profiler.profile_device)
-                token = sample(out)
-                piece = decoder.push(ids[i]) if decoder is not None else ""
-                yield pb.GenerateEvent(token=pb.TokenEvent(token_id=token, text=piece, index=i,
+                answer = await waiter
+                # Logits handed back, not computed: a parallel kernel here would leave OpenMP workers in this
+                # thread (see profiler.profile_device); the output layer is measure_output_layer's.
+                (out,) = await head_step.next_tokens(gen, pool, lambda h: logits, answer, [])
+                yield pb.GenerateEvent(token=pb.TokenEvent(token_id=out.token_id, text=out.text, index=out.index,
                                                            elapsed_ms=start)).SerializeToString()
                 times.append(time.perf_counter() - start)  # back once the stream took the event
     finally:
         task.cancel()
 
 
-def _handed(x):
-    return x
+class _NoText:
+    """A store without a tokenizer: nothing to detokenise."""
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
 
 
 def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
@@ -155,14 +160,14 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
     a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on.
     Each one after other weights went through the caches, as a token's layers pass between two: back to back,
     the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1)."""
-    from nodes.engine.model import Head
+    from nodes.engine.model import OutputHead
     from nodes.engine.store import LayerStore
 
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return 0.0
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    head = Head.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
+    head = OutputHead.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     other = torch.ones(EVICT_BYTES // 4)
     times: list[float] = []

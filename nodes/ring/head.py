@@ -1,69 +1,36 @@
 """The head: what only the ring's first node holds - its requests, their generation loops, replay after a
-re-plan, and the watch over its members (nodes/ring/members.py)."""
-
-from __future__ import annotations
+re-plan, and the watch over its members (nodes/ring/members.py). It uses its node through NodePort only."""
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 import torch
 
-from nodes.errors import Rejected, RequestCancelled, RequestFailed
+from nodes.errors import RequestFailed
+from nodes.generation import head_step
 from nodes.generation.draft import DraftModel, load_draft
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, TokenOut
 from nodes.ring import frames
+from nodes.ring.head_port import NodePort
+from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
 from nodes.ring.members import Members
 from nodes.ring.steps import Stepper
-from nodes.ring.work import MAX_REQUESTS, PREFILL_CHUNK
-
-if TYPE_CHECKING:
-    from nodes.ring.node import Node
-
-
-class RingChanged(Exception):
-    """The ring was re-planned while this request waited: replay it on the new ring."""
-
-
-@dataclass
-class HeadRequest:
-    """The head's side of one request: the hidden state or failure the ring hands back."""
-
-    waiter: asyncio.Future | None = None
-    failure: RequestFailed | None = None
-    rows: int = 0  # logit rows its step wants: 1 for a plain step (computed with the batch's), else its own
-    logits: torch.Tensor | None = None  # [V] of the last step, when computed with its batch's
-
-    def deliver(self, hidden: torch.Tensor) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(hidden)
-
-    def fail(self, failure: RequestFailed) -> None:
-        self.failure = self.failure or failure
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(failure)
-
-    def ring_changed(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(RingChanged())
+from nodes.ring.work import PREFILL_CHUNK
 
 
 class Head:
     """Held by the node while it is the ring's head. Uses the node's shard, queues and compute thread."""
 
-    def __init__(self, node: Node, ring: list[str], fresh: bool):
+    def __init__(self, node: NodePort, ring: list[str], fresh: bool):
         self.node = node
-        self.requests: dict[str, HeadRequest] = {}
-        self.ring_ready = asyncio.Event()  # cleared while the ring is re-planned
-        self.ring_ready.set()
-        self.members = Members(self, node.cfg.token)
+        self.requests = HeadRequests()
+        self.members = Members(node, self.requests)
         self.draft_model: ReferenceModel | None = None
-        self.steps = Stepper(self)  # the requests' ring steps go out in batches
+        self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -80,17 +47,14 @@ class Head:
     async def generate(self, prompt_ids: list[int], params: GenerateParams,
                        request_id: str) -> AsyncIterator[TokenOut | Generation]:
         """Token events of one request, then the finished Generation itself."""
-        if len(self.requests) >= MAX_REQUESTS:
-            raise Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the head serves at most {MAX_REQUESTS} requests")
-        if request_id in self.requests:
-            raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is in use")
+        self.requests.check_new(request_id)
         node = self.node
         drafter = None
         if params.speculate.mode == "draft" and node.cfg.draft is not None:
             drafter = DraftModel(await self._draft_model())
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter))
-        req = self.requests[request_id] = HeadRequest()
+        req = self.requests.add(request_id)
         self.steps.join(request_id)
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
@@ -105,20 +69,13 @@ class Head:
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
-                loop = asyncio.get_running_loop()
-                if draft:
-                    logits = await loop.run_in_executor(node.pool, _row_logits, node.shard, hidden, len(draft) + 1)
-                    outs = gen.accept_draft(logits, draft)
-                else:
-                    logits = req.logits if req.logits is not None else \
-                        await loop.run_in_executor(node.pool, node.shard.logits, hidden)
-                    outs = [gen.accept(logits)]
+                outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, req.logits)
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
             yield gen
         finally:
-            del self.requests[request_id]
+            self.requests.remove(request_id)
             self.steps.leave(request_id)
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
@@ -133,7 +90,7 @@ class Head:
                           capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
         that goes round the ring in a batch with the other requests' steps (nodes/ring/steps.py)."""
-        node = self.node
+        timeout = self.node.cfg.step_timeout
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
             if req.failure:
@@ -142,11 +99,10 @@ class Head:
             req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
             try:
                 await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
-                hidden = await asyncio.wait_for(req.waiter, node.cfg.step_timeout)
+                hidden = await asyncio.wait_for(req.waiter, timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
-                                    f"no answer from the ring within {node.cfg.step_timeout:.0f} s "
-                                    "(a node may be down)") from None
+                                    f"no answer from the ring within {timeout:.0f} s (a node may be down)") from None
             finally:
                 self.steps.back(request_id)
         return hidden
@@ -160,7 +116,7 @@ class Head:
 
     async def _ring_ready(self, req: HeadRequest) -> None:
         try:
-            await asyncio.wait_for(self.ring_ready.wait(), self.node.cfg.step_timeout)
+            await asyncio.wait_for(self.requests.ring_ready.wait(), self.node.cfg.step_timeout)
         except TimeoutError:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the ring did not recover in time") from None
         if req.failure:
@@ -183,13 +139,6 @@ class Head:
             except RingChanged:
                 continue
 
-    def known(self, request_id: str) -> bool:
-        return request_id in self.requests
-
-    def deliver(self, request_id: str, hidden: torch.Tensor) -> None:
-        if (req := self.requests.get(request_id)) is not None:
-            req.deliver(hidden)
-
     async def deliver_batch(self, results: list[tuple[str, torch.Tensor]]) -> None:
         """A batch's hidden states after all layers; the logits of its plain steps in one projection (one pass
         over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
@@ -205,30 +154,6 @@ class Head:
             if r is not None:
                 r.deliver(h)
 
-    def fail(self, request_id: str, failure: RequestFailed) -> None:
-        if (req := self.requests.get(request_id)) is not None:
-            req.fail(failure)
-
-    def fail_all(self, failure: RequestFailed) -> None:
-        for req in self.requests.values():
-            req.fail(failure)
-
-    def ring_changed(self) -> None:
-        for req in self.requests.values():
-            req.ring_changed()
-
-    def cancel(self, request_id: str) -> bool:
-        if request_id not in self.requests:
-            return False
-        self.fail(request_id, RequestCancelled())
-        return True
-
     async def close(self) -> None:
         self.steps.close()
         await self.members.close()
-
-
-def _row_logits(shard, hidden: torch.Tensor, rows: int) -> torch.Tensor:
-    """Logits [rows, V] of the last `rows` positions, each projected alone exactly as a plain step projects it."""
-    t = hidden.shape[0]
-    return torch.stack([shard.logits(hidden[:i + 1]) for i in range(t - rows, t)])

@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 from dataclasses import replace
@@ -15,7 +14,8 @@ import typer
 from nodes.errors import RequestFailed
 from nodes.ring import metrics
 from nodes.ring.auth import TokenAuth
-from nodes.ring.node import Node, NodeConfig
+from nodes.ring.config import NodeConfig
+from nodes.ring.node import Node
 from nodes.ring.services import ControlService, InferenceService, RingService
 from nodes.ring.work import MAX_BATCH, MAX_REQUESTS
 from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
@@ -83,7 +83,7 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
             await stop.wait()
             # End in-flight requests with a clear status before the server stops taking calls.
             if node.head is not None:
-                node.head.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                node.head.requests.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE,
                                                  f"{node.cfg.name or node.address} is shutting down"))
             await server.stop(grace=2)
             actor.cancel()  # the node closes its link, channels and compute thread
@@ -91,15 +91,6 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
         await server.stop(grace=2)
         if exporter is not None:
             await exporter.cleanup()
-
-
-def fault_layer(text: str) -> int:
-    """Fault injection for tests: PRIMA_FAULT_LAYER=L makes the first compute of layer L raise (-1: off)."""
-    if not text:
-        return -1
-    if not text.isdigit():
-        raise typer.BadParameter(f"PRIMA_FAULT_LAYER must be a layer number, got {text[:20]!r}")
-    return int(text)
 
 
 def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: bool) -> grpc.ServerCredentials | None:
@@ -151,8 +142,7 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     from prima_rpc.spec.home import prima_home
 
     cfg = NodeConfig(port=port, host=host, peer=peer, model=model, cache=cache or prima_home() / "cache", name=name,
-                     mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
-                     fault_layer=fault_layer(os.environ.get("PRIMA_FAULT_LAYER", "")), max_batch=max_batch)
+                     mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft, max_batch=max_batch)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

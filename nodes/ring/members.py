@@ -5,25 +5,21 @@ ring are dropped everywhere; waiting requests replay); a lost member that answer
 back in its old place. The decisions are pure functions in nodes/ring/recovery.py; this module does I/O.
 """
 
-from __future__ import annotations
-
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import grpc
 
 from nodes.errors import Rejected, RequestFailed
 from nodes.ring import frames, recovery
+from nodes.ring.head_port import NodePort
+from nodes.ring.head_requests import HeadRequests
 from nodes.ring.recovery import Keep, Probe, Rejoin, RingView, RouteAround
 from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
-
-if TYPE_CHECKING:
-    from nodes.ring.head import Head
 
 PROBE_TIMEOUT = 2.0
 PROBE_INTERVAL = 1.0
@@ -34,9 +30,9 @@ REPLAN_ERRORS = (grpc.RpcError, Rejected, StoreError, ValueError, OSError)  # a 
 class Members:
     """The head's members: their addresses and states, and Control channels to them."""
 
-    def __init__(self, owner: Head, token: str | None):
-        self.owner = owner
-        self.md = metadata(token)
+    def __init__(self, node: NodePort, requests: HeadRequests):
+        self.node, self.requests = node, requests
+        self.md = metadata(node.cfg.token)
         self.head = ""  # the head's address as its predecessor dials it
         self.members: tuple[str, ...] = ()  # the ring now, without the head
         self.original: tuple[str, ...] = ()  # as prima-ctl started it: the order lost members rejoin in
@@ -54,7 +50,7 @@ class Members:
 
     def view(self) -> RingView:
         return RingView(self.head, self.members, self.original, self.lost, tuple(self.misses.items()),
-                        busy=bool(self.owner.requests))
+                        busy=bool(self.requests))
 
     def states(self) -> list[tuple[str, str]]:
         """(address, state) of every member, the head first; none before a ring names the head."""
@@ -95,42 +91,35 @@ class Members:
                 await self._rejoin(decision, answers)
             case Keep():  # everyone answers: a frame lost on a broken link ends its request
                 for request_id, message in failures.items():
-                    self.owner.fail(request_id, _unavailable(message))
+                    self.requests.fail(request_id, _unavailable(message))
 
     async def _route_around(self, d: RouteAround, answers: dict[str, Probe]) -> None:
-        node = self.owner.node
+        node = self.node
         self.lost |= set(d.lost)
         node.log.warning("ring members lost: re-planning on the survivors", lost=list(d.lost),
                          survivors=list(d.survivors))
-        self.owner.ring_ready.clear()
-        self.owner.ring_changed()
-        try:
-            await self._apply({a: answers[a] for a in d.survivors})
-        except REPLAN_ERRORS as exc:  # the requests end with the reason; the next round tries again
-            message = f"lost node(s) {', '.join(d.lost)} and the survivors cannot take over: {_why(exc)}"
-            node.log.error("recovery failed", error=message)
-            node.last_error = message
-            self.members = d.survivors
-            self.owner.fail_all(_unavailable(message))
-        finally:
-            self.owner.ring_ready.set()
+        with self.requests.replanning():
+            try:
+                await self._apply({a: answers[a] for a in d.survivors})
+            except REPLAN_ERRORS as exc:  # the requests end with the reason; the next round tries again
+                message = f"lost node(s) {', '.join(d.lost)} and the survivors cannot take over: {_why(exc)}"
+                node.log.error("recovery failed", error=message)
+                node.last_error = message
+                self.members = d.survivors
+                self.requests.fail_all(_unavailable(message))
 
     async def _rejoin(self, d: Rejoin, answers: dict[str, Probe]) -> None:
-        node = self.owner.node
-        node.log.info("lost nodes are back: re-planning with them", back=list(d.back))
-        self.owner.ring_ready.clear()
-        self.owner.ring_changed()
-        try:
-            await self._apply({a: answers[a] for a in d.order})
-            self.lost -= set(d.back)
-        except REPLAN_ERRORS as exc:  # the ring stays as it was; the next round tries again
-            node.log.warning("rejoin failed", error=_why(exc))
-        finally:
-            self.owner.ring_ready.set()
+        self.node.log.info("lost nodes are back: re-planning with them", back=list(d.back))
+        with self.requests.replanning():
+            try:
+                await self._apply({a: answers[a] for a in d.order})
+                self.lost -= set(d.back)
+            except REPLAN_ERRORS as exc:  # the ring stays as it was; the next round tries again
+                self.node.log.warning("rejoin failed", error=_why(exc))
 
     async def _apply(self, members: dict[str, Probe]) -> None:
         """Rewire and re-assign the ring [head, *members] under a new epoch."""
-        node = self.owner.node
+        node = self.node
         n_layers, model_id = node.store.config.n_layers, node.store.model_id
         plan = recovery.replan(self.head, members, n_layers)
         epoch = node.epoch + 1
@@ -169,7 +158,7 @@ class Members:
             return None
 
     def _holds_model(self, info: pb.NodeInfo) -> bool:
-        store = self.owner.node.store
+        store = self.node.store
         return info.n_layers == store.config.n_layers and info.model_id == store.model_id
 
     async def close(self) -> None:

@@ -4,15 +4,16 @@ State plus three named coroutines (`run`): the Ring service validates frames int
 runs them, the frames waiting for the same layers together as one batch (torch work off the event loop on a
 single thread); "send" writes `outbox` to the successor;
 "watch" lets the head (only the head node holds a `Head`) probe its members. Every request has at most
-one frame in flight, so queues longer than the request limit cannot deadlock the ring.
+one frame in flight, so queues longer than the request limit cannot deadlock the ring. What needs no node
+state lives beside it: the frame checks (admit.py), the batch decisions (batching.py), where an assignment's
+weights come from (weights.py).
 """
 
 import asyncio
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import grpc
 import psutil
@@ -20,57 +21,24 @@ import structlog
 import torch
 
 from nodes.engine.fused import layer_bytes
+from nodes.engine.model import KVCache
 from nodes.engine.quant import compute_dtype, weight_format
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
-from nodes.ring import fetch, frames
+from nodes.ring import admit, batching, frames, weights
+from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.head import Head
 from nodes.ring.inbox import Inbox
 from nodes.ring.link import RingLink
 from nodes.ring.members import PROBE_INTERVAL
-from nodes.ring.work import BATCH_WAIT_S, CACHE_IDLE_S, MAX_BATCH, MAX_CACHES, MAX_ID, MAX_REQUESTS, QUEUE, Work
-from prima_rpc import codec
-from prima_rpc.channel import MAX_MESSAGE_BYTES
-from prima_rpc.spec.manifest import StoreError
+from nodes.ring.work import CACHE_IDLE_S, MAX_CACHES, QUEUE, Work
 from prima_rpc.spec.windows import Step, Windows
 from prima_rpc.v1 import prima_pb2 as pb
 
 log = structlog.get_logger()
 Code = grpc.StatusCode
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    port: int = 0
-    host: str = "0.0.0.0"
-    peer: str = ""
-    model: Path | None = None
-    cache: Path | None = None  # where weights fetched from other nodes go (None: never fetch)
-    name: str = ""
-    mem_budget: int = 0
-    token: str | None = None
-    dtype: str | None = None  # compute dtype; None: by the store (bfloat16 for int8/int4 stores, else float32)
-    step_timeout: float = 60.0  # head: longest wait for one ring round trip
-    draft: Path | None = None  # a draft model store the head runs for speculate=draft
-    fault_layer: int = -1  # fault injection for tests (PRIMA_FAULT_LAYER): the first compute of this layer raises
-    max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
-
-
-@dataclass
-class Stats:
-    compute_s: float = 0.0  # wall time of frames in the compute thread, waits for streamed layers included
-    stall_s: float = 0.0  # waits for streamed layers, of shards already replaced (the current one counts its own)
-    link_s: float = 0.0
-    frames: int = 0
-    last_token_ms: float = 0.0
-    decode_s: float = 0.0  # of compute_s, frames of one token since the assignment: status's per-token figure
-    decode_frames: int = 0
-    batches: int = 0  # computes run; frames computed in them below (mean batch = batched_frames / batches)
-    batched_frames: int = 0
-    max_batch_seen: int = 0
-    queue_wait_s: float = 0.0  # frames' time in the inbox before their compute
 
 
 class Node:
@@ -86,7 +54,7 @@ class Node:
         self.head_address = ""  # the ring's head, as the ring dials it (for status)
         self.fetching = False  # fetching or loading windows
         self.fetched_bytes = 0  # store bytes fetched from other nodes
-        self.cached_units = self._count_units()
+        self.cached_units = weights.count_units(self.store)
         self.last_error = ""
         self.peer = cfg.peer
         self.epoch = 0  # frames of another epoch (an older ring) are dropped
@@ -98,7 +66,6 @@ class Node:
         self.stats = Stats()
         self.predicted = (0.0, 0.0)  # the applied plan's (ms per token here, ring TPOT ms); Info reports it
         self.log = log.bind(node=cfg.name or self.address)
-        self._fault_layer = cfg.fault_layer
         self.max_batch = cfg.max_batch  # frames one compute takes (the assignment's, else the node's default)
         self.micro_batches = 1  # head: batches of requests in flight round the ring
         self.batching = (0, 0)
@@ -154,39 +121,15 @@ class Node:
         self.log.info("assigned")
 
     async def _fetch_missing(self, windows: Windows, model_id: str, sources: list[str], progress) -> None:
-        """Fetch the manifest, tokenizer and the unit files of `windows` this node lacks from `sources` (the
-        head first) into the cache, and load from there; a store of another model is left to refuse."""
-        units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for a, b in windows.ranges
-                                                              for i in range(a, b)]
-        store = self.store
-        if store is not None and (store.model_id != model_id or not fetch.needed_units(store, units)):
-            return
-        if self.cfg.cache is None:
-            return  # check_assignment says what is missing
-        try:  # what an earlier run fetched
-            cached = LayerStore(fetch.cache_dir(self.cfg.cache, model_id))
-            if cached.model_id == model_id and not fetch.needed_units(cached, units):
-                self.store, self.cached_units = cached, self._count_units(cached)
-                return
-        except StoreError:
-            pass
-        fetcher = fetch.Fetcher(self.cfg.cache, model_id, [s for s in sources if s != self.address], self.cfg.token,
-                                lambda done, total, unit: progress(done, total, unit, True))
-        self.log.info("fetching weights", units=len(units), sources=fetcher.sources)
-        try:
-            self.store = await fetcher.store(units, windows.head)
-        finally:
-            self.fetched_bytes += fetcher.fetched
-            await fetcher.close()
-        self.cached_units = self._count_units()
-        self.log.info("fetched weights", bytes=fetcher.fetched, cache=str(self.store.root))
+        """Load `windows` from the cache when this node's store lacks their units (weights.store_for)."""
+        def fetched(n: int) -> None:
+            self.fetched_bytes += n
 
-    def _count_units(self, store: LayerStore | None = None) -> int:
-        store = store or self.store
-        if store is None or store.manifest.manifest_only:
-            return 0
-        units = store.manifest.units()
-        return len(units) - len(fetch.needed_units(store, units))
+        store = await weights.store_for(windows, model_id, self.store, self.cfg.cache,
+                                        [s for s in sources if s != self.address], self.cfg.token, progress,
+                                        self.log, fetched)
+        if store is not None:
+            self.store, self.cached_units = store, weights.count_units(store)
 
     async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
         # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
@@ -254,16 +197,12 @@ class Node:
 
         Structure is checked first; then frames of another epoch (an older ring, still in flight
         when the ring was re-planned) are dropped; then what only the current ring can judge."""
-        if frame.kind not in (pb.FORWARD, pb.RELEASE, pb.ERROR):
-            raise Rejected(Code.INVALID_ARGUMENT, f"unknown frame kind {frame.kind}")
-        if not (0 < len(frame.request_id) <= MAX_ID):
-            raise Rejected(Code.INVALID_ARGUMENT, f"request_id must have 1..{MAX_ID} characters")
-        if frame.batch_rest >= MAX_REQUESTS or (frame.batch_rest and frame.kind != pb.FORWARD):
-            raise Rejected(Code.INVALID_ARGUMENT, f"batch_rest {frame.batch_rest} must be below {MAX_REQUESTS}, "
-                                                  "and 0 except on FORWARD frames")
+        admit.check_structure(frame)
         if self.windows is None:
             raise Rejected(Code.FAILED_PRECONDITION, "this node has no assignment yet (prima-ctl start)")
-        hidden = self._checked_hidden(frame) if frame.kind == pb.FORWARD and not self.windows.relay else None
+        hidden = None
+        if frame.kind == pb.FORWARD and not self.windows.relay:
+            hidden = admit.checked_hidden(frame, self.store.config.hidden)
         if frame.epoch != self.epoch:
             self.log.debug("stale frame dropped", request_id=frame.request_id, epoch=frame.epoch)
             return
@@ -274,37 +213,16 @@ class Node:
                                       code=frames.status_from_wire(frame.code), epoch=frame.epoch))
         elif frame.kind == pb.RELEASE:
             await self.inbox.put(Work(frame.request_id, pb.RELEASE, epoch=frame.epoch))
-        elif self.head is not None and not self.head.known(frame.request_id):
+        elif self.head is not None and not self.head.requests.known(frame.request_id):
             # A request that ended (cancelled, say) while its frame went round: drop the frame. Refusing it would
             # close the stream and lose the frames of other requests sent right behind it (its batch).
             self.log.debug("frame of an ended request dropped", request_id=frame.request_id)
         else:
-            self._check_in_ring(frame, hidden)
+            known = frame.request_id in self.shard.caches or (self.head is not None
+                                                              and self.head.requests.known(frame.request_id))
+            admit.check_in_ring(frame, hidden, self.windows, self.store.config.max_seq_len, known)
             await self.inbox.put(Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer,
                                       frame.capacity, hidden, epoch=frame.epoch, batch_rest=frame.batch_rest))
-
-    def _checked_hidden(self, frame: pb.Frame) -> torch.Tensor:
-        cfg = self.store.config
-        try:
-            hidden = codec.decode(frame.hidden, max_bytes=MAX_MESSAGE_BYTES)
-        except codec.CodecError as exc:
-            raise Rejected(Code.INVALID_ARGUMENT, f"hidden: {exc}") from None
-        if hidden.dim() != 2 or hidden.shape[1] != cfg.hidden or hidden.shape[0] == 0:
-            raise Rejected(Code.INVALID_ARGUMENT,
-                           f"hidden must be [tokens >= 1, {cfg.hidden}], got {list(hidden.shape)}")
-        return hidden
-
-    def _check_in_ring(self, frame: pb.Frame, hidden: torch.Tensor) -> None:
-        cfg = self.store.config
-        why = self.windows.check_received(frame.next_layer)
-        if why:
-            raise Rejected(Code.INVALID_ARGUMENT, why)
-        if frame.start_pos + hidden.shape[0] > cfg.max_seq_len:
-            raise Rejected(Code.OUT_OF_RANGE, f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
-                                           f"context {cfg.max_seq_len}")
-        known = frame.request_id in self.shard.caches or (self.head is not None and self.head.known(frame.request_id))
-        if frame.start_pos > 0 and not known:
-            raise Rejected(Code.NOT_FOUND, f"unknown request id {frame.request_id!r}")
 
     # ------------------------------------------------------------------ the loops
 
@@ -327,7 +245,7 @@ class Node:
             batch = [work]
             try:
                 if self._computes(work):
-                    batch = await self._gather(work)
+                    batch = await batching.gather(self.inbox, work, self.max_batch)
                     await self._run_batch(batch)
                 else:
                     await self._handle(work)
@@ -341,48 +259,12 @@ class Node:
         return (w.kind == pb.FORWARD and w.epoch == self.epoch and self.windows is not None
                 and self.windows.step(w.next_layer) is Step.COMPUTE)
 
-    async def _gather(self, first: Work) -> list[Work]:
-        """`first` and the frames of other requests waiting for the same layers of the same ring, up to the
-        node's max batch, in arrival order. Frames that cannot join stay queued in their order. When the last
-        frame taken says more of its batch follow (batch_rest), wait for them briefly (BATCH_WAIT_S), but not
-        once a frame that cannot join is waiting (it must not be held back)."""
-        batch, ids = [first], {first.request_id}
-
-        def joins(w: Work) -> bool:
-            return (w.kind == pb.FORWARD and w.next_layer == first.next_layer and w.epoch == first.epoch
-                    and w.request_id not in ids)
-
-        deadline = time.perf_counter() + BATCH_WAIT_S
-        while len(batch) < self.max_batch:
-            taken = self.inbox.take(joins, self.max_batch - len(batch))
-            batch += taken
-            ids.update(w.request_id for w in taken)
-            left = deadline - time.perf_counter()
-            if batch[-1].batch_rest == 0 or len(batch) >= self.max_batch or not self.inbox.empty() or left <= 0:
-                break
-            if not await self.inbox.arrival(left):
-                break
-        return batch
-
     async def _run_batch(self, batch: list[Work]) -> None:
         """Compute a batch in one pass over the weights; then each request goes on as its own frame (sent back
         to back, batch_rest counting down, so the next node computes them together too) or to the head. A
         request whose frame does not fit (positions, KV room) fails alone."""
         head, shard = self.head, self.shard
-        ready: list[tuple[Work, object]] = []
-        for w in batch:
-            if head is not None and not head.known(w.request_id):
-                continue  # a request that ended (or never existed): never give it a KV cache here
-            try:
-                if w.request_id not in shard.caches:
-                    self._make_room()
-                cache = shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
-                self._inject_fault(w.next_layer)
-            except Exception as exc:
-                await self._fail_request(w.request_id, *_failure(exc))
-                continue
-            self.cache_used[w.request_id] = time.monotonic()
-            ready.append((w, cache))
+        ready = await self._with_caches(batch)
         if not ready:
             return
         start = time.perf_counter()
@@ -394,16 +276,7 @@ class Node:
             for w, _ in ready:
                 await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
             return
-        s, took = self.stats, time.perf_counter() - start
-        s.compute_s += took
-        s.frames += len(ready)
-        if all(w.hidden.shape[0] == 1 for w, _ in ready):  # a decode step: what a token waits for here
-            s.decode_s += took
-            s.decode_frames += 1
-        s.batches += 1
-        s.batched_frames += len(ready)
-        s.max_batch_seen = max(s.max_batch_seen, len(ready))
-        s.queue_wait_s += sum(start - w.queued for w, _ in ready)
+        batching.count_batch(self.stats, [w for w, _ in ready], start, time.perf_counter() - start)
         if batch[0].epoch != self.epoch:  # re-planned while computing: the results belong to the old ring
             return
         done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
@@ -413,6 +286,25 @@ class Node:
             return
         for i, w in enumerate(done):
             await self.outbox.put(frames.forward(w, batch_rest=len(done) - 1 - i))
+
+    async def _with_caches(self, batch: list[Work]) -> list[tuple[Work, KVCache]]:
+        """The frames of `batch` with their KV caches, made if new; a request whose frame does not fit
+        (positions, KV room) fails alone, and one that ended (or never existed) gets no cache."""
+        head, shard = self.head, self.shard
+        ready = []
+        for w in batch:
+            if head is not None and not head.requests.known(w.request_id):
+                continue
+            try:
+                if w.request_id not in shard.caches:
+                    self._make_room()
+                cache = shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
+            except Exception as exc:
+                await self._fail_request(w.request_id, *batching.failure(exc))
+                continue
+            self.cache_used[w.request_id] = time.monotonic()
+            ready.append((w, cache))
+        return ready
 
     async def _handle(self, w: Work) -> None:
         """Everything but a compute: RELEASE, ERROR, and FORWARD frames this node delivers or passes on."""
@@ -426,24 +318,17 @@ class Node:
             return
         if w.kind == pb.ERROR:
             if head is not None:
-                head.fail(w.request_id, RequestFailed(w.code, w.error))
+                head.requests.fail(w.request_id, RequestFailed(w.code, w.error))
             else:
                 await self.outbox.put(frames.error(w.request_id, w.code, w.error, w.epoch))
             return
-        if head is not None and not head.known(w.request_id):
+        if head is not None and not head.requests.known(w.request_id):
             return
         if self.windows.step(w.next_layer) is Step.DELIVER:
             if head is not None:
-                head.deliver(w.request_id, w.hidden)
+                head.requests.deliver(w.request_id, w.hidden)
             return
         await self.outbox.put(frames.forward(w, w.batch_rest))
-
-    def _inject_fault(self, next_layer: int) -> None:
-        """Fault injection for tests: the first compute that runs cfg.fault_layer raises, once."""
-        layer = self._fault_layer
-        if layer >= 0 and any(a <= layer < b for a, b in self.windows.run_from(next_layer)):
-            self._fault_layer = -1
-            raise RuntimeError(f"fault injected at layer {layer}")
 
     def release(self, request_id: str) -> None:
         self.shard.release(request_id)
@@ -466,7 +351,7 @@ class Node:
         if self.shard is not None:
             self.release(request_id)
         if self.head is not None:
-            self.head.fail(request_id, RequestFailed(code, message))
+            self.head.requests.fail(request_id, RequestFailed(code, message))
         elif self.windows is not None:
             await self.outbox.put(frames.error(request_id, code, message, self.epoch))
 
@@ -479,7 +364,7 @@ class Node:
             except LinkDown as exc:
                 self.last_error = str(exc)
                 self.log.warning("link down", error=str(exc))
-                if self.head is not None and self.head.known(frame.request_id):
+                if self.head is not None and self.head.requests.known(frame.request_id):
                     self.head.members.link_down(frame.request_id, str(exc))
             self.stats.link_s += time.perf_counter() - start
 
@@ -497,12 +382,3 @@ class Node:
             old, self.peer = self.link, peer
             self.link = RingLink(peer, self.cfg.token)
             await old.close()
-
-
-def _failure(exc: Exception) -> tuple[Code, str]:
-    """The status a request fails with when its frame cannot be computed."""
-    if isinstance(exc, Rejected):
-        return exc.code, str(exc)
-    if isinstance(exc, ValueError):  # positions or capacity that do not fit this request's KV cache
-        return Code.INVALID_ARGUMENT, str(exc)
-    return Code.INTERNAL, f"{type(exc).__name__}: {exc}"

@@ -209,7 +209,7 @@ class InferenceService(rpc.InferenceServicer):
 
     async def Cancel(self, request, context):
         head = self.node.head
-        return frames.cancel_reply(head is not None and head.cancel(request.request_id))
+        return frames.cancel_reply(head is not None and head.requests.cancel(request.request_id))
 
 
 def _is_address(address: str) -> bool:

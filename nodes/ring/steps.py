@@ -10,18 +10,15 @@ batches are in the ring at once; a request that arrives meanwhile joins the next
 the others' decode by at most one chunk per step.
 """
 
-from __future__ import annotations
-
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from nodes.generation import head_step
+from nodes.ring.head_port import NodePort
+from nodes.ring.head_requests import HeadRequests, RingChanged
 from nodes.ring.work import Work
 from prima_rpc.v1 import prima_pb2 as pb
-
-if TYPE_CHECKING:
-    from nodes.ring.head import Head
 
 STEP_GAP_S = 0.05
 STEP_WAIT_S = 0.25
@@ -38,8 +35,8 @@ class _Step:
 
 
 class Stepper:
-    def __init__(self, head: Head):
-        self.head, self.node = head, head.node
+    def __init__(self, node: NodePort, requests: HeadRequests):
+        self.node, self.requests = node, requests
         self.at_head: set[str] = set()  # requests computing at the head (logits, sampling, drafts)
         self.ready: list[_Step] = []
         self.in_ring: dict[str, list[int]] = {}  # request id -> its batch's count of requests still in the ring
@@ -107,27 +104,24 @@ class Stepper:
                     _settle(batch, exc)
 
     async def _send(self, batch: list[_Step]) -> None:
-        from nodes.ring.head import RingChanged
-
-        head, node = self.head, self.node
+        requests, node = self.requests, self.node
         batch = [s for s in batch if not s.sent.done()]
         if not batch:
             return
-        if not head.ring_ready.is_set() or node.shard is None:  # a re-plan began: these steps' epoch is over
+        if not requests.ring_ready.is_set() or node.shard is None:  # a re-plan began: these steps' epoch is over
             return _settle(batch, RingChanged())
         try:
-            x = await asyncio.get_running_loop().run_in_executor(
-                node.pool, node.shard.embed, [i for s in batch for i in s.ids])
+            x = await head_step.embed(node.pool, node.shard.embed, [i for s in batch for i in s.ids])
         except Exception as exc:
             return _settle(batch, exc)
         go = []
         for s, h in zip(batch, x.split([len(s.ids) for s in batch]), strict=True):
-            req = head.requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if s.sent.done() or req is None:
                 continue
             if req.failure:
                 s.sent.set_exception(req.failure)
-            elif not head.ring_ready.is_set():  # a re-plan began while embedding
+            elif not requests.ring_ready.is_set():  # a re-plan began while embedding
                 s.sent.set_exception(RingChanged())
             else:
                 go.append((s, h))

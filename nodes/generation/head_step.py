@@ -1,0 +1,36 @@
+"""The head's own work on a step of a request, besides the ring: the embedding and the logits, each handed through
+the compute thread, then sampling and detokenising. The profiler's token probe (nodes/profiling/frame.py) runs
+this same code, so what it measures is what the head does."""
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+import torch
+
+from nodes.generation.state import Generation, TokenOut
+
+
+async def embed(pool: Executor, embed_ids: Callable[[list[int]], torch.Tensor], ids: list[int]) -> torch.Tensor:
+    """Embeddings [len(ids), H] of a step's tokens, computed on the compute thread."""
+    return await asyncio.get_running_loop().run_in_executor(pool, embed_ids, ids)
+
+
+async def next_tokens(gen: Generation, pool: Executor, logits_of: Callable[[torch.Tensor], torch.Tensor],
+                      hidden: torch.Tensor, draft: list[int], logits: torch.Tensor | None = None) -> list[TokenOut]:
+    """The tokens a step's answer gives `gen`: hidden [T, H] after all layers, its last len(draft) + 1 rows
+    projected each alone by logits_of (hidden [t, H] -> logits [V] of its last row) on the compute thread;
+    logits [V]: a plain step's, already projected with its batch's."""
+    loop = asyncio.get_running_loop()
+    if draft:
+        rows = await loop.run_in_executor(pool, row_logits, logits_of, hidden, len(draft) + 1)
+        return gen.accept_draft(rows, draft)
+    if logits is None:
+        logits = await loop.run_in_executor(pool, logits_of, hidden)
+    return [gen.accept(logits)]
+
+
+def row_logits(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """Logits [rows, V] of the last `rows` positions, each projected alone exactly as a plain step projects it."""
+    t = hidden.shape[0]
+    return torch.stack([logits_of(hidden[:i + 1]) for i in range(t - rows, t)])

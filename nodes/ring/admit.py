@@ -1,0 +1,49 @@
+"""What a node checks of a frame from its predecessor before it queues it: Rejected says why not."""
+
+import grpc
+import torch
+
+from nodes.errors import Rejected
+from nodes.ring.work import MAX_ID, MAX_REQUESTS
+from prima_rpc import codec
+from prima_rpc.channel import MAX_MESSAGE_BYTES
+from prima_rpc.spec.windows import Windows
+from prima_rpc.v1 import prima_pb2 as pb
+
+Code = grpc.StatusCode
+
+
+def check_structure(frame: pb.Frame) -> None:
+    """What any node can judge of a frame, assigned or not."""
+    if frame.kind not in (pb.FORWARD, pb.RELEASE, pb.ERROR):
+        raise Rejected(Code.INVALID_ARGUMENT, f"unknown frame kind {frame.kind}")
+    if not (0 < len(frame.request_id) <= MAX_ID):
+        raise Rejected(Code.INVALID_ARGUMENT, f"request_id must have 1..{MAX_ID} characters")
+    if frame.batch_rest >= MAX_REQUESTS or (frame.batch_rest and frame.kind != pb.FORWARD):
+        raise Rejected(Code.INVALID_ARGUMENT, f"batch_rest {frame.batch_rest} must be below {MAX_REQUESTS}, "
+                                              "and 0 except on FORWARD frames")
+
+
+def checked_hidden(frame: pb.Frame, hidden_size: int) -> torch.Tensor:
+    """A FORWARD frame's hidden state [tokens >= 1, hidden_size], decoded."""
+    try:
+        hidden = codec.decode(frame.hidden, max_bytes=MAX_MESSAGE_BYTES)
+    except codec.CodecError as exc:
+        raise Rejected(Code.INVALID_ARGUMENT, f"hidden: {exc}") from None
+    if hidden.dim() != 2 or hidden.shape[1] != hidden_size or hidden.shape[0] == 0:
+        raise Rejected(Code.INVALID_ARGUMENT,
+                       f"hidden must be [tokens >= 1, {hidden_size}], got {list(hidden.shape)}")
+    return hidden
+
+
+def check_in_ring(frame: pb.Frame, hidden: torch.Tensor, windows: Windows, max_seq_len: int, known: bool) -> None:
+    """What only the current ring can judge of a FORWARD frame: its next layer, its positions, and (past the
+    first chunk) that its request is known here (known: it has a KV cache here, or this head serves it)."""
+    why = windows.check_received(frame.next_layer)
+    if why:
+        raise Rejected(Code.INVALID_ARGUMENT, why)
+    if frame.start_pos + hidden.shape[0] > max_seq_len:
+        raise Rejected(Code.OUT_OF_RANGE, f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
+                                       f"context {max_seq_len}")
+    if frame.start_pos > 0 and not known:
+        raise Rejected(Code.NOT_FOUND, f"unknown request id {frame.request_id!r}")

@@ -1,0 +1,37 @@
+"""A node's settings, parsed once by prima-node's main(), and the running totals its status reports."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodes.ring.work import MAX_BATCH
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    port: int = 0
+    host: str = "0.0.0.0"
+    peer: str = ""
+    model: Path | None = None
+    cache: Path | None = None  # where weights fetched from other nodes go (None: never fetch)
+    name: str = ""
+    mem_budget: int = 0
+    token: str | None = None
+    dtype: str | None = None  # compute dtype; None: by the store (bfloat16 for int8/int4 stores, else float32)
+    step_timeout: float = 60.0  # head: longest wait for one ring round trip
+    draft: Path | None = None  # a draft model store the head runs for speculate=draft
+    max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
+
+
+@dataclass
+class Stats:
+    compute_s: float = 0.0  # wall time of frames in the compute thread, waits for streamed layers included
+    stall_s: float = 0.0  # waits for streamed layers, of shards already replaced (the current one counts its own)
+    link_s: float = 0.0
+    frames: int = 0
+    last_token_ms: float = 0.0
+    decode_s: float = 0.0  # of compute_s, frames of one token since the assignment: status's per-token figure
+    decode_frames: int = 0
+    batches: int = 0  # computes run; frames computed in them below (mean batch = batched_frames / batches)
+    batched_frames: int = 0
+    max_batch_seen: int = 0
+    queue_wait_s: float = 0.0  # frames' time in the inbox before their compute
