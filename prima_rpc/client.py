@@ -52,7 +52,7 @@ class Finished:
 CANCEL_S = 5.0  # the head answers Cancel from memory
 
 
-def request_of(prompt: str = "", messages: Iterable[dict] | None = None, **fields) -> GenerateRequest:
+def _request(prompt: str = "", messages: Iterable[dict] | None = None, **fields) -> GenerateRequest:
     """A GenerateRequest from keywords (messages as {"role", "content"} dicts); INVALID_ARGUMENT for what the head
     would refuse."""
     try:
@@ -83,7 +83,7 @@ class PrimaClient:
         """stream() of the GenerateRequest these keywords make: max_tokens, temperature, top_k, top_p, seed, stop,
         raw, request_id, speculate ("off" | "ngram" | "draft"; "": the head's default), draft_tokens (0: the
         default). Arguments out of range: PrimaError INVALID_ARGUMENT here, before anything is sent."""
-        return self.stream(request_of(prompt, messages, **fields))
+        return self.stream(_request(prompt, messages, **fields))
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[Token | Finished]:
         """Token events as the head produces them, then one Finished; PrimaError on failure."""
@@ -134,7 +134,7 @@ class SyncClient:
     def generate(self, prompt: str = "", *, messages: Iterable[dict] | None = None,
                  **fields) -> Iterator[Token | Finished]:
         """PrimaClient.generate's keywords; PrimaError INVALID_ARGUMENT here for arguments out of range."""
-        return self.stream(request_of(prompt, messages, **fields))
+        return self.stream(_request(prompt, messages, **fields))
 
     def stream(self, request: GenerateRequest) -> Iterator[Token | Finished]:
         events: queue.Queue = queue.Queue()

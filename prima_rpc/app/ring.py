@@ -17,7 +17,7 @@ class RingError(Exception):
     """The ring is not in a state the command can work with."""
 
 
-def failed(address: str, exc: grpc.RpcError) -> RingError:
+def _failed(address: str, exc: grpc.RpcError) -> RingError:
     return RingError(f"{address}: {exc.code().name}: {exc.details()}")
 
 
@@ -140,7 +140,7 @@ def start(head: str, windows: list[int], token: str | None = None,
                 for update in peer.assign(req):
                     progress(address, update)
         except grpc.RpcError as exc:
-            raise failed(address, exc) from None
+            raise _failed(address, exc) from None
 
     with ThreadPoolExecutor(len(ring)) as pool:
         for future in [pool.submit(assign, i) for i in range(len(ring))]:
@@ -163,13 +163,13 @@ def _route_around(ring: list[tuple[str, pb.NodeInfo]], windows: list[int], membe
                 for _ in peer.assign(req):
                     pass
         except grpc.RpcError as exc:
-            raise failed(address, exc) from None
+            raise _failed(address, exc) from None
     for i, address in enumerate(kept):
         try:
             with Control(address, token) as peer:
                 peer.set_peer(kept[(i + 1) % len(kept)])
         except grpc.RpcError as exc:
-            raise failed(address, exc) from None
+            raise _failed(address, exc) from None
     now = walk(ring[0][0], token)
     if [a for a, _ in now] != kept:
         raise RingError("routing around " + ", ".join(left) + " left the ring as " + " -> ".join(a for a, _ in now))
