@@ -1,4 +1,5 @@
-"""The Python client: `async for event in client.generate(...)`, and a sync wrapper.
+"""The Python client: `async for event in client.generate(...)` (or `client.stream(GenerateRequest(...))`), and a
+sync wrapper.
 
     async with PrimaClient("127.0.0.1:7000") as client:
         async for event in client.generate("Hello!", max_tokens=32):
@@ -6,15 +7,15 @@
 """
 
 import asyncio
-import math
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
 
 from prima_rpc.channel import aio_channel, metadata
+from prima_rpc.request import GenerateRequest, Message, RequestError
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -26,53 +27,6 @@ class PrimaError(Exception):
         message = " ".join(message.split())  # one line, whatever the node wrote
         super().__init__(f"{code.name}: {message}")
         self.code, self.message = code, message
-
-
-# What a GenerateRequest may carry: the one place the CLI, this client and the HTTP API take their ranges from.
-MAX_INT32 = 2**31 - 1  # max_tokens and top_k are int32 on the wire
-MAX_TOKENS = (1, MAX_INT32)
-TEMPERATURE = (0.0, 2.0)  # 0: greedy; OpenAI's range (beyond 2 sampling is noise)
-TOP_K = (0, MAX_INT32)  # 0: off
-TOP_P = (0.0, 1.0)  # 1: off
-SEED = (0, 2**64 - 1)  # uint64 on the wire
-MAX_STOP = 16  # stop strings per request (the head's limit)
-SPECULATE = ("off", "ngram", "draft")  # speculative decoding: none, prompt lookup, the head's draft model
-DRAFT_TOKENS = (1, 16)  # the most tokens drafted per trip
-
-
-def check_speculate(speculate: str, draft_tokens: int) -> None:
-    """ValueError unless a known mode ("" for the head's default) and draft_tokens in range (0 for the default)."""
-    if speculate and speculate not in SPECULATE:
-        raise ValueError(f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
-    if draft_tokens and not DRAFT_TOKENS[0] <= draft_tokens <= DRAFT_TOKENS[1]:
-        raise ValueError(f"draft_tokens must be in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}], got {draft_tokens}")
-
-
-def check_text(value: str, what: str) -> str:
-    """`value` if it can go on the wire as UTF-8 (a command line with undecodable bytes cannot)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = value[exc.start].encode("utf-8", "surrogateescape")
-        raise ValueError(f"{what} is not valid UTF-8 text (byte 0x{bad.hex()} at character {exc.start}); "
-                         "re-encode it as UTF-8") from None
-    return value
-
-
-def check_request(max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
-                  stop: tuple[str, ...]) -> None:
-    """ValueError naming the first argument the head would refuse."""
-    for name, value, (lo, hi) in (("max_tokens", max_tokens, MAX_TOKENS), ("temperature", temperature, TEMPERATURE),
-                                  ("top_k", top_k, TOP_K), ("top_p", top_p, TOP_P)):
-        if not (isinstance(value, int | float) and math.isfinite(value) and lo <= value <= hi):
-            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}" if isinstance(lo, float)
-                             else f"{name} must be in [{lo}, {hi}], got {value}")
-    if seed is not None and not SEED[0] <= seed <= SEED[1]:
-        raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}")
-    if len(stop) > MAX_STOP or not all(stop):
-        raise ValueError(f"stop: up to {MAX_STOP} non-empty strings, got {len(stop)}")
-    for s in stop:
-        check_text(s, "a stop string")
 
 
 @dataclass(frozen=True)
@@ -95,12 +49,16 @@ class Finished:
     accepted: int = 0
 
 
-def _request(prompt: str, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id,
-             speculate="", draft_tokens=0):
-    return pb.GenerateRequest(
-        prompt=prompt, messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ()],
-        raw=raw, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        stop=list(stop), request_id=request_id, speculate=speculate, draft_tokens=draft_tokens)
+CANCEL_S = 5.0  # the head answers Cancel from memory
+
+
+def _request(prompt: str = "", messages: Iterable[dict] | None = None, **fields) -> GenerateRequest:
+    """A GenerateRequest from keywords (messages as {"role", "content"} dicts); INVALID_ARGUMENT for what the head
+    would refuse."""
+    try:
+        return GenerateRequest(prompt, tuple(Message(m["role"], m["content"]) for m in messages or ()), **fields)
+    except RequestError as exc:
+        raise PrimaError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 class PrimaClient:
@@ -109,6 +67,7 @@ class PrimaClient:
         self.address, self.token, self.timeout = address, token, timeout
         self._channel = aio_channel(address)
         self._inference = rpc.InferenceStub(self._channel)
+        self._metadata = metadata(token)
 
     async def __aenter__(self) -> "PrimaClient":
         return self
@@ -119,25 +78,16 @@ class PrimaClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def generate(self, prompt: str = "", *, messages: list[dict] | None = None, max_tokens: int = 128,
-                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                       stop: tuple[str, ...] = (), raw: bool = False,
-                       request_id: str = "", speculate: str = "", draft_tokens: int = 0
-                       ) -> AsyncIterator[Token | Finished]:
-        """Token events as the head produces them, then one Finished; PrimaError on failure (arguments out of
-        range: INVALID_ARGUMENT before anything is sent). speculate: "off" | "ngram" ("": the head's default),
-        draft_tokens: the most tokens drafted per trip (0: the default)."""
-        try:
-            check_request(max_tokens, temperature, top_k, top_p, seed, tuple(stop))
-            check_speculate(speculate, draft_tokens)
-            check_text(prompt, "the prompt")
-            for m in messages or ():
-                check_text(m["content"], "a message")
-        except ValueError as exc:
-            raise PrimaError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        req = _request(prompt, messages, max_tokens, temperature, top_k, top_p, seed, stop, raw, request_id,
-                       speculate, draft_tokens)
-        call = self._inference.Generate(req, metadata=metadata(self.token), timeout=self.timeout)
+    def generate(self, prompt: str = "", *, messages: Iterable[dict] | None = None,
+                 **fields) -> AsyncIterator[Token | Finished]:
+        """stream() of the GenerateRequest these keywords make: max_tokens, temperature, top_k, top_p, seed, stop,
+        raw, request_id, speculate ("off" | "ngram" | "draft"; "": the head's default), draft_tokens (0: the
+        default). Arguments out of range: PrimaError INVALID_ARGUMENT here, before anything is sent."""
+        return self.stream(_request(prompt, messages, **fields))
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[Token | Finished]:
+        """Token events as the head produces them, then one Finished; PrimaError on failure."""
+        call = self._inference.Generate(request.to_wire(), metadata=self._metadata, timeout=self.timeout)
         try:
             async for event in call:
                 if event.HasField("token"):
@@ -163,8 +113,8 @@ class PrimaClient:
         return details
 
     async def cancel(self, request_id: str) -> bool:
-        reply = await rpc.InferenceStub(self._channel).Cancel(pb.CancelRequest(request_id=request_id),
-                                                              metadata=metadata(self.token))
+        reply = await self._inference.Cancel(pb.CancelRequest(request_id=request_id), metadata=self._metadata,
+                                             timeout=CANCEL_S)
         return reply.found
 
 
@@ -181,13 +131,18 @@ class SyncClient:
     async def _make(address, token, timeout) -> PrimaClient:
         return PrimaClient(address, token, timeout)
 
-    def generate(self, prompt: str = "", **kwargs) -> Iterator[Token | Finished]:
+    def generate(self, prompt: str = "", *, messages: Iterable[dict] | None = None,
+                 **fields) -> Iterator[Token | Finished]:
+        """PrimaClient.generate's keywords; PrimaError INVALID_ARGUMENT here for arguments out of range."""
+        return self.stream(_request(prompt, messages, **fields))
+
+    def stream(self, request: GenerateRequest) -> Iterator[Token | Finished]:
         events: queue.Queue = queue.Queue()
         done = object()
 
         async def pump():
             try:
-                async for event in self._client.generate(prompt, **kwargs):
+                async for event in self._client.stream(request):
                     events.put(event)
             except Exception as exc:  # handed to the caller's thread below
                 events.put(exc)

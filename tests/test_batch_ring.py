@@ -14,6 +14,7 @@ from prima_rpc import codec
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import PrimaClient, Token
+from prima_rpc.control import Control
 from prima_rpc.v1 import prima_pb2 as pb
 from tests.ring_client import greedy_reference, stream
 from tests.test_ring_frames import send_frames
@@ -154,8 +155,8 @@ def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
                                    ring_layers=info.n_layers, epoch=epoch, ring=[nodes[-1][1].peer] + [
                                        a for a, _ in nodes[1:]] if i == 0 else [], head_address=nodes[-1][1].peer,
                                    max_batch=max_batch, micro_batches=micro_batches)
-            with ring.control(address) as stub:
-                list(stub.Assign(req, timeout=60))
+            with Control(address) as peer:
+                list(peer.assign(req))
 
     assign(2, 2)  # four requests: two batches of two in the ring at once
     before = batch_stats(head)
@@ -169,6 +170,6 @@ def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
     info = ring.walk(head)[1][1]
     bad = pb.AssignRequest(windows=info.windows, model_id=info.model_id, ring_layers=info.n_layers, max_batch=65)
     with pytest.raises(grpc.RpcError) as err:
-        with ring.control(local.addresses[1]) as stub:
-            list(stub.Assign(bad, timeout=30))
+        with Control(local.addresses[1]) as peer:
+            list(peer.assign(bad))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch" in err.value.details()

@@ -19,6 +19,7 @@ from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports
 from prima_rpc.app.openai_api import ApiConfig, ApiError, model_id, parse_request, serve
 from prima_rpc.client import PrimaClient, Token
+from prima_rpc.request import GenerateRequest, Message
 
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]
 RAW = "The three primary colors are"
@@ -121,17 +122,41 @@ def test_good_bodies_become_generate_arguments():
                           "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9, "seed": -1, "stop": "\n",
                           "n": 1, "stream": True, "stream_options": {"include_usage": True}, "user": "ignored"},
                          chat=True, default_max_tokens=64)
-    assert call.generate_kwargs() == dict(prompt="", messages=[{"role": "system", "content": "Be brief."},
-                                                               {"role": "user", "content": "a\nb"}],
-                                          raw=False, max_tokens=5, temperature=0.5, top_p=0.9, top_k=0,
-                                          seed=2**64 - 1, stop=("\n",), speculate="", draft_tokens=0)
+    assert call.request == GenerateRequest(messages=(Message("system", "Be brief."), Message("user", "a\nb")),
+                                           max_tokens=5, temperature=0.5, top_p=0.9, seed=2**64 - 1, stop=("\n",))
     assert call.stream and call.include_usage and call.model == "x"
     spec = parse_request({"prompt": "hi", "speculate": "ngram", "draft_tokens": 3}, chat=False, default_max_tokens=8)
-    assert (spec.generate_kwargs()["speculate"], spec.generate_kwargs()["draft_tokens"]) == ("ngram", 3)
-    plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64)
-    assert plain.generate_kwargs()["raw"] and plain.max_tokens == 64 and plain.prompt == "hi"
+    assert (spec.request.speculate, spec.request.draft_tokens) == ("ngram", 3)
+    plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64).request
+    assert plain.raw and plain.max_tokens == 64 and plain.prompt == "hi"
     assert plain.temperature == 0.0  # top_p 0 keeps only the likeliest token: greedy
-    assert parse_request({"prompt": "hi"}, chat=False, default_max_tokens=64).temperature == 1.0  # OpenAI's default
+    assert parse_request({"prompt": "hi"}, chat=False, default_max_tokens=64).request.temperature == 1.0  # OpenAI's
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"prompt": "caf\udce9"}, "prompt", "the prompt is not valid UTF-8"),  # JSON may carry lone surrogates
+    ({"prompt": "hi", "stop": ["a", "\udce9"]}, "stop", "a stop string is not valid UTF-8"),
+    ({"prompt": "hi", "max_tokens": 0, "max_completion_tokens": 3}, None, None),  # the newer name wins
+    ({"prompt": "hi", "max_completion_tokens": 0}, "max_completion_tokens", "integer in [1,"),
+    ({"prompt": "hi", "top_p": 0, "temperature": 2.5}, "temperature", "number in [0, 2]"),  # checked before greedy
+    ({"prompt": "hi", "draft_tokens": 0}, "draft_tokens", "integer in [1, 16]"),
+    ({"prompt": "hi", "top_k": -1}, "top_k", "integer in [0,"),
+])
+def test_bodies_are_checked_by_the_request_type(body, param, message):
+    if param is None:
+        assert parse_request(body, chat=False, default_max_tokens=64).request.max_tokens == 3
+        return
+    with pytest.raises(ApiError) as err:
+        parse_request(body, chat=False, default_max_tokens=64)
+    assert err.value.status == 400 and err.value.param == param and message in err.value.message
+
+
+def test_chat_content_that_is_not_text_names_its_message():
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text",
+                                                                                         "text": "\udce9"}]}]}
+    with pytest.raises(ApiError) as err:
+        parse_request(body, chat=True, default_max_tokens=64)
+    assert err.value.param == "messages[1].content" and "a message is not valid UTF-8" in err.value.message
 
 
 def test_http_errors_without_a_ring_have_openai_shape():

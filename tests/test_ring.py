@@ -7,6 +7,7 @@ import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.client import Finished, PrimaClient, PrimaError, SyncClient, Token
+from prima_rpc.control import Control, assign_request
 from tests.ring_client import greedy_reference, stream
 
 pytestmark = pytest.mark.slow
@@ -102,24 +103,23 @@ def test_a_removed_device_is_routed_around(rings, reference):
         assert [a for a, _ in nodes] == [addresses[0], addresses[2], addresses[3]]
         tokens, _ = asyncio.run(collect(addresses[0], PROMPTS[0]))
         assert tokens == reference[PROMPTS[0]]
-        with ring.control(addresses[1]) as stub:
-            left = stub.Info(ring.pb.InfoRequest(), timeout=5)
+        with Control(addresses[1]) as peer:
+            left = peer.info()
         assert left.role == "relay" and not left.windows and left.stats.resident_bytes == 0
         with pytest.raises(ring.RingError, match="cannot hold layers"):
             ring.start(addresses[0], [10, 10, 10], members=[True, False, True])
     finally:  # the module's 4-node ring goes back to its first wiring
         for i, address in enumerate(addresses):
-            with ring.control(address) as stub:
-                stub.SetPeer(ring.pb.SetPeerRequest(peer=addresses[(i + 1) % 4]), timeout=5)
+            with Control(address) as peer:
+                peer.set_peer(addresses[(i + 1) % 4])
 
 
 @pytest.mark.parametrize("buffer", [-1.0, float("nan"), 1e9])
 def test_a_bad_stream_buffer_is_refused(rings, buffer):
     local = rings(3)
-    with ring.control(local.addresses[1]) as stub:
-        info = stub.Info(ring.pb.InfoRequest(), timeout=5)
-        req = ring.pb.AssignRequest(windows=[ring.pb.LayerRange(start=0, stop=10)], model_id=info.model_id,
-                                    ring_layers=info.n_layers, stream_buffer_layers=buffer)
+    with Control(local.addresses[1]) as peer:
+        info = peer.info()
+        req = assign_request([(0, 10)], info.n_layers, info.model_id, 0, buffer_layers=buffer)
         with pytest.raises(grpc.RpcError) as err:
-            list(stub.Assign(req, timeout=30))
+            list(peer.assign(req))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stream_buffer_layers" in err.value.details()

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prima_rpc.client import TEMPERATURE
+from prima_rpc.request import TEMPERATURE
 
 
 @dataclass(frozen=True)

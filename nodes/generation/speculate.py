@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from prima_rpc.client import DRAFT_TOKENS, SPECULATE, check_speculate
+from prima_rpc.request import DRAFT_TOKENS, SPECULATE, check_speculate
 
 # A request that does not say (generate, the clients, HTTP) gets prompt lookup: measured by
 # tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a repeating prompt, the same on ordinary ones (README).

@@ -1,6 +1,7 @@
-"""Every protobuf message a node sends, built in one place from its own values (tensors via the codec)."""
+"""Every protobuf message a node sends, built in one place from its own values (tensors via the codec; its Control
+calls to other nodes: prima_rpc.control)."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import grpc
 
@@ -50,22 +51,6 @@ def ack(seq: int) -> pb.Ack:
 
 def layer_ranges(ranges: Ranges) -> list[pb.LayerRange]:
     return [pb.LayerRange(start=a, stop=b) for a, b in ranges]
-
-
-def assign(ranges: Ranges, n_layers: int, model_id: str, epoch: int, *, head: bool = False, replan: bool = False,
-           ring: Sequence[str] = (), head_address: str = "", buffer_layers: float = 0.0, max_batch: int = 0,
-           micro_batches: int = 0) -> pb.AssignRequest:
-    return pb.AssignRequest(windows=layer_ranges(ranges), head=head, model_id=model_id, ring_layers=n_layers,
-                            epoch=epoch, replan=replan, ring=list(ring), head_address=head_address,
-                            stream_buffer_layers=buffer_layers, max_batch=max_batch, micro_batches=micro_batches)
-
-
-def info_request() -> pb.InfoRequest:
-    return pb.InfoRequest()
-
-
-def set_peer(peer: str) -> pb.SetPeerRequest:
-    return pb.SetPeerRequest(peer=peer)
 
 
 SET_PEER_REPLY = pb.SetPeerReply()

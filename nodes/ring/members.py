@@ -11,19 +11,17 @@ from dataclasses import replace
 import grpc
 
 from nodes.errors import Rejected, RequestFailed
-from nodes.ring import frames, recovery
+from nodes.ring import recovery
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequests
 from nodes.ring.recovery import Keep, Probe, Rejoin, RingView, RouteAround
-from prima_rpc.channel import aio_channel, metadata
+from prima_rpc.control import AioControl, Deadlines, assign_request
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
 
-PROBE_TIMEOUT = 2.0
 PROBE_INTERVAL = 1.0
-ASSIGN_TIMEOUT = 120.0
+DEADLINES = Deadlines(info=2.0, set_peer=2.0, assign=120.0)  # a probe answers within 2 s, or counts as a miss
 REPLAN_ERRORS = (grpc.RpcError, Rejected, StoreError, ValueError, OSError)  # a re-plan that cannot be done
 
 
@@ -32,7 +30,7 @@ class Members:
 
     def __init__(self, node: NodePort, requests: HeadRequests):
         self.node, self.requests = node, requests
-        self.md = metadata(node.cfg.token)
+        self.token = node.cfg.token
         self.head = ""  # the head's address as its predecessor dials it
         self.members: tuple[str, ...] = ()  # the ring now, without the head
         self.original: tuple[str, ...] = ()  # as prima-ctl started it: the order lost members rejoin in
@@ -41,7 +39,7 @@ class Members:
         self.answers: dict[str, Probe] = {}  # the last round's
         self.wake = asyncio.Event()  # a frame could not be sent: probe now
         self.link_failures: dict[str, str] = {}  # request id -> why its frame was not sent
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._peers: dict[str, AioControl] = {}
 
     def set_ring(self, head: str, members: list[str], fresh: bool) -> None:
         self.head, self.members = head, tuple(members)
@@ -124,15 +122,15 @@ class Members:
         plan = recovery.replan(self.head, members, n_layers)
         epoch = node.epoch + 1
         for address, peer in plan.peers[1:]:
-            await self._control(address).SetPeer(frames.set_peer(peer), metadata=self.md, timeout=PROBE_TIMEOUT)
+            await self._control(address).set_peer(peer)
         await node.set_peer(plan.peers[0][1])
 
         max_batch, micro_batches = node.batching  # the plan's batching survives the re-plan
 
         async def assign(address: str, ranges) -> None:
-            req = frames.assign(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head,
-                                max_batch=max_batch, micro_batches=micro_batches)
-            async for _ in self._control(address).Assign(req, metadata=self.md, timeout=ASSIGN_TIMEOUT):
+            req = assign_request(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head,
+                                 max_batch=max_batch, micro_batches=micro_batches)
+            async for _ in self._control(address).assign(req):
                 pass
 
         remote = [assign(a, r) for a, r in zip(members, plan.ranges[1:])]
@@ -144,17 +142,17 @@ class Members:
 
     # ------------------------------------------------------------------ channels
 
-    def _control(self, address: str) -> rpc.ControlStub:
-        if address not in self._channels:
-            self._channels[address] = aio_channel(address)
-        return rpc.ControlStub(self._channels[address])
+    def _control(self, address: str) -> AioControl:
+        if address not in self._peers:
+            self._peers[address] = AioControl(address, self.token, DEADLINES)
+        return self._peers[address]
 
     async def _info(self, address: str) -> pb.NodeInfo | None:
         try:
-            return await self._control(address).Info(frames.info_request(), metadata=self.md, timeout=PROBE_TIMEOUT)
+            return await self._control(address).info()
         except grpc.RpcError:
             # A fresh channel next time: a restarted node is seen at once, not after the channel's backoff.
-            await self._channels.pop(address).close()
+            await self._peers.pop(address).close()
             return None
 
     def _holds_model(self, info: pb.NodeInfo) -> bool:
@@ -162,9 +160,9 @@ class Members:
         return info.n_layers == store.config.n_layers and info.model_id == store.model_id
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            await channel.close()
+        peers, self._peers = self._peers, {}
+        for peer in peers.values():
+            await peer.close()
 
 
 def _unavailable(message: str) -> RequestFailed:

@@ -1,11 +1,32 @@
-"""Checks of `prima-ctl` arguments, made before anything starts: addresses, text, numbers, stores, windows."""
+"""Checks of `prima-ctl` arguments, made before anything starts: the target node, text, requests, stores, windows."""
 
 import ipaddress
+from dataclasses import dataclass
 from pathlib import Path
 
 from prima_rpc.app.cli_errors import fail
-from prima_rpc.channel import read_token  # noqa: F401  (the CLI reads its token here)
-from prima_rpc.client import check_request, check_text
+from prima_rpc.channel import read_token
+from prima_rpc.request import GenerateRequest, check_text
+
+DEFAULT_NODE = "127.0.0.1:7000"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The node the ring commands talk to (--node), whether it was given, and the token they present."""
+
+    node: str = DEFAULT_NODE
+    token: str | None = None
+    node_given: bool = False
+
+
+def target(node: str | None, token_file: Path | None) -> Target:
+    """--node and --token-file, read once by prima-ctl's callback."""
+    try:
+        token = read_token(token_file)
+    except ValueError as exc:
+        fail(str(exc))
+    return Target(address(node or DEFAULT_NODE, "--node"), token, node is not None)
 
 
 def address(text: str, what: str) -> str:
@@ -30,12 +51,10 @@ def text(value: str, what: str) -> str:
         fail(str(exc))
 
 
-def generate_args(prompt: str, max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
-                  stop: list[str]) -> None:
-    """The ranges the head takes (prima_rpc.client's, shared with the HTTP API), checked here."""
-    text(prompt, "the prompt")
+def request(**fields) -> GenerateRequest:
+    """A GenerateRequest of the command's options, or the one-line error of the first the head would refuse."""
     try:
-        check_request(max_tokens, temperature, top_k, top_p, seed, tuple(stop))
+        return GenerateRequest(**fields)
     except ValueError as exc:
         fail(str(exc))
 

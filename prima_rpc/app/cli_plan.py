@@ -10,62 +10,66 @@ from rich.console import Console
 from rich.table import Table
 
 from prima_rpc.app import tables
-from prima_rpc.app.cli_errors import fail, guarded
-from prima_rpc.client import DRAFT_TOKENS
+from prima_rpc.app.cli_args import Target
+from prima_rpc.app.cli_errors import fail
+from prima_rpc.request import DRAFT_TOKENS
 from prima_rpc.spec.manifest import read_manifest
 
 
-def register(app: typer.Typer, state: dict) -> None:
-    @app.command()
-    @guarded
-    def plan(profiles: Path = typer.Option(None, help="device profiles JSON (offline what-if; default: the live ring)"),
-             model: Path = typer.Option(None, help="store directory (with --profiles)"),
-             strategy: str = typer.Option("halda", help="halda, halda-noselect, exo or even"),
-             json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-             out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
-             refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
-             timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg"),
-             concurrency: int = typer.Option(1, help="requests decoding at once: predict their throughput (and "
-                                                     "with Halda, plan for it)"),
-             speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
-                                                    "decoding whose drafts are accepted at rate R (0-1)"),
-             draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
-                                              "--speculate-accept (1-16; default: the head's)")):
-        """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+def plan(ctx: typer.Context,
+         profiles: Path = typer.Option(None, help="device profiles JSON (offline what-if; default: the live ring)"),
+         model: Path = typer.Option(None, help="store directory (with --profiles)"),
+         strategy: str = typer.Option("halda", help="halda, halda-noselect, exo or even"),
+         json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+         out: Path = typer.Option(None, help="save the plan here (for `prima-ctl start --plan`)"),
+         refresh: bool = typer.Option(False, help="re-measure the live nodes' profiles"),
+         timeline: Path = typer.Option(None, help="draw one token's journey through the plan: out.png or out.svg"),
+         concurrency: int = typer.Option(1, help="requests decoding at once: predict their throughput (and "
+                                                 "with Halda, plan for it)"),
+         speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
+                                                "decoding whose drafts are accepted at rate R (0-1)"),
+         draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
+                                          "--speculate-accept (1-16; default: the head's)")):
+    """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
+    if concurrency < 1:
+        fail(f"--concurrency must be >= 1, got {concurrency}")
+    speculation = speculation_option(speculate_accept, draft_tokens)
+    if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
+        fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
+    if profiles is not None and model is None:
+        fail("--profiles needs --model DIR (a store or a manifest-only store)")
+    result, title = _solve(ctx.obj, profiles, model, strategy, refresh, concurrency, speculation)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    if json_out:
+        print(json.dumps(result))
+    else:
+        show(result)
+    if "infeasible" in result:
+        raise typer.Exit(1)
+    if timeline is not None:
+        from solver.timeline import render  # matplotlib: imported only when drawing
+
+        render(result, timeline, title)
+        print(f"timeline: {timeline}", file=sys.stderr if json_out else sys.stdout)
+
+
+def _solve(target: Target, profiles: Path | None, model: Path | None, strategy: str, refresh: bool,
+           concurrency: int, speculation: tuple[int, float] | None) -> tuple[dict, str]:
+    """(the plan, a title for its timeline): offline from --profiles and --model, else for the live ring."""
+    if profiles is not None:
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
-        if concurrency < 1:
-            fail(f"--concurrency must be >= 1, got {concurrency}")
-        speculation = speculation_option(speculate_accept, draft_tokens)
-        if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
-            fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
-        if profiles is not None:
-            if model is None:
-                fail("--profiles needs --model DIR (a store or a manifest-only store)")
-            read_manifest(model)  # a clear error for a directory that is not a store
-            manifest = json.loads((model / "manifest.json").read_text())
-            result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation)
-            title = f"{manifest.get('name', model.name)} on {profiles.stem}"
-        else:
-            from prima_rpc.app.cli_ring import reach
-            from prima_rpc.app.live_plan import plan_live
+        read_manifest(model)  # a clear error for a directory that is not a store
+        manifest = json.loads((model / "manifest.json").read_text())
+        result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation)
+        return result, f"{manifest.get('name', model.name)} on {profiles.stem}"
+    from prima_rpc.app.cli_ring import reach
+    from prima_rpc.app.live_plan import plan_live
 
-            reach(state)  # unreachable, or the token refused: said before profiling starts
-            result = plan_live(state["node"], state["token"], strategy, refresh, concurrency, speculation)
-            title = f"the ring from {state['node']}"
-        if out is not None:
-            out.write_text(json.dumps(result, indent=1))
-        if json_out:
-            print(json.dumps(result))
-        else:
-            show(result)
-        if "infeasible" in result:
-            raise typer.Exit(1)
-        if timeline is not None:
-            from solver.timeline import render  # matplotlib: imported only when drawing
-
-            render(result, timeline, title)
-            print(f"timeline: {timeline}", file=sys.stderr if json_out else sys.stdout)
+    reach(target)  # unreachable, or the token refused: said before profiling starts
+    return plan_live(target.node, target.token, strategy, refresh, concurrency, speculation), \
+        f"the ring from {target.node}"
 
 
 def speculation_option(rate: float | None, draft: int | None) -> tuple[int, float] | None:

@@ -6,9 +6,8 @@ import grpc
 
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from prima_rpc.app import ring
-from prima_rpc.channel import metadata
+from prima_rpc.control import Control
 from prima_rpc.spec.profiles import devices_from_json
-from prima_rpc.v1 import prima_pb2 as pb
 from solver.fetch_time import add_first_start
 from solver.model_profile import ModelProfile
 from solver.strategies import plan_for
@@ -21,8 +20,8 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
     # Sequentially: profiles taken in parallel on shared cores would measure each other.
     for i, (address, _) in enumerate(nodes):
         try:
-            with ring.control(address) as stub:
-                reply = stub.Profile(pb.ProfileRequest(refresh=refresh), metadata=metadata(token), timeout=120)
+            with Control(address, token) as peer:
+                reply = peer.profile(refresh)
         except grpc.RpcError as exc:
             raise ring.RingError(f"{address}: profile failed: {exc.code().name}: {exc.details()}") from None
         device = json.loads(reply.json)

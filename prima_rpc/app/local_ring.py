@@ -16,9 +16,8 @@ from pathlib import Path
 
 import grpc
 
-from prima_rpc.channel import TOKEN_ENV, metadata, sync_channel
-from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
+from prima_rpc.channel import TOKEN_ENV
+from prima_rpc.control import Control, Deadlines
 
 RING_FILE = "ring.json"
 
@@ -214,17 +213,17 @@ def last_line(log: Path) -> str:
 def wait_serving(address: str, proc: subprocess.Popen, timeout: float, token: str | None = None,
                  log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
-    stub = rpc.ControlStub(sync_channel(address))
     where = f"log: {log}" if log else "see its log"
-    while True:
-        if proc.poll() is not None:
-            said = last_line(log) if log else ""
-            raise LaunchError(f"node {address} exited with status {proc.returncode}"
-                              + (f" saying {said!r}" if said else "") + f" ({where})")
-        try:
-            stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=1)
-            return
-        except grpc.RpcError:
-            if time.monotonic() > deadline:
-                raise LaunchError(f"node {address} did not start within {timeout:.0f} s ({where})") from None
-            time.sleep(0.2)
+    with Control(address, token, Deadlines(info=1.0)) as peer:  # asked again and again while it starts
+        while True:
+            if proc.poll() is not None:
+                said = last_line(log) if log else ""
+                raise LaunchError(f"node {address} exited with status {proc.returncode}"
+                                  + (f" saying {said!r}" if said else "") + f" ({where})")
+            try:
+                peer.info()
+                return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"node {address} did not start within {timeout:.0f} s ({where})") from None
+                time.sleep(0.2)

@@ -13,7 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import structlog
@@ -21,13 +21,10 @@ from aiohttp import web
 
 from prima_rpc.app import web_page
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
-from prima_rpc.channel import aio_channel, metadata
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
-from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
+from prima_rpc.control import AioControl
 
 log = structlog.get_logger("prima.openai_api")
-
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ def sse(obj) -> bytes:
 
 
 class Api:
-    """The HTTP handlers: one PrimaClient (one channel to the head) shared by every request."""
+    """The HTTP handlers: one PrimaClient and one Control handle on the head, shared by every request."""
 
     def __init__(self, config: ApiConfig):
         self.config = config
@@ -82,18 +79,17 @@ class Api:
     async def startup(self, app: web.Application) -> None:
         # The aio channels belong to the serving event loop, so they are made on it.
         self.client = PrimaClient(self.config.head, self.config.token)
-        self._control_channel = aio_channel(self.config.head)
-        self.control = rpc.ControlStub(self._control_channel)
+        self.head = AioControl(self.config.head, self.config.token)
 
     async def cleanup(self, app: web.Application) -> None:
         await self.client.close()
-        await self._control_channel.close()
+        await self.head.close()
 
     async def model_name(self) -> str:
         """The head's model name from its Info; asked once (a node's model is fixed when it starts)."""
         if self._model is None:
             try:
-                info = await self.control.Info(pb.InfoRequest(), metadata=metadata(self.config.token), timeout=5)
+                info = await self.head.info()
             except grpc.aio.AioRpcError as exc:
                 raise ApiError.from_grpc(PrimaError(exc.code(), exc.details()), self.config.head) from None
             if not info.model_name and not info.model_id:
@@ -130,8 +126,8 @@ class Api:
         try:
             # aclosing: a disconnect (the handler is cancelled) or a failed write closes the generator at
             # once, and its `finally` cancels the gRPC call, so the head releases the request.
-            async with contextlib.aclosing(self.client.generate(**call.generate_kwargs(),
-                                                                request_id=completion_id)) as events:
+            async with contextlib.aclosing(self.client.stream(replace(call.request,
+                                                                      request_id=completion_id))) as events:
                 if call.stream:
                     return await self._stream(request, call, completion_id, model, events, bound)
                 text, done = [], None

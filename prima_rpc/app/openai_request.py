@@ -1,14 +1,15 @@
-"""OpenAI request bodies into the head's generate arguments: validated, with OpenAI's error shape."""
+"""OpenAI request bodies onto GenerateRequest (a thin adapter: JSON types and names here, ranges there), with
+OpenAI's error shape."""
 
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from aiohttp import web
 
 from prima_rpc.app.rpc_message import rpc_message
-from prima_rpc.client import (
+from prima_rpc.client import PrimaError
+from prima_rpc.request import (
     DRAFT_TOKENS,
     MAX_STOP,
     MAX_TOKENS,
@@ -16,8 +17,9 @@ from prima_rpc.client import (
     TEMPERATURE,
     TOP_K,
     TOP_P,
-    PrimaError,
-    check_text,
+    GenerateRequest,
+    Message,
+    RequestError,
 )
 
 HTTP_STATUS = {
@@ -67,28 +69,27 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class GenerateCall:
-    """One validated completion request: the arguments of PrimaClient.generate and how to answer."""
+    """One validated completion request: what the head is asked, and how to answer."""
 
     chat: bool  # /v1/chat/completions (messages, chat template) or /v1/completions (raw prompt)
-    prompt: str
-    messages: tuple[tuple[str, str], ...]  # (role, content)
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: tuple[str, ...]
+    request: GenerateRequest
     stream: bool
     include_usage: bool
     model: str | None
-    speculate: str = ""  # this server's extension: "off" | "ngram" | "draft" ("": the head's default)
-    draft_tokens: int = 0
 
-    def generate_kwargs(self) -> dict:
-        return dict(prompt=self.prompt, messages=[{"role": r, "content": c} for r, c in self.messages] or None,
-                    raw=not self.chat, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, stop=self.stop, speculate=self.speculate,
-                    draft_tokens=self.draft_tokens)
+
+# What each GenerateRequest field takes, in OpenAI's words (its ranges: the wire's; negative seeds wrap).
+SEED = (-(2**63), 2**64 - 1)
+EXPECTED = {
+    "max_tokens": f"an integer in [{MAX_TOKENS[0]}, {MAX_TOKENS[1]}]",
+    "temperature": f"a number in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}]",
+    "top_p": f"a number in [{TOP_P[0]:g}, {TOP_P[1]:g}]",
+    "top_k": f"an integer in [{TOP_K[0]}, {TOP_K[1]}]",
+    "seed": f"an integer in [{SEED[0]}, {SEED[1]}]",
+    "stop": f"a non-empty string or up to {MAX_STOP} of them",
+    "speculate": f"one of {', '.join(SPECULATE)}",
+    "draft_tokens": f"an integer in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}]",
+}
 
 
 def _show(value) -> str:
@@ -96,47 +97,38 @@ def _show(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
+def _invalid(param: str, field: str, value) -> ApiError:
+    return ApiError(400, f"Invalid '{param}': expected {EXPECTED[field]}, got {_show(value)}.", param, "invalid_value")
+
+
+def _integer(body: dict, name: str, field: str | None = None) -> int | None:
     value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ApiError(400, f"Invalid '{name}': expected an integer in [{lo}, {hi}], got {_show(value)}.", name,
-                       "invalid_value")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _invalid(name, field or name, value)
     return value
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            or not lo <= value <= hi):
-        raise ApiError(400, f"Invalid '{name}': expected a number in [{lo:g}, {hi:g}], got {_show(value)}.", name,
-                       "invalid_value")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(name, name, value)
     return float(value)
-
-
-def _utf8(value: str, param: str) -> str:
-    """JSON may carry lone surrogates ("\\udce9"), which are not text the head can take."""
-    try:
-        return check_text(value, "the text")
-    except ValueError as exc:
-        raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
 
 
 def _text(value, param: str) -> str:
     """A string, or OpenAI's content parts [{"type": "text", "text": ...}] joined by newlines."""
     if isinstance(value, str):
-        return _utf8(value, param)
+        return value
     if isinstance(value, list) and value and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
-        return _utf8("\n".join(p["text"] for p in value), param)
+        return "\n".join(p["text"] for p in value)
     raise ApiError(400, f"Invalid '{param}': expected a string or text content parts, got {_show(value)}.", param,
                    "invalid_type")
 
 
-def _messages(body: dict) -> tuple[tuple[str, str], ...]:
+def _messages(body: dict) -> tuple[Message, ...]:
     messages = body.get("messages")
     if messages is None:
         raise ApiError(400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
@@ -151,7 +143,7 @@ def _messages(body: dict) -> tuple[tuple[str, str], ...]:
         if m.get("role") not in ROLES:
             raise ApiError(400, f"Invalid '{where}.role': expected one of {', '.join(ROLES)}, got "
                            f"{_show(m.get('role'))}.", f"{where}.role", "invalid_value")
-        out.append((ROLES[m["role"]], _text(m.get("content"), f"{where}.content")))
+        out.append(Message(ROLES[m["role"]], _text(m.get("content"), f"{where}.content")))
     return tuple(out)
 
 
@@ -164,21 +156,19 @@ def _prompt(body: dict) -> str:
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, f"Invalid 'prompt': expected one non-empty string, got {_show(prompt)}.", "prompt",
                        "invalid_value")
-    return _utf8(prompt, "prompt")
+    return prompt
 
 
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if (not isinstance(stop, list) or len(stop) > MAX_STOP
-            or not all(isinstance(s, str) and s for s in stop)):
-        raise ApiError(400, f"Invalid 'stop': expected a non-empty string or up to {MAX_STOP} of them, got "
-                       f"{_show(body.get('stop'))}.", "stop", "invalid_value")
-    return tuple(_utf8(s, "stop") for s in stop)
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _invalid("stop", "stop", body.get("stop"))
+    return tuple(stop)
 
 
-def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
-    """Validate a decoded JSON body of /v1/chat/completions (chat) or /v1/completions; ApiError(400) says why not."""
+def _answer_shape(body) -> tuple[str | None, bool, bool]:
+    """(model, stream, include_usage): the fields that say how to answer, not what to generate."""
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object, got {_show(body)}.")
     for name, allowed in UNSUPPORTED.items():
@@ -196,22 +186,45 @@ def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise ApiError(400, "Invalid 'stream_options': an object {\"include_usage\": bool}, only with stream true.",
                        "stream_options", "invalid_value")
-    max_tokens = _integer(body, "max_completion_tokens", *MAX_TOKENS) or _integer(body, "max_tokens", *MAX_TOKENS)
-    temperature = _number(body, "temperature", *TEMPERATURE, 1.0)  # OpenAI's default is 1: sampling
-    top_p = _number(body, "top_p", *TOP_P, 1.0)
-    seed = _integer(body, "seed", -(2**63), 2**64 - 1)
-    speculate = body.get("speculate") or ""
-    if speculate not in ("", *SPECULATE):
-        raise ApiError(400, f"Invalid 'speculate': expected one of {', '.join(SPECULATE)}, got {_show(speculate)}.",
-                       "speculate", "invalid_value")
-    return GenerateCall(
-        speculate=speculate, draft_tokens=_integer(body, "draft_tokens", *DRAFT_TOKENS) or 0,
-        chat=chat, prompt="" if chat else _prompt(body), messages=_messages(body) if chat else (),
-        max_tokens=max_tokens or default_max_tokens,
-        temperature=0.0 if top_p == 0.0 else temperature,  # top_p 0 keeps one token; on the wire 0 means off
-        top_p=top_p, top_k=_integer(body, "top_k", *TOP_K) or 0,
-        seed=None if seed is None else seed % 2**64, stop=_stop(body), stream=stream,
-        include_usage=bool(options and options.get("include_usage")), model=model)
+    return model, stream, bool(options and options.get("include_usage"))
+
+
+def _generate_request(body: dict, chat: bool, default_max_tokens: int) -> GenerateRequest:
+    """The body's generate fields, type-checked here and range-checked by GenerateRequest (ApiError naming the
+    body's parameter)."""
+    max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, max_tokens_name, "max_tokens")
+    seed = _integer(body, "seed")
+    if seed is not None and not SEED[0] <= seed <= SEED[1]:
+        raise _invalid("seed", "seed", seed)
+    draft_tokens = _integer(body, "draft_tokens")
+    if draft_tokens == 0:  # on the wire 0 asks for the default; in a body it is out of range
+        raise _invalid("draft_tokens", "draft_tokens", 0)
+    prompt, messages = ("", _messages(body)) if chat else (_prompt(body), ())
+    try:
+        request = GenerateRequest(
+            prompt=prompt, messages=messages, raw=not chat,
+            max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+            temperature=_number(body, "temperature", 1.0),  # OpenAI's default is 1: sampling
+            top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k") or 0,
+            seed=None if seed is None else seed % 2**64, stop=_stop(body),
+            speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0)
+    except RequestError as exc:
+        field = exc.field.partition("[")[0]
+        if exc.field in EXPECTED:  # out of range
+            param = max_tokens_name if field == "max_tokens" else field
+            raise _invalid(param, field, body.get(param)) from None
+        param = f"{exc.field}.content" if field == "messages" else field  # JSON may carry lone surrogates
+        raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
+    # top_p 0 keeps one token; on the wire 0 means off
+    return replace(request, temperature=0.0) if request.top_p == 0.0 else request
+
+
+def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
+    """Validate a decoded JSON body of /v1/chat/completions (chat) or /v1/completions; ApiError(400) says why not."""
+    model, stream, include_usage = _answer_shape(body)
+    return GenerateCall(chat=chat, request=_generate_request(body, chat, default_max_tokens), stream=stream,
+                        include_usage=include_usage, model=model)
 
 
 # ---------------------------------------------------------------- answers: events -> OpenAI objects

@@ -1,16 +1,14 @@
 """Operations on a whole ring from outside: walk it, assign windows, read status (sync gRPC)."""
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import grpc
 
-from prima_rpc.channel import metadata, sync_channel
+from prima_rpc.control import Control, assign_request
 from prima_rpc.spec.windows import layer_ranges
 from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 MAX_RING = 256
 
@@ -19,25 +17,19 @@ class RingError(Exception):
     """The ring is not in a state the command can work with."""
 
 
-@contextmanager
-def control(address: str) -> Iterator[rpc.ControlStub]:
-    """A Control stub on a channel of its own, closed after use (a watch walks the ring every second)."""
-    channel = sync_channel(address)
-    try:
-        yield rpc.ControlStub(channel)
-    finally:
-        channel.close()
+def _failed(address: str, exc: grpc.RpcError) -> RingError:
+    return RingError(f"{address}: {exc.code().name}: {exc.details()}")
 
 
-def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tuple[str, pb.NodeInfo]]:
+def walk(start: str, token: str | None = None) -> list[tuple[str, pb.NodeInfo]]:
     """(address, info) of every node in ring order from `start`, by following successors."""
     out: list[tuple[str, pb.NodeInfo]] = []
     seen: set[str] = set()
     address = start
     while len(out) <= MAX_RING:
         try:
-            with control(address) as stub:
-                info = stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+            with Control(address, token) as peer:  # a channel per call: a watch walks the ring every second
+                info = peer.info()
         except grpc.RpcError as exc:
             where = f" (successor of {out[-1][0]})" if out else ""
             raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}") from None
@@ -51,26 +43,26 @@ def walk(start: str, token: str | None = None, timeout: float = 5.0) -> list[tup
     raise RingError(f"no ring closes within {MAX_RING} nodes")
 
 
-def status(start: str, token: str | None = None, timeout: float = 5.0) -> list[tuple[str, str, pb.NodeInfo | None]]:
+def status(start: str, token: str | None = None) -> list[tuple[str, str, pb.NodeInfo | None]]:
     """(address, state, info or None if it does not answer) of every member in ring order, the head first.
 
     The head's view when a head is found (it knows the lost members and their places); else the
     successors from `start`, ending at the first node that does not answer (marked lost)."""
-    info = _info(start, token, timeout)
+    info = _info(start, token)
     if info is None:
         raise RingError(f"cannot reach node {start}")
     head = start if info.members else info.head  # only a head lists members (also while it re-plans)
     if not head:  # not (yet) told by a head: look for one along the successors
-        walked = _status_by_walk(start, info, token, timeout)
+        walked = _status_by_walk(start, info, token)
         head = next((a for a, _, i in walked if i is not None and i.members), "")
         if not head:
             return walked
-    head_info = info if head == start else _info(head, token, timeout)
+    head_info = info if head == start else _info(head, token)
     if head_info is None or not head_info.members:
-        return _status_by_walk(start, info, token, timeout)
+        return _status_by_walk(start, info, token)
     members = [(m.address, m.state) for m in head_info.members]  # the head first
     with ThreadPoolExecutor(min(16, len(members))) as pool:
-        infos = [head_info] + list(pool.map(lambda m: _info(m[0], token, timeout), members[1:]))
+        infos = [head_info] + list(pool.map(lambda m: _info(m[0], token), members[1:]))
     out = []
     for (address, state), member in zip(members, infos):
         if member is None:
@@ -81,23 +73,22 @@ def status(start: str, token: str | None = None, timeout: float = 5.0) -> list[t
     return out
 
 
-def _status_by_walk(start: str, info: pb.NodeInfo, token: str | None,
-                    timeout: float) -> list[tuple[str, str, pb.NodeInfo | None]]:
+def _status_by_walk(start: str, info: pb.NodeInfo, token: str | None) -> list[tuple[str, str, pb.NodeInfo | None]]:
     out, seen, address = [], set(), start
     while info is not None and info.node_id not in seen and len(out) < MAX_RING:
         seen.add(info.node_id)
         out.append((address, info.state or "up", info))
         address = info.peer
-        info = _info(address, token, timeout)
+        info = _info(address, token)
     if info is None:
         out.append((address, "lost", None))
     return out
 
 
-def _info(address: str, token: str | None, timeout: float) -> pb.NodeInfo | None:
+def _info(address: str, token: str | None) -> pb.NodeInfo | None:
     try:
-        with control(address) as stub:
-            return stub.Info(pb.InfoRequest(), metadata=metadata(token), timeout=timeout)
+        with Control(address, token) as peer:
+            return peer.info()
     except grpc.RpcError:
         return None
 
@@ -140,18 +131,16 @@ def start(head: str, windows: list[int], token: str | None = None,
 
     def assign(i: int) -> None:
         address, _ = ring[i]
-        req = pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges[i]], head=(i == 0),
-                               model_id=head_info.model_id, ring_layers=head_info.n_layers, epoch=epoch,
-                               ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
-                               head_address=ring[-1][1].peer, stream_buffer_layers=buffers[i],
-                               predicted_ms=predicted[i], predicted_tpot_ms=predicted_tpot_ms,
-                               max_batch=batching[0], micro_batches=batching[1])
+        req = assign_request(ranges[i], head_info.n_layers, head_info.model_id, epoch, head=(i == 0),
+                             ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
+                             head_address=ring[-1][1].peer, buffer_layers=buffers[i], predicted_ms=predicted[i],
+                             predicted_tpot_ms=predicted_tpot_ms, max_batch=batching[0], micro_batches=batching[1])
         try:
-            with control(address) as stub:
-                for update in stub.Assign(req, metadata=metadata(token)):
+            with Control(address, token) as peer:
+                for update in peer.assign(req):
                     progress(address, update)
         except grpc.RpcError as exc:
-            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+            raise _failed(address, exc) from None
 
     with ThreadPoolExecutor(len(ring)) as pool:
         for future in [pool.submit(assign, i) for i in range(len(ring))]:
@@ -168,29 +157,20 @@ def _route_around(ring: list[tuple[str, pb.NodeInfo]], windows: list[int], membe
     left = [a for (a, _), m in zip(ring, members) if not m]
     kept = [a for (a, _), m in zip(ring, members) if m]
     for address in left:  # free their memory first: they serve no frames from now on
-        req = pb.AssignRequest(model_id=ring[0][1].model_id, ring_layers=ring[0][1].n_layers,
-                               epoch=time.time_ns() // 1_000_000)
+        req = assign_request((), ring[0][1].n_layers, ring[0][1].model_id, time.time_ns() // 1_000_000)
         try:
-            with control(address) as stub:
-                for _ in stub.Assign(req, metadata=metadata(token)):
+            with Control(address, token) as peer:
+                for _ in peer.assign(req):
                     pass
         except grpc.RpcError as exc:
-            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+            raise _failed(address, exc) from None
     for i, address in enumerate(kept):
         try:
-            with control(address) as stub:
-                stub.SetPeer(pb.SetPeerRequest(peer=kept[(i + 1) % len(kept)]), metadata=metadata(token), timeout=5)
+            with Control(address, token) as peer:
+                peer.set_peer(kept[(i + 1) % len(kept)])
         except grpc.RpcError as exc:
-            raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None
+            raise _failed(address, exc) from None
     now = walk(ring[0][0], token)
     if [a for a, _ in now] != kept:
         raise RingError("routing around " + ", ".join(left) + " left the ring as " + " -> ".join(a for a, _ in now))
     return now, [w for w, m in zip(windows, members) if m]
-
-
-def shutdown(address: str, token: str | None = None) -> None:
-    try:
-        with control(address) as stub:
-            stub.Shutdown(pb.ShutdownRequest(), metadata=metadata(token), timeout=5)
-    except grpc.RpcError as exc:
-        raise RingError(f"{address}: {exc.code().name}: {exc.details()}") from None

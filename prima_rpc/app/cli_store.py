@@ -1,0 +1,57 @@
+"""`prima-ctl import` and `synth`: make a per-layer store from a GGUF file, a Hugging Face directory or a preset."""
+
+from pathlib import Path
+
+import typer
+
+from prima_rpc.app.cli_errors import fail
+from prima_rpc.app.progress import bar
+
+
+def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face model directory"),
+            out: Path = typer.Argument(None, help="the store directory to create"),
+            default: bool = typer.Option(False, "--default", help="import SmolLM2 into $PRIMA_HOME/models"),
+            dtype: str = typer.Option(None, help="weight dtype of the store: float32, bfloat16, float16, int8 or int4 "
+                                                 "(GGUF Q4_0/Q4_1 blocks become int4 exactly; --default alone: int4)"),
+            overwrite: bool = typer.Option(False, help="replace an existing store")):
+    """Import a GGUF file or a Hugging Face directory into a per-layer store."""
+    if default:
+        from tools.importers import DEFAULT_DTYPE, default_store_dir, ensure_default_store
+
+        dtype = dtype or DEFAULT_DTYPE
+        with bar(f"importing SmolLM2 into {default_store_dir(dtype)}") as progress:
+            print(ensure_default_store(progress=progress, dtype=dtype))
+        return
+    if src is None or out is None:
+        fail("give SRC and OUT, or --default")
+    if not src.exists():
+        fail(f"{src} does not exist")
+    from tools.importers import import_model
+
+    with bar(f"importing {src.name}") as progress:
+        import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress)
+    print(out)
+
+
+def synth(out: Path = typer.Argument(..., help="the store directory to create"),
+          preset: str = typer.Option(..., help="llama3-8b, llama3-70b, qwen2.5-32b, qwen2.5-72b, tiny, ..."),
+          bits_per_weight: float = typer.Option(None, help="bits per weight on disk (e.g. 4.5 for Q4K sizes)"),
+          manifest_only: bool = typer.Option(False, help="write only the manifest (for planning what-ifs)"),
+          seed: int = typer.Option(0),
+          dtype: str = typer.Option("float32", help="float32, bfloat16, float16, int8 or int4"),
+          layers: int = typer.Option(None, help="override the preset's layer count"),
+          overwrite: bool = typer.Option(False)):
+    """Write a synthetic store with random weights of a real model's shape."""
+    from tools.importers import synth_store
+
+    with bar(f"writing {preset}") as progress:
+        synth_store(out, preset, seed=seed, dtype=dtype, bits_per_weight=bits_per_weight, manifest_only=manifest_only,
+                    overwrite=overwrite, layers=layers, progress=progress)
+    print(out)
+
+
+def default_store() -> Path:
+    """SmolLM2 in the default dtype, imported into $PRIMA_HOME/models if missing."""
+    from tools.importers import DEFAULT_DTYPE, ensure_default_store
+
+    return ensure_default_store(dtype=DEFAULT_DTYPE)
