@@ -1,7 +1,7 @@
 """Exhaustive search over every (k, w, n) of the cost model: the test oracle for Halda on small instances.
 
 Independent of the ILP: for a candidate TPOT T, each device option (w, n) has a least turn time
-(cost_model.device_terms, and stream_turn hiding in its gaps what their length allows) or is impossible; a dynamic
+(device_terms.device_terms, and stream_turn hiding in its gaps what their length allows) or is impossible; a dynamic
 program over devices then finds the least ring round over all assignments with sum w = W. T is
 feasible when that round fits in T, which only gets easier as T grows, so bisection on T gives the
 exact optimum, and the DP's choices at it the assignment.
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost_model import Instance, allowed, device_costs, device_terms, kappa, stream_turn
+from solver.cost_model import Instance, device_costs, kappa
+from solver.device_terms import allowed, device_terms, stream_turn
 from solver.halda import divisors
 
 INF = math.inf

@@ -3,8 +3,8 @@
 # For a fixed k (W = L/k) the TPOT of cost_model is linear in the ILP's variables, so Halda
 # enumerates the divisors k of L, solves one ILP each and keeps the best plan. Equation numbers
 # are those of prima.cpp's paper (ICLR 2026): (6) objective, (7) 0 <= n <= w, (8) sum w = W,
-# (28)-(33) RAM rows of the sets M1-M4, (35)-(37) VRAM rows. A device's own rows are written beside
-# its terms in cost_model.device_rows.
+# (28)-(33) RAM rows of the sets M1-M4, (35)-(37) VRAM rows. A device's own rows are written in
+# device_rows.device_rows, term by term as device_terms computes them.
 #
 # Where this differs from prima.cpp, and why:
 # - Sets are chosen inside the ILP instead of by prima.cpp's iterate-and-calibrate loop. M1/M3
@@ -49,18 +49,11 @@ import mip
 import numpy as np
 
 from prima_rpc.spec.windows import layer_ranges
-from solver.cost_model import (
-    DeviceCosts,
-    Instance,
-    compute_time,
-    device_costs,
-    device_rows,
-    evaluate,
-    fits,
-    kappa,
-    offload_floor,
-    reads_floor,
-)
+from solver.cost_model import Instance, device_costs, evaluate, kappa
+from solver.device_costs import DeviceCosts
+from solver.device_rows import device_rows
+from solver.device_terms import compute_time, fits
+from solver.floors import offload_floor, reads_floor
 from solver.plan import Infeasible, RingPlan, build_plan
 
 __all__ = ["halda", "build_model", "solve", "extract_plan", "layer_ranges", "divisors"]
@@ -94,6 +87,56 @@ class Lda:
     x: list[mip.Var | float]
 
 
+def new_model() -> mip.Model:
+    """An empty CBC model set for these tiny ILPs, solved exactly."""
+    model = mip.Model(sense=mip.MINIMIZE, solver_name=solver_name())
+    model.verbose = 0
+    model.threads = 1
+    model.cuts = 0  # these ILPs are tiny: CBC's cut rounds cost more than they prune (2-5x here)
+    model.max_mip_gap, model.max_mip_gap_abs = 1e-9, 1e-12  # exact: tests compare with enumeration
+    return model
+
+
+def window_caps(cs: list[DeviceCosts], k: int, W: int, bound_s: float) -> tuple[list[bool], list[int]]:
+    """(must fit, window cap) per device. Caps: memory (a window fits in RAM + VRAM; the share, where the device
+    must fit: when its disk is too slow to offload to, or reading from it would cost more than bound_s) and time
+    (P_m <= T < bound_s)."""
+    fit = [must_fit(c, bound_s, k) for c in cs]
+    cap = [min(W, c.ram_layers // k + (0 if c.uma else c.gpu_cap // k)) if f else
+           min(W, c.ram_layers + c.gpu_cap // k) if c.uma else W for c, f in zip(cs, fit)]
+    if math.isfinite(bound_s):
+        cap = [min(u, int(bound_s * (1 + EPS) / (k * min(c.alpha, c.gpu)))) for u, c in zip(cap, cs)]
+    return fit, cap
+
+
+def head_talks(model: mip.Model, x: list[mip.Var | float]) -> mip.Var | float:
+    """Whether the head sends: its hop is paid only if someone else is in the ring (talk >= x_m)."""
+    if len(x) == 1:
+        return 0.0
+    if any(not isinstance(v, mip.Var) for v in x[1:]):
+        return 1.0
+    talk = model.add_var("talk", lb=0.0, ub=1.0)
+    for m in range(1, len(x)):
+        model += talk >= x[m], f"talk({m})"
+    return talk
+
+
+def period_rows(model: mip.Model, inst: Instance, k: int, turns: list, x_hop: list, T: mip.Var, unit: float,
+                micro_batches: int) -> None:
+    """Issue 16: T + kappa is at least the busiest resource's work for all micro_batches batches in flight: each
+    host's CPU (its devices' turns, the head's kappa) and each link (a loopback hop counted as a link here)."""
+    cs = device_costs(inst)
+    kap = kappa(inst) / unit
+    hosts: dict[str, list[int]] = {}
+    for m in range(len(cs)):
+        hosts.setdefault(inst.devices[m].host or f"\0{m}", []).append(m)
+    for i, ms in enumerate(hosts.values()):
+        model += T >= micro_batches * (mip.xsum(turns[m] for m in ms) + (kap if 0 in ms else 0.0)) - kap, \
+            f"period_cpu({i})"
+    for m in range(len(cs)):
+        model += T >= micro_batches * k * cs[m].hop / unit * x_hop[m] - kap, f"period_link({m})"
+
+
 def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = math.inf,
                 micro_batches: int = 1) -> Lda:
     """The LDA for a fixed k. select=False: every device stays and computes >= 1 layer if it can.
@@ -104,19 +147,8 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     W = inst.model.n_layers // k
     Ms = range(len(cs))
     unit = time_unit(inst, cs)
-    model = mip.Model(sense=mip.MINIMIZE, solver_name=solver_name())
-    model.verbose = 0
-    model.threads = 1
-    model.cuts = 0  # these ILPs are tiny: CBC's cut rounds cost more than they prune (2-5x here)
-    model.max_mip_gap, model.max_mip_gap_abs = 1e-9, 1e-12  # exact: tests compare with enumeration
-
-    # Window caps: memory (a window fits in RAM + VRAM; the share, where the device must fit: when its disk is
-    # too slow to offload to, or reading from it would cost more than bound_s) and time (P_m <= T < bound_s).
-    fit = [must_fit(c, bound_s, k) for c in cs]
-    cap = [min(W, c.ram_layers // k + (0 if c.uma else c.gpu_cap // k)) if f else
-           min(W, c.ram_layers + c.gpu_cap // k) if c.uma else W for c, f in zip(cs, fit)]
-    if math.isfinite(bound_s):
-        cap = [min(u, int(bound_s * (1 + EPS) / (k * min(c.alpha, c.gpu)))) for u, c in zip(cap, cs)]
+    model = new_model()
+    fit, cap = window_caps(cs, k, W, bound_s)
     w = [model.add_var(f"w({m})", var_type=mip.INTEGER, lb=0, ub=max(cap[m], 0)) for m in Ms]
     n: list[mip.Var | float] = [  # (35)-(37): VRAM bounds the GPU share k n_m; no GPU -> n_m = 0
         model.add_var(f"n({m})", var_type=mip.INTEGER, lb=0, ub=min(W, cs[m].gpu_cap // k))
@@ -124,16 +156,7 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     x: list[mip.Var | float] = [
         model.add_var(f"x({m})", var_type=mip.BINARY) if select and cs[m].routable else 1.0 for m in Ms]
     T = model.add_var("T", lb=0.0)
-    # The head's hop is paid only if someone else is in the ring: talk >= x_m.
-    if len(cs) == 1:
-        talk: mip.Var | float = 0.0
-    elif any(not isinstance(v, mip.Var) for v in x[1:]):
-        talk = 1.0
-    else:
-        talk = model.add_var("talk", lb=0.0, ub=1.0)
-        for m in Ms[1:]:
-            model += talk >= x[m], f"talk({m})"
-    x_hop = [talk] + x[1:]
+    x_hop = [head_talks(model, x)] + x[1:]
 
     model += mip.xsum(w) == W, "eq8_window_sum"
     for m in Ms:
@@ -147,16 +170,8 @@ def build_model(inst: Instance, k: int, select: bool = True, bound_s: float = ma
     turns = [device_rows(model, cs[m], k, W, m, w[m], n[m], x_hop[m], T, unit, not fit[m],
                          x[m] if isinstance(x[m], mip.Var) else None) for m in Ms]  # w > 0 forces x = 1
     model += T >= mip.xsum(turns) + mip.xsum(k * cs[m].hop / unit * x_hop[m] for m in Ms), "eq6_ring"
-    if micro_batches > 1:  # the busiest resource's work for all batches (a loopback hop counted as a link here)
-        kap = kappa(inst) / unit
-        hosts: dict[str, list[int]] = {}
-        for m in Ms:
-            hosts.setdefault(inst.devices[m].host or f"\0{m}", []).append(m)
-        for i, ms in enumerate(hosts.values()):
-            model += T >= micro_batches * (mip.xsum(turns[m] for m in ms) + (kap if 0 in ms else 0.0)) - kap, \
-                f"period_cpu({i})"
-        for m in Ms:
-            model += T >= micro_batches * k * cs[m].hop / unit * x_hop[m] - kap, f"period_link({m})"
+    if micro_batches > 1:
+        period_rows(model, inst, k, turns, x_hop, T, unit, micro_batches)
     model.objective = mip.minimize(T)  # (6): TPOT = kappa + T
     return Lda(model, k, unit, w, n, x)
 
@@ -194,37 +209,34 @@ def _tpot(inst: Instance, k: int, w: list[int], n: list[int], x: list[bool], sel
 
 def must_fit(c: DeviceCosts, bound_s: float, k: int = 1) -> bool:
     """Whether every wanted k-round plan keeps the device's whole share in memory: its disk is too slow to
-    offload to, or reading from it costs at least bound_s (TPOT - kappa) in any plan (cost_model.offload_floor)."""
+    offload to, or reading from it costs at least bound_s (TPOT - kappa) in any plan (floors.offload_floor)."""
     return c.forced_fit or c.ram_layers < 0 or offload_floor(c, k) >= bound_s
 
 
-def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
-    """(T, w, n, x): the least TPOT - kappa over the plans for this k in which every share fits its device's
-    memory, exactly; None when there is none. Nothing is read from disk, so T is the sum of the members' compute
-    and hops (cost_model.compute_time, fits): separable, a DP over devices in ring order solves it (O(M W^2)).
-
-    Halda takes it where the bounds leave no device room to offload: there the ILP's optimum is this one."""
+def fit_options(c: DeviceCosts, k: int, W: int, select: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The device's least compute for each window w = 0..W in which its share fits (inf: none fits), and the GPU
+    layers that give it."""
     ws, ns = np.arange(W + 1)[:, None], np.arange(W + 1)[None, :]
+    n = ns[:, : min(W, c.gpu_cap // k) + 1]
+    P = np.where((n <= ws) & fits(c, k, ws, n) & (c.ram >= 0), compute_time(c, k, ws, n), np.inf)
+    best = P.argmin(axis=1)
+    cost = P[np.arange(W + 1), best]
+    if not select and c.ram_layers + c.gpu_cap // k >= 1:
+        cost[0] = np.inf  # prima.cpp without selection: every device that can compute does
+    return cost, best
+
+
+def fit_dp(cs: list[DeviceCosts], k: int, W: int, select: bool) -> tuple[np.ndarray, list]:
+    """The DP over the devices after the head, in ring order: dp[t][s], the least compute + hops of the devices
+    so far holding s layers (t: whether one of them stays), and each device's step to trace it back."""
     shift = np.arange(W + 1)[:, None] - np.arange(W + 1)[None, :]  # [s, w]: layers left for the others
     valid = shift >= 0
     shift = np.where(valid, shift, 0)
-
-    def options(c: DeviceCosts) -> tuple[np.ndarray, np.ndarray]:
-        """Least compute per window w (inf: none fits) and its GPU layers."""
-        n = ns[:, : min(W, c.gpu_cap // k) + 1]
-        P = np.where((n <= ws) & fits(c, k, ws, n) & (c.ram >= 0), compute_time(c, k, ws, n), np.inf)
-        best = P.argmin(axis=1)
-        cost = P[np.arange(W + 1), best]
-        if not select and c.ram_layers + c.gpu_cap // k >= 1:
-            cost[0] = np.inf  # prima.cpp without selection: every device that can compute does
-        return cost, best
-
-    # dp[t][s]: least compute + hops of the devices so far holding s layers; t: whether one of them stays.
     dp = np.full((2, W + 1), np.inf)
     dp[0, 0] = 0.0
     steps = []
-    for c in cs[1:]:
-        cost, best_n = options(c)
+    for c in cs:
+        cost, best_n = fit_options(c, k, W, select)
         leaves = select and c.routable
         stay = cost + k * c.hop  # a member pays its hop (a relay too: w = 0 when it cannot leave)
         if leaves:
@@ -242,17 +254,11 @@ def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
         took_stay = joined <= (dp[1] if leaves else np.inf)
         steps.append((w_at, best_n, from_t, took_stay))
         dp = new
-    head = cs[0]
-    cost0, n0 = options(head)
-    total = np.full((2, W + 1), np.inf)  # [t, w0]
-    for t in (0, 1):
-        total[t] = dp[t][W - np.arange(W + 1)] + cost0 + (k * head.hop if t else 0.0)
-    t, w0 = np.unravel_index(np.argmin(total), total.shape)
-    if not np.isfinite(total[t, w0]):
-        return None
-    T = float(total[t, w0])
-    w, n, x = [int(w0)], [int(n0[w0])], [True]
-    s = W - int(w0)
+    return dp, steps
+
+
+def fit_trace(steps: list, t: int, s: int) -> list[tuple[int, int, bool]]:
+    """(w, n, stays) of each device of fit_dp, in ring order, from its end state: t, s layers held."""
     back = []
     for w_at, best_n, from_t, took_stay in reversed(steps):
         if t == 1 and took_stay[s]:
@@ -261,11 +267,27 @@ def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
             s, t = s - wm, int(from_t[s])
         else:  # it left the ring (t unchanged)
             back.append((0, 0, False))
-    for wm, nm, xm in reversed(back):
-        w.append(wm)
-        n.append(nm)
-        x.append(xm)
-    return T, w, n, x
+    return back[::-1]
+
+
+def fitting_optimum(cs: list[DeviceCosts], k: int, W: int, select: bool):
+    """(T, w, n, x): the least TPOT - kappa over the plans for this k in which every share fits its device's
+    memory, exactly; None when there is none. Nothing is read from disk, so T is the sum of the members' compute
+    and hops (device_terms.compute_time, fits): separable, a DP over devices in ring order solves it (O(M W^2)).
+
+    Halda takes it where the bounds leave no device room to offload: there the ILP's optimum is this one."""
+    dp, steps = fit_dp(cs[1:], k, W, select)
+    head = cs[0]
+    cost0, n0 = fit_options(head, k, W, select)
+    total = np.full((2, W + 1), np.inf)  # [t, w0]
+    for t in (0, 1):
+        total[t] = dp[t][W - np.arange(W + 1)] + cost0 + (k * head.hop if t else 0.0)
+    t, w0 = np.unravel_index(np.argmin(total), total.shape)
+    if not np.isfinite(total[t, w0]):
+        return None
+    rest = fit_trace(steps, int(t), W - int(w0))
+    return (float(total[t, w0]), [int(w0)] + [wm for wm, _, _ in rest], [int(n0[w0])] + [nm for _, nm, _ in rest],
+            [True] + [xm for _, _, xm in rest])
 
 
 def halda(inst: Instance, select: bool = True) -> RingPlan | Infeasible:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prima_rpc.spec.windows import layer_ranges
-from solver.cost_model import Instance, device_costs, evaluate, memory_bytes
+from solver.cost_model import Instance, device_costs, evaluate
+from solver.device_terms import memory_bytes
 
 ROLES = ("head", "worker", "relay", "removed")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost_model import Instance, device_costs, evaluate, layer_time
+from solver.cost_model import Instance, device_costs, evaluate
+from solver.device_costs import layer_time
 from solver.pipeline import makespan, phase_transition
 from solver.plan import RingPlan
 

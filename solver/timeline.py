@@ -112,7 +112,6 @@ def bottleneck(plan: dict) -> int:
 def render(plan: dict, path: Path, title: str = "") -> Path:
     """Draw the journey of `plan` into path (.png or .svg, by suffix)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-    from matplotlib.patches import Patch
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")
@@ -120,12 +119,27 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
         raise ValueError(f"the timeline is drawn as .png or .svg, got {path.name!r}")
     devices = _timings(plan)
     bars, total = journey(plan)
-    worst = bottleneck(plan)
     n = len(devices)
 
     fig = Figure(figsize=(13, 1.9 + 0.75 * n), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     y = {i: n - 1 - i for i in range(n)}  # the head on top
+    _draw_bars(ax, bars, y, total)
+    _draw_rounds(ax, plan, bars, n)
+    _label_devices(ax, plan, devices, y, bottleneck(plan))
+    ax.set_xlim(0, max(total, plan["predicted_tpot_ms"]) * 1.005)
+    ax.set_ylim(-0.85, n - 0.2)
+    ax.set_xlabel("ms since the head sent the token's embedding")
+    ax.spines[["top", "right"]].set_visible(False)
+    _legend(ax, bars, n)
+    head = f"{plan['strategy']} plan, k = {plan['k']} round{'s' if plan['k'] > 1 else ''} per token"
+    ax.set_title(f"{title}: {head}" if title else head, loc="left", fontsize=11)
+    fig.savefig(path, format=fmt)
+    return path
+
+
+def _draw_bars(ax, bars: list[Bar], y: dict[int, int], total: float) -> None:
+    """Each bar in its device's row and lane; a prefetch begun in the previous token wraps round to the end."""
     lane = {"prefetch": (-0.38, 0.22), "beside": (0.36, 0.2), "wait": (-0.1, 0.44)}  # (offset, height) from the row
     for b in bars:
         off, h = lane.get(b.kind, (-0.1, 0.44))
@@ -139,6 +153,10 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
         if b.label and b.ms > 0.045 * total:
             ax.text(start + b.ms / 2, y[b.device] + off + h / 2, b.label, ha="center", va="center",
                     fontsize=8, color="white")
+
+
+def _draw_rounds(ax, plan: dict, bars: list[Bar], n: int) -> None:
+    """A line where each round starts (the head's send), and the predicted TPOT."""
     starts = sorted({b.start_ms for b in bars if b.kind == "link" and b.device == 0} | {0.0})
     for r, s in enumerate(starts if plan["k"] > 1 else []):
         ax.axvline(s, color="#BBBBBB", linewidth=0.8, zorder=0)
@@ -147,10 +165,13 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
     ax.text(plan["predicted_tpot_ms"], -0.75, f"predicted TPOT {plan['predicted_tpot_ms']:.0f} ms ",
             color="#C44E52", ha="right", va="bottom", fontsize=9, fontweight="bold")
 
-    ax.set_yticks([y[i] for i in range(n)])
+
+def _label_devices(ax, plan: dict, devices: list[dict], y: dict[int, int], worst: int) -> None:
+    """Device names on the left (the bottleneck in red), their per-token totals on the right."""
+    ax.set_yticks([y[i] for i in range(len(devices))])
     ax.set_yticklabels([f"{d['name']} ({d['role']})" for d in devices])
     ax.get_yticklabels()[worst].set(color="#C44E52", fontweight="bold")
-    for i, d in enumerate(devices):  # per-device totals on the right
+    for i, d in enumerate(devices):
         if d["role"] == "removed":
             note = "removed from the ring"
         else:
@@ -161,17 +182,15 @@ def render(plan: dict, path: Path, title: str = "") -> Path:
             note += "   ← bottleneck" if i == worst else ""
         ax.annotate(note, (1.005, y[i]), xycoords=("axes fraction", "data"), va="center", fontsize=8,
                     color="#C44E52" if i == worst else "#333333")
-    ax.set_xlim(0, max(total, plan["predicted_tpot_ms"]) * 1.005)
-    ax.set_ylim(-0.85, n - 0.2)
-    ax.set_xlabel("ms since the head sent the token's embedding")
-    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _legend(ax, bars: list[Bar], n: int) -> None:
+    """The kinds of bar drawn, below the axis."""
+    from matplotlib.patches import Patch
+
     kinds = [kd for kd in KINDS if any(b.kind == kd for b in bars)]
     ax.legend(handles=[Patch(facecolor=COLORS[kd], hatch="///" if kd == "prefetch" else None,
                              edgecolor="#888888" if kd == "wait" else "white",
                              linestyle=":" if kd == "wait" else "-", label=LEGEND[kd]) for kd in kinds],
               loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.1 / n), ncol=min(len(kinds), 4), frameon=False,
               fontsize=8)
-    head = f"{plan['strategy']} plan, k = {plan['k']} round{'s' if plan['k'] > 1 else ''} per token"
-    ax.set_title(f"{title}: {head}" if title else head, loc="left", fontsize=11)
-    fig.savefig(path, format=fmt)
-    return path

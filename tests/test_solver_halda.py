@@ -10,7 +10,8 @@ import pytest
 
 from prima_rpc.spec.profiles import DeviceProfile, load_profiles
 from prima_rpc.spec.windows import layer_ranges
-from solver.cost_model import Instance, allowed, device_costs, evaluate, fits, stream_turn
+from solver.cost_model import Instance, device_costs, evaluate
+from solver.device_terms import allowed, fits, stream_turn
 from solver.exhaustive import exhaustive
 from solver.halda import _in_ring, build_model, divisors, halda, solve
 from solver.model_profile import ModelProfile

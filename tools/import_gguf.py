@@ -70,112 +70,147 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     )
 
 
-def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool = False,
-                progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
-    if dtype not in DTYPES:
-        raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
-    try:
-        reader = GGUFReader(src)
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise StoreError(f"{src}: not a readable GGUF file ({exc})") from None
-    cfg = read_config(reader)
-    fmt = writing_format(dtype)
-    float_dtype = torch.float32 if fmt else getattr(torch, dtype)  # norms and biases of quantized stores: float32
-    tensors = {t.name: t for t in reader.tensors}
+class GgufTensors:
+    """The GGUF file's tensors as a store holds them: de-quantized floats (`dtype`: norms and biases, and every
+    tensor of a float store), or a quantized store's fused matrices (int4 from Q4 blocks exactly); Q/K rows back in
+    rotate-half order."""
 
-    def tensor(name: str):
-        if name not in tensors:
-            raise StoreError(f"{src}: GGUF file lacks tensor {name!r}")
-        return tensors[name]
+    def __init__(self, src: Path, reader: GGUFReader, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype):
+        self.src, self.cfg, self.fmt, self.dtype = src, cfg, fmt, dtype
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.permute = cfg.architecture in ("llama", "mistral")
 
-    def get(name: str) -> torch.Tensor:
-        t = tensor(name)
+    def tensor(self, name: str):
+        if name not in self.tensors:
+            raise StoreError(f"{self.src}: GGUF file lacks tensor {name!r}")
+        return self.tensors[name]
+
+    def get(self, name: str) -> torch.Tensor:
+        t = self.tensor(name)
         try:
             values = dequantize(t.data, t.tensor_type)
         except (NotImplementedError, ValueError) as exc:
-            raise StoreError(f"{src}: tensor {name}: cannot de-quantize {t.tensor_type.name} ({exc})") from None
-        return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).to(float_dtype)
+            raise StoreError(f"{self.src}: tensor {name}: cannot de-quantize {t.tensor_type.name} ({exc})") from None
+        return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).to(self.dtype)
 
-    permute = cfg.architecture in ("llama", "mistral")
+    def heads(self, gname: str) -> int | None:
+        """The heads whose rows llama.cpp permuted for its interleaved RoPE (None: not permuted)."""
+        return {"attn_q": self.cfg.n_heads, "attn_k": self.cfg.n_kv_heads}.get(gname) if self.permute else None
 
-    def heads(gname: str) -> int | None:  # llama.cpp permuted these rows for its interleaved RoPE
-        return {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}.get(gname) if permute else None
-
-    def matrix(name: str, parts: list[tuple[str, int | None]], fmt=fmt) -> dict[str, torch.Tensor]:
+    def matrix(self, name: str, parts: list[tuple[str, int | None]], fmt: Format) -> dict[str, torch.Tensor]:
         """A quantized store's matrix `name` from GGUF tensors stacked by rows (each unpermuted if asked)."""
         if fmt.name == "int4":
-            qs, dms = zip(*(int4_values(tensor(g), h) for g, h in parts))
+            qs, dms = zip(*(self.int4_values(self.tensor(g), h) for g, h in parts))
             return {f"{name}.qweight": pack_int4(torch.cat(qs), fmt.layout), f"{name}.scales": torch.cat(dms, dim=1)}
-        w = torch.cat([unpermute(get(g), h) if h else get(g) for g, h in parts])
+        w = torch.cat([unpermute(self.get(g), h) if h else self.get(g) for g, h in parts])
         q, scale = fmt.encode(w)
         return {f"{name}.qweight": q, f"{name}.scales": scale}
 
-    def int4_values(t, n_heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def int4_values(self, t, n_heads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         n, k = int(t.shape[1]), int(t.shape[0])
         if k % GROUP:
-            raise StoreError(f"{src}: tensor {t.name} has rows of {k} values, int4 needs a multiple of {GROUP}")
+            raise StoreError(f"{self.src}: tensor {t.name} has rows of {k} values, int4 needs a multiple of {GROUP}")
         if t.tensor_type.name in EXACT_INT4:
             q, dm = gguf_q4(t.data, t.tensor_type.name, n, k)
         else:
-            q, dm = quantize_int4(get(t.name))
+            q, dm = quantize_int4(self.get(t.name))
         if n_heads:
             q, dm = unpermute(q, n_heads), unpermute(dm.transpose(0, 1), n_heads).transpose(0, 1)
         return q, dm.contiguous()
 
-    def outer(name: str) -> Format | None:
+    def outer(self, name: str) -> Format | None:
         """The embedding's and output's format: int4 only from Q4 blocks; else int8 (measured on SmolLM2's Q8_0
         embedding, which is also its output: int4 groups err by 9 % of its norm and lose "Paris", int8 rows 1.2 %)."""
-        if fmt and fmt.name == "int4" and tensor(name).tensor_type.name not in EXACT_INT4:
+        if self.fmt and self.fmt.name == "int4" and self.tensor(name).tensor_type.name not in EXACT_INT4:
             return Format("int8")
-        return fmt
+        return self.fmt
 
+
+def open_gguf(src: Path) -> GGUFReader:
+    try:
+        return GGUFReader(src)
+    except (ValueError, OSError, IndexError, KeyError) as exc:
+        raise StoreError(f"{src}: not a readable GGUF file ({exc})") from None
+
+
+def embed_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
+    """The embed unit's tensors and format."""
+    if not g.fmt:
+        return {"embed.weight": g.get("token_embd.weight")}, ""
+    f = g.outer("token_embd.weight")
+    return g.matrix("embed", [("token_embd.weight", None)], f), f.name
+
+
+def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under the store's names: norms and biases, and its matrices (fused when quantized)."""
+    unit = {}
+    for gname, name in LAYER_NAMES.items():
+        full = f"blk.{i}.{gname}"
+        if full not in g.tensors:
+            if name in REQUIRED:
+                raise StoreError(f"{g.src}: GGUF file lacks tensor {full!r}")
+            continue
+        if g.fmt and name.endswith(".weight") and "norm" not in name:
+            continue  # matrices: fused below
+        t = g.get(full)
+        h = g.heads(gname.split(".")[0])
+        unit[name] = unpermute(t, h) if h and name.endswith(".weight") else t
+    if g.fmt:
+        for fused, parts in FUSED.items():
+            unit.update(g.matrix(fused, [(f"blk.{i}.{p}.weight", g.heads(p)) for p in parts], g.fmt))
+    return unit
+
+
+def head_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
+    """The head unit's tensors (final norm; output unless tied) and format."""
+    head = {"norm.weight": g.get("output_norm.weight")}
+    f = g.outer("output.weight") if g.fmt and not g.cfg.tie_embeddings else g.fmt
+    if not g.cfg.tie_embeddings:
+        out_w = g.matrix("output", [("output.weight", None)], f) if f else {"output.weight": g.get("output.weight")}
+        head.update(out_w)
+    return head, f.name if f else ""
+
+
+def tokenizer_json(reader: GGUFReader) -> bytes:
+    tok = build_tokenizer(
+        field(reader, "tokenizer.ggml.model"), field(reader, "tokenizer.ggml.pre", "default"),
+        field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type", [1]),
+        field(reader, "tokenizer.ggml.merges"),
+    )
+    return tok.to_str().encode()
+
+
+def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str, fmt: Format | None) -> dict:
+    """StoreWriter.finish's fields: name, shape, dtype, tokenizer and its special tokens, quantization."""
+    eos = int(field(reader, "tokenizer.ggml.eos_token_id"))
+    eot = reader.fields.get("tokenizer.ggml.eot_token_id")
+    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
+    return dict(
+        name=str(field(reader, "general.name", src.stem)), config=cfg, dtype=dtype,
+        tokenizer="tokenizer.json", chat_template=field(reader, "tokenizer.chat_template", ""),
+        bos_token_id=int(bos.contents()) if bos else None,
+        # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
+        eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
+        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+        quant=fmt.manifest() if fmt else {},
+    )
+
+
+def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool = False,
+                progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    if dtype not in DTYPES:
+        raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
+    reader = open_gguf(src)
+    cfg = read_config(reader)
+    fmt = writing_format(dtype)
+    # norms and biases of quantized stores: float32
+    g = GgufTensors(src, reader, cfg, fmt, torch.float32 if fmt else getattr(torch, dtype))
     with StoreWriter(out, overwrite=overwrite) as w:
-        if fmt:
-            f = outer("token_embd.weight")
-            w.write_unit("embed", matrix("embed", [("token_embd.weight", None)], f), f.name)
-        else:
-            w.write_unit("embed", {"embed.weight": get("token_embd.weight")})
+        w.write_unit("embed", *embed_unit(g))
         for i in range(cfg.n_layers):
-            unit = {}
-            for gname, name in LAYER_NAMES.items():
-                full = f"blk.{i}.{gname}"
-                if full not in tensors:
-                    if name in REQUIRED:
-                        raise StoreError(f"{src}: GGUF file lacks tensor {full!r}")
-                    continue
-                if fmt and name.endswith(".weight") and "norm" not in name:
-                    continue  # matrices: fused below
-                t = get(full)
-                h = heads(gname.split(".")[0])
-                unit[name] = unpermute(t, h) if h and name.endswith(".weight") else t
-            if fmt:
-                for fused, parts in FUSED.items():
-                    unit.update(matrix(fused, [(f"blk.{i}.{g}.weight", heads(g)) for g in parts]))
-            w.write_unit(f"layer.{i}", unit)
+            w.write_unit(f"layer.{i}", layer_unit(g, i))
             progress(i + 1, cfg.n_layers)
-        head = {"norm.weight": get("output_norm.weight")}
-        f = outer("output.weight") if fmt and not cfg.tie_embeddings else fmt
-        if not cfg.tie_embeddings:
-            out_w = matrix("output", [("output.weight", None)], f) if f else {"output.weight": get("output.weight")}
-            head.update(out_w)
-        w.write_unit("head", head, f.name if f else "")
-
-        tok = build_tokenizer(
-            field(reader, "tokenizer.ggml.model"), field(reader, "tokenizer.ggml.pre", "default"),
-            field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type", [1]),
-            field(reader, "tokenizer.ggml.merges"),
-        )
-        w.add_file("tokenizer.json", tok.to_str().encode())
-        eos = int(field(reader, "tokenizer.ggml.eos_token_id"))
-        eot = reader.fields.get("tokenizer.ggml.eot_token_id")
-        bos = reader.fields.get("tokenizer.ggml.bos_token_id")
-        w.finish(
-            name=str(field(reader, "general.name", src.stem)), config=cfg, dtype=dtype,
-            tokenizer="tokenizer.json", chat_template=field(reader, "tokenizer.chat_template", ""),
-            bos_token_id=int(bos.contents()) if bos else None,
-            # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
-            eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
-            add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
-            quant=fmt.manifest() if fmt else {},
-        )
+        w.write_unit("head", *head_unit(g))
+        w.add_file("tokenizer.json", tokenizer_json(reader))
+        w.finish(**manifest_fields(reader, src, cfg, dtype, fmt))
     return out

@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from nodes.engine.quant import writing_format
+from nodes.engine.quant import Format, writing_format
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
 from prima_rpc.spec.shapes import unit_shapes
 from tools.store_writer import StoreWriter, quantize_unit
@@ -187,13 +187,8 @@ def chat_template(src: Path, tok_cfg: dict) -> str | None:
     return template
 
 
-def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool = False,
-              progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
-    src, out = Path(src), Path(out)
-    if not (src / "config.json").is_file():
-        raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
-    hf = read_json(src / "config.json")
-    architecture(hf)  # fail on an unsupported model before opening any shard
+def read_tokenizer(src: Path, hf: dict) -> tuple[bytes, dict, dict]:
+    """tokenizer.json's bytes, tokenizer_config.json (or {}), and the manifest's special tokens."""
     if not (src / "tokenizer.json").is_file():
         raise StoreError(f"{src}: tokenizer.json is missing (only fast tokenizers are supported)")
     tok_bytes = (src / "tokenizer.json").read_bytes()
@@ -207,9 +202,12 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
         special = special_tokens(hf, gen, tok_cfg, tok, json.loads(tok_bytes))
     except (TypeError, ValueError) as exc:
         raise StoreError(f"{src}: malformed special token ids ({exc})") from None
+    return tok_bytes, tok_cfg, special
 
-    where = tensor_files(src)
-    cfg = read_config(hf, where)
+
+def layer_tensor_names(cfg: ModelConfig, where: dict[str, Path]) -> list[str]:
+    """The HF names (inside model.layers.{i}) of a layer's tensors, once every tensor the store needs is known to
+    be in the checkpoint and none it cannot hold is."""
     prefix = [f"model.layers.{i}." for i in range(cfg.n_layers)]
     bad = next((p + n for p in prefix for n in UNSUPPORTED if p + n in where), None)
     if bad:
@@ -221,35 +219,57 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
     missing = next((n for n in names if n not in where), None)
     if missing:
         raise StoreError(f"checkpoint lacks tensor {missing!r}")
+    return hf_names
 
+
+def store_dtype(dtype: str | None, hf: dict, shards: Shards) -> str:
+    """The store's dtype: the one asked for, else the checkpoint's (config.json's, else its embedding's)."""
+    if dtype is None:
+        dtype = hf.get("dtype") or hf.get("torch_dtype") or SAFETENSORS_DTYPES.get(
+            shards.dtype("model.embed_tokens.weight"), "")
+    if dtype not in DTYPES:
+        raise StoreError(f"weight dtype {dtype!r} is not supported; pass dtype= one of {DTYPES}")
+    return dtype
+
+
+def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, hf_names: list[str], fmt: Format | None,
+                dtype: torch.dtype, progress: Callable[[int, int], None]) -> None:
+    """The embed, layer and head units, tensors read as `dtype` (and quantized in `fmt`, None: float)."""
+    shapes = unit_shapes(cfg)
+
+    def write(unit: str, tensors: dict[str, torch.Tensor]) -> None:
+        w.write_unit(unit, *(quantize_unit(tensors, fmt) if fmt else (tensors,)))
+
+    write("embed", {"embed.weight": shards.get("model.embed_tokens.weight", shapes["embed"]["embed.weight"], dtype)})
+    for i in range(cfg.n_layers):
+        write(f"layer.{i}", {
+            LAYER_NAMES[n]: shards.get(f"model.layers.{i}.{n}", shapes[f"layer.{i}"][LAYER_NAMES[n]], dtype)
+            for n in hf_names
+        })
+        progress(i + 1, cfg.n_layers)
+    head = {"norm.weight": shards.get("model.norm.weight", shapes["head"]["norm.weight"], dtype)}
+    if not cfg.tie_embeddings:
+        head["output.weight"] = shards.get("lm_head.weight", shapes["head"]["output.weight"], dtype)
+    write("head", head)
+
+
+def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool = False,
+              progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    src, out = Path(src), Path(out)
+    if not (src / "config.json").is_file():
+        raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
+    hf = read_json(src / "config.json")
+    architecture(hf)  # fail on an unsupported model before opening any shard
+    tok_bytes, tok_cfg, special = read_tokenizer(src, hf)
+    where = tensor_files(src)
+    cfg = read_config(hf, where)
+    hf_names = layer_tensor_names(cfg, where)
     with ExitStack() as stack:
         shards = Shards(where, stack)
-        if dtype is None:
-            dtype = hf.get("dtype") or hf.get("torch_dtype") or SAFETENSORS_DTYPES.get(
-                shards.dtype("model.embed_tokens.weight"), "")
-        if dtype not in DTYPES:
-            raise StoreError(f"weight dtype {dtype!r} is not supported; pass dtype= one of {DTYPES}")
+        dtype = store_dtype(dtype, hf, shards)
         fmt = writing_format(dtype)
-        torch_dtype = torch.float32 if fmt else getattr(torch, dtype)
-        shapes = unit_shapes(cfg)
         with StoreWriter(out, overwrite=overwrite) as w:
-
-            def write(unit: str, tensors: dict[str, torch.Tensor]) -> None:
-                w.write_unit(unit, *(quantize_unit(tensors, fmt) if fmt else (tensors,)))
-
-            write("embed", {"embed.weight": shards.get(
-                "model.embed_tokens.weight", shapes["embed"]["embed.weight"], torch_dtype)})
-            for i in range(cfg.n_layers):
-                write(f"layer.{i}", {
-                    LAYER_NAMES[n]: shards.get(prefix[i] + n, shapes[f"layer.{i}"][LAYER_NAMES[n]], torch_dtype)
-                    for n in hf_names
-                })
-                progress(i + 1, cfg.n_layers)
-            head = {"norm.weight": shards.get("model.norm.weight", shapes["head"]["norm.weight"], torch_dtype)}
-            if not cfg.tie_embeddings:
-                head["output.weight"] = shards.get("lm_head.weight", shapes["head"]["output.weight"], torch_dtype)
-            write("head", head)
-
+            write_units(w, shards, cfg, hf_names, fmt, torch.float32 if fmt else getattr(torch, dtype), progress)
             w.add_file("tokenizer.json", tok_bytes)
             w.finish(name=src.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
                      chat_template=chat_template(src, tok_cfg), quant=fmt.manifest() if fmt else {}, **special)

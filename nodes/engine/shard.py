@@ -3,7 +3,8 @@
 Under a memory budget only some layers (down to single matrices) stay resident; the rest stream from the
 layer store through a `Prefetcher`'s buffer (nodes/engine/prefetch.py), stage by stage (nodes.engine.model.STAGES).
 Everything here is synchronous torch work, called from the node's single compute thread (the prefetcher
-reads on its own thread).
+reads on its own thread). The budget's maths are nodes/engine/budget.py, the reads that load a shard
+nodes/engine/loading.py.
 """
 
 import time
@@ -12,23 +13,12 @@ from collections.abc import Callable
 import structlog
 import torch
 
-from nodes.engine.fused import (
-    STREAM_UNITS,
-    empty_layer,
-    empty_parts,
-    empty_small,
-    head_bytes,
-    kv_bytes,
-    layer_targets,
-    part_targets,
-    part_weight,
-    small_targets,
-    stream_parts,
-)
+from nodes.engine.budget import shard_budget
+from nodes.engine.fused import STREAM_UNITS, kv_bytes
+from nodes.engine.loading import ReportingStore, load_head, load_layers, shard_units
 from nodes.engine.model import (
     STAGES,
     KVCache,
-    Layer,
     OutputHead,
     Rope,
     Segment,
@@ -38,15 +28,7 @@ from nodes.engine.model import (
     layer_forward,
     nbytes,
 )
-from nodes.engine.prefetch import (
-    KV_RESERVE_TOKENS,
-    MemoryPlan,
-    Prefetcher,
-    default_budget,
-    parts_bytes,
-    plan_memory,
-    prefetch_depth,
-)
+from nodes.engine.prefetch import MemoryPlan, Prefetcher, default_budget, prefetch_depth
 from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import StoreError
@@ -66,63 +48,14 @@ class Shard:
         self.cfg = cfg = store.config
         self.fmt = fmt = weight_format(store.manifest)  # None: float matrices
         self.log = log or structlog.get_logger()
-        order = sorted(windows.layers())
-        head_mem = head_bytes(cfg, dtype, weight_format(store.manifest, "embed")) if windows.head else 0
-        fixed = head_mem + kv_bytes(
-            cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
-        units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
-        bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-        small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
-        self.plan: MemoryPlan = plan_memory(order, units, small, fixed, budget, depth > 0, buffer)
-        # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget.
-        self.kv_room = self.plan.budget - self.plan.weight_bytes - head_mem if self.plan.budget else None
-        units = (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in order]
-        total = sum(store.entry(u).bytes for u in units)
-        done = 0
-
-        def loaded(unit: str) -> None:
-            nonlocal done
-            done += store.entry(unit).bytes
-            progress(done, total, unit)
-
-        self.head: OutputHead | None = None
-        if windows.head:
-            embed = store.new_tensors("embed", dtype if fmt is None else None)
-            loaded("embed")
-            head = store.new_tensors("head", dtype if fmt is None else None)
-            loaded("head")
-            self.head = OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
-        self.layers: dict[int, Layer] = {}  # resident
-        self.small: dict[int, dict] = {}  # streamed layers: their norms and biases
-        self.kept: dict[int, dict] = {}  # streamed layers: their resident matrices
-        self.prefetcher: Prefetcher | None = None
-        if self.plan.streamed:
-            self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt)
-        streamed = dict(self.plan.streamed)
-        for i in order:
-            unit = f"layer.{i}"
-            if i in self.plan.resident and fmt is None:
-                self.layers[i] = layer = empty_layer(cfg, dtype)
-                store.read_into(unit, layer_targets(layer, cfg))
-            elif i in self.plan.resident:  # quantized: the stored tensors, then the kernel's weights
-                self.layers[i] = Layer.from_unit(store.new_tensors(unit, None), dtype, fmt)
-            else:  # streamed: read now only what stays (norms, biases, kept matrices)
-                small = self.small[i] = empty_small(cfg, dtype)
-                targets = small_targets(small, cfg)
-                if store.needs_check(unit):  # whole, into the buffer, so a bad file fails the assignment
-                    scratch = self.prefetcher.scratch()
-                    for u in STREAM_UNITS:
-                        targets.update(part_targets(u, scratch[u], cfg, fmt))
-                    store.read_into(unit, targets)
-                    kept = {u: {k: t.clone() for k, t in scratch[u].items()} for u in STREAM_UNITS
-                            if u not in streamed[i]}
-                else:
-                    kept = {u: empty_parts(u, cfg, fmt, dtype) for u in STREAM_UNITS if u not in streamed[i]}
-                    for u, parts in kept.items():
-                        targets.update(part_targets(u, parts, cfg, fmt))
-                    store.read_part(unit, targets)
-                self.kept[i] = {u: part_weight(u, parts, fmt, dtype) for u, parts in kept.items()}
-            loaded(unit)
+        head_fmt = weight_format(store.manifest, "embed") if windows.head else None
+        planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer)
+        self.plan: MemoryPlan = planned.plan
+        self.kv_room = planned.kv_room  # None: no budget
+        reporting = ReportingStore(store, shard_units(windows), progress)
+        self.head: OutputHead | None = load_head(reporting, cfg, dtype, fmt) if windows.head else None
+        self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt) if self.plan.streamed else None
+        self.layers, self.small, self.kept = load_layers(reporting, self.plan, cfg, dtype, fmt, self.prefetcher)
         if self.prefetcher:
             self.prefetcher.start()
         self.rope = Rope(cfg, cfg.max_seq_len, dtype)
@@ -130,13 +63,17 @@ class Shard:
         self.compute_s = 0.0  # in compute(), stalls excluded
         self._stalled = 0.0
         if self.plan.streamed:
-            p = self.plan
-            (self.log.warning if p.below_minimum else self.log.info)(
-                "offload plan", budget=p.budget, requested_budget=p.requested, resident=sorted(p.resident),
-                streamed=[f"{layer}" + ("" if len(us) == len(STREAM_UNITS) else f"({','.join(us)})")
-                          for layer, us in p.streamed],
-                buffer=p.buffer, streamed_bytes=p.streamed_bytes, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
-                read=store.read_method)
+            self._log_plan()
+
+    def _log_plan(self) -> None:
+        """Which layers stream and how (a warning when the budget was below the plan's minimum)."""
+        p = self.plan
+        (self.log.warning if p.below_minimum else self.log.info)(
+            "offload plan", budget=p.budget, requested_budget=p.requested, resident=sorted(p.resident),
+            streamed=[f"{layer}" + ("" if len(us) == len(STREAM_UNITS) else f"({','.join(us)})")
+                      for layer, us in p.streamed],
+            buffer=p.buffer, streamed_bytes=p.streamed_bytes, prefetch=p.prefetch, layer_bytes=p.layer_bytes,
+            read=self.store.read_method)
 
     @property
     def stall_s(self) -> float:

@@ -122,6 +122,60 @@ LOSS_MIN_STEPS = 8
 LOSS_MAX_STEPS = 400  # a bound on the KV positions each phase's cache holds
 
 
+class _Reader:
+    """A second reader beside the compute: a LayerStore of its own (the node's reader, its O_DIRECT chunks and
+    copies, $PRIMA_DISK_MBPS's pacing) reading `units` in turn on its own thread, from start() to stop()."""
+
+    def __init__(self, store_dir: Path, units: list[str]):
+        self.store = LayerStore(store_dir, verify=False)  # a node's steady state: each file's checksum is read once
+        self.units = units
+        self.targets = {u: {name: torch.empty(span.shape, dtype=span.dtype) for name, span in
+                            self.store.layout(u).items()}
+                        for u in dict.fromkeys(units)}  # as stored: the reader's copies are plain bytes
+        self.halt = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self.halt.is_set():
+            for u in self.units:
+                if self.halt.is_set():
+                    break
+                self.store.read_into(u, self.targets[u])
+
+    def start(self) -> None:
+        self.halt.clear()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop reading (after the file being read: a failed step's cleanup waits for it too)."""
+        self.halt.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+def _decode_steps(shard: Shard, x: torch.Tensor, cache, pos: int, count: int) -> int:
+    """count decode steps from pos, each after a quiet gap; returns the next position."""
+    for _ in range(count):
+        time.sleep(QUIET_S)
+        shard.compute(x, cache, pos, 0)
+        pos += 1
+    return pos
+
+
+def _timed_steps(shard: Shard, x: torch.Tensor, cache, pos: int, capacity: int, began: float) -> list[float]:
+    """Decode steps from pos, each after a quiet gap, for at least LOSS_MIN_STEPS and LOSS_PHASE_S from began (or
+    up to the cache's capacity): their times."""
+    times = []
+    while pos < capacity and (len(times) < LOSS_MIN_STEPS or time.perf_counter() - began < LOSS_PHASE_S):
+        time.sleep(QUIET_S)
+        start = time.perf_counter()
+        shard.compute(x, cache, pos, 0)
+        pos += 1
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     """{"read_loss_s", "bytes_per_step", "layers", "steps"}: the compute time a node loses per byte another reader
     streams beside it - what a streamed byte costs the ring where it is read while a node computes. The store's
@@ -138,53 +192,27 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     n = max(1, min(cfg.n_layers, READ_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
     units = [f"layer.{i % cfg.n_layers}" for i in range(n, 2 * n)]  # other layers where the store has them
-    reader = LayerStore(store_dir, verify=False)  # a node's steady state: each file's checksum is read once
-    targets = {u: {name: torch.empty(span.shape, dtype=span.dtype) for name, span in reader.layout(u).items()}
-               for u in dict.fromkeys(units)}  # as stored: the reader's copies are plain bytes
+    reader = _Reader(store_dir, units)
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
-    stop = threading.Event()
-
-    def stream() -> None:
-        while not stop.is_set():
-            for u in units:
-                if stop.is_set():
-                    break
-                reader.read_into(u, targets[u])
-
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     steps = {False: [], True: []}
     bytes_computing = 0.0
-    thread = None
     try:
         capacity = min(cfg.max_seq_len, WARM_UP + LOSS_MAX_STEPS)
         for phase, beside in enumerate((False, True) * LOSS_PAIRS):
-            cache, pos = shard.cache_for(f"profile-{phase}", 0, capacity, 1), 0
+            cache = shard.cache_for(f"profile-{phase}", 0, capacity, 1)
             if beside:
-                stop.clear()
-                thread = threading.Thread(target=stream, daemon=True)
-                thread.start()
-            times = []
-            for _ in range(WARM_UP):
-                time.sleep(QUIET_S)
-                shard.compute(x, cache, pos, 0)
-                pos += 1
-            began, read = time.perf_counter(), reader.bytes_read
-            while pos < capacity and (len(times) < LOSS_MIN_STEPS or time.perf_counter() - began < LOSS_PHASE_S):
-                time.sleep(QUIET_S)
-                start = time.perf_counter()
-                shard.compute(x, cache, pos, 0)
-                pos += 1
-                times.append(time.perf_counter() - start)
+                reader.start()
+            pos = _decode_steps(shard, x, cache, 0, WARM_UP)
+            began, read = time.perf_counter(), reader.store.bytes_read
+            times = _timed_steps(shard, x, cache, pos, capacity, began)
             if beside:  # the reader streams steadily: its bytes while computing are its share of the phase
-                bytes_computing += (reader.bytes_read - read) * sum(times) / (time.perf_counter() - began)
-                stop.set()
-                thread.join()
+                bytes_computing += (reader.store.bytes_read - read) * sum(times) / (time.perf_counter() - began)
+                reader.stop()
             steps[beside] += times
             shard.release(f"profile-{phase}")
     finally:
-        stop.set()
-        if thread is not None:
-            thread.join()  # a failed step: the reader finishes its file, then stops
+        reader.stop()
         shard.close()
     per_step = bytes_computing / len(steps[True])
     if per_step <= 0:

@@ -5,7 +5,7 @@ read bandwidth, disk reads of the store's filesystem past the page cache, availa
 rule, free VRAM, and the link to the successor over the real Ring stream. The local part takes a
 few seconds and runs off the event loop; the link part ~20 PINGs and a few large frames.
 
-Figures, as the scheduler reads them (solver.cost_model.layer_time is a roofline):
+Figures, as the scheduler reads them (solver.device_costs.layer_time is a roofline):
   cpu_flops / gpu_flops    the decode-shaped GEMV rate (weights streamed from memory), not the GEMM peak;
                            with a store, the CPU's is calibrated on decode steps through the node's own
                            Shard over the store's first layers (nodes/profiling/compute.py)

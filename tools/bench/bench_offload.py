@@ -25,22 +25,17 @@ and `--rounds` adds piped-ring shapes (k rounds of windows) that give each node 
 import argparse
 import asyncio
 import json
-import mmap
 import multiprocessing
 import os
-import resource
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from nodes.engine.diskio import DISK_MBPS_ENV
-from nodes.engine.fused import empty_layer, head_bytes, kv_bytes, layer_bytes, layer_targets
+from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.engine.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
 from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
@@ -48,6 +43,7 @@ from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient
 from prima_rpc.spec.home import prima_home
+from tools.bench.read_paths import read_bench
 from tools.synth import synth
 
 PROMPT = "Once upon a time"
@@ -254,112 +250,6 @@ def load_log(path: Path) -> tuple[dict, dict[tuple[str, str], list[dict]]]:
     return meta, runs
 
 
-# ------------------------------------------------------------------ read mechanisms
-
-
-def _drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-
-
-def read_bench(args) -> None:
-    """GB/s and reader CPU per layer of four read paths, alone and beside a decode-like compute thread."""
-    store_dir = ensure_store(args.store, args.layers)
-    store = LayerStore(store_dir, verify=False)
-    cfg = store.config
-    files = [store_dir / store.entry(f"layer.{i}").path for i in range(cfg.n_layers)]
-    size = max(p.stat().st_size for p in files)
-    buf = torch.frombuffer(mmap.mmap(-1, size + 64), dtype=torch.uint8)
-    fused = layer_targets(empty_layer(cfg, torch.float32), cfg)
-
-    def read_bytes(path):  # the old LayerStore.read_bytes + safetensors load: a fresh copy per read
-        data = path.read_bytes()
-        _drop(path)
-        return len(data)
-
-    def readinto(path):  # buffered into a reused buffer
-        view = memoryview(buf.numpy())
-        with open(path, "rb", buffering=0) as f:
-            n = f.readinto(view[:path.stat().st_size])
-        _drop(path)
-        return n
-
-    def mmap_touch(path):  # prima.cpp-style: map, MADV_WILLNEED, fault every page in
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-            m.madvise(mmap.MADV_WILLNEED)
-            pages = np.frombuffer(m, dtype=np.uint8)
-            pages[::4096].sum()
-            del pages
-            m.madvise(mmap.MADV_DONTNEED)
-            n = len(m)
-        _drop(path)
-        return n
-
-    def direct(path):  # the nodes' path: O_DIRECT chunks in flight, memmove into the fused layer
-        unit = f"layer.{files.index(path)}"
-        return store.read_into(unit, fused)
-
-    weights = [torch.randn(2 * cfg.intermediate, cfg.hidden) for _ in range(4)]
-    x = torch.randn(1, cfg.hidden)
-
-    def compute(stop: threading.Event, out: list) -> None:
-        n = 0
-        while not stop.is_set():
-            for w in weights:
-                F.linear(x, w)
-            n += 1
-        out.append(n)
-
-    def rate(seconds=1.5) -> float:
-        stop, out = threading.Event(), []
-        t = threading.Thread(target=compute, args=(stop, out))
-        t.start()
-        time.sleep(seconds)
-        stop.set()
-        t.join()
-        return out[0] / seconds
-
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_THREAD)
-        return r.ru_utime + r.ru_stime
-
-    alone = rate()
-    methods = {"read() + fadvise (old path)": read_bytes, "buffered readinto + fadvise": readinto,
-               "mmap + WILLNEED + touch": mmap_touch, "O_DIRECT chunks + memmove (nodes)": direct}
-    per = max(2, min(6, len(files) // (2 * len(methods))))
-    stats = {name: {"gbs": [], "cpu": [], "gbs_busy": [], "compute": []} for name in methods}
-    i = 0
-    for _ in range(2):  # two passes, methods interleaved: noise from the shared machine hits all alike
-        for name, fn in methods.items():
-            for busy in (False, True):
-                chunk = [files[(i + j) % len(files)] for j in range(per)]
-                i += per
-                for p in chunk:
-                    _drop(p)
-                stop, out = threading.Event(), []
-                t = threading.Thread(target=compute, args=(stop, out)) if busy else None
-                if t:
-                    t.start()
-                c, begin = cpu(), time.perf_counter()
-                total = sum(fn(p) for p in chunk)
-                dt, dc = time.perf_counter() - begin, cpu() - c
-                if t:
-                    stop.set()
-                    t.join()
-                    stats[name]["gbs_busy"].append(total / dt / 1e9)
-                    stats[name]["compute"].append(out[0] / dt / alone)
-                else:
-                    stats[name]["gbs"].append(total / dt / 1e9)
-                    stats[name]["cpu"].append(dc / len(chunk) * 1e3)
-    print(f"\n{len(files)} layer files of {size / MB:.0f} MB; compute alone {alone:.0f} it/s\n")
-    print("| read path | GB/s alone | reader CPU ms/layer | GB/s beside compute | compute speed while reading |")
-    print("|---|---|---|---|---|")
-    for name, s in stats.items():
-        print(f"| {name} | {statistics.mean(s['gbs']):.2f} | {statistics.mean(s['cpu']):.1f} | "
-              f"{statistics.mean(s['gbs_busy']):.2f} | {statistics.mean(s['compute']):.0%} |")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", type=Path, default=None, help="store directory (default: a synthetic one, made once)")
@@ -382,8 +272,10 @@ def main() -> None:
     args = p.parse_args()
     if args.table:
         report(*load_log(args.table))
+    elif args.read_bench:
+        read_bench(ensure_store(args.store, args.layers))
     else:
-        (read_bench if args.read_bench else bench)(args)
+        bench(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""A shard's memory budget: the bytes its head, KV reserve and layers take, and the plan that fits them in it."""
+
+from dataclasses import dataclass
+
+import torch
+
+from nodes.engine.fused import STREAM_UNITS, head_bytes, kv_bytes, stream_parts
+from nodes.engine.prefetch import KV_RESERVE_TOKENS, MemoryPlan, parts_bytes, plan_memory
+from nodes.engine.quant import Format
+from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.windows import Windows
+
+
+@dataclass(frozen=True)
+class ShardBudget:
+    plan: MemoryPlan
+    # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget
+    kv_room: int | None
+
+
+def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Format | None,
+                 head_fmt: Format | None, budget: int, prefetch: bool, buffer: int) -> ShardBudget:
+    """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
+    head (its embedding in `head_fmt`) and a KV reserve of KV_RESERVE_TOKENS positions; budget and buffer in bytes
+    as nodes.engine.prefetch.plan_memory takes them (0: unlimited, 0: the default buffer)."""
+    order = sorted(windows.layers())
+    head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
+    fixed = head_mem + kv_bytes(cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
+    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
+    small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
+    plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
+    return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
