@@ -2,6 +2,8 @@
 #   make run    set up .venv (a CPU torch, prima-rpc, the default model), start a local ring of 3 nodes on
 #               SmolLM2 with the web page, answer a first prompt, print the page's URL and how to stop it
 #   make test   the same environment, then the whole test suite
+# and, while developing, `make test-fast`: the same without the tests marked slow (real node processes, SmolLM2
+# against transformers, the browser, fuzzing, anything over ~10 s): mostly in process, a few minutes.
 # A second run reuses what is there: the venv (its stamp), the imported model, a ring that is already up.
 # Ports: make run PORT=7100 HTTP_PORT=8100.
 
@@ -12,7 +14,7 @@ HTTP_PORT ?= 8000
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test stop
+.PHONY: run test test-fast stop
 
 # pyproject.toml changed: install again. torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -32,3 +34,6 @@ stop:
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"

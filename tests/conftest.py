@@ -1,10 +1,12 @@
-"""Shared fixtures: the real SmolLM2 store (imported once) and tiny synthetic stores."""
+"""Shared fixtures: the real SmolLM2 store (imported once), tiny synthetic stores, and SmolLM2 rings by size."""
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from prima_rpc.app.local_ring import launch
+from prima_rpc.app import ring
+from tests.rings import local_ring
 from tools.default_model import ensure_default_store
 from tools.synth import synth
 
@@ -26,14 +28,16 @@ def tiny_qwen_store(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rings(smol_store, tmp_path_factory):
-    """Local rings by size, started once per module and stopped at the end."""
-    started = {}
+    """rings(n, windows): the module's local ring of n nodes, started once and stopped at the end; assigned
+    `windows` (head first) on every call that gives them."""
+    with ExitStack() as stack:
+        started = {}
 
-    def get(n: int):
-        if n not in started:
-            started[n] = launch(smol_store, n, log_dir=tmp_path_factory.mktemp(f"ring{n}"), detach=False)
-        return started[n]
+        def get(n: int, windows: list[int] | None = None):
+            if n not in started:
+                started[n] = stack.enter_context(local_ring(smol_store, n, tmp_path_factory.mktemp(f"ring{n}")))
+            if windows is not None:
+                ring.start(started[n].addresses[0], windows)
+            return started[n]
 
-    yield get
-    for r in started.values():
-        r.stop()
+        yield get

@@ -1,16 +1,14 @@
 """Every RPC of every service checks the cluster token: none or a wrong one is UNAUTHENTICATED."""
 
-import asyncio
-
 import grpc
 import pytest
 
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import metadata, sync_channel
-from prima_rpc.client import PrimaClient, PrimaError, Token
+from prima_rpc.client import PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
+from tests.rings import collect, local_ring
 
 pytestmark = pytest.mark.slow
 SECRET = "correct horse battery staple"
@@ -18,10 +16,8 @@ SECRET = "correct horse battery staple"
 
 @pytest.fixture(scope="module")
 def secured(tiny_store, tmp_path_factory):
-    local = launch(tiny_store, 2, log_dir=tmp_path_factory.mktemp("auth"), detach=False, token=SECRET)
-    ring.start(local.addresses[0], [4, 4], token=SECRET)
-    yield local
-    local.stop()
+    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("auth"), [4, 4], token=SECRET) as local:
+        yield local
 
 
 def calls(address: str):
@@ -63,11 +59,7 @@ def test_with_the_token_everything_is_served(secured):
     ping = calls(secured.addresses[0])["Ring.Stream"](metadata(SECRET))
     assert [a.seq for a in ping] == [1]
 
-    async def generate(token):
-        async with PrimaClient(secured.addresses[0], token) as client:
-            return [e async for e in client.generate("hi", max_tokens=3, raw=True) if isinstance(e, Token)]
-
-    assert len(asyncio.run(generate(SECRET))) == 3
+    assert len(collect(secured.addresses[0], "hi", 3, SECRET, raw=True)[0]) == 3
     with pytest.raises(PrimaError) as err:
-        asyncio.run(generate("nope"))
+        collect(secured.addresses[0], "hi", 3, "nope", raw=True)
     assert err.value.code == grpc.StatusCode.UNAUTHENTICATED

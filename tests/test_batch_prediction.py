@@ -2,19 +2,16 @@
 
 import pytest
 
-from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import predict
-from prima_rpc.app.local_ring import launch
+from tests.rings import local_ring
 from tools.bench.batch_prediction import predict_live
 
 
 @pytest.mark.slow
 def test_prediction_for_a_live_ring(tiny_store, tmp_path, monkeypatch):
     monkeypatch.setenv("PRIMA_HOME", str(tmp_path))  # the nodes' profile caches: measured here, fresh
-    local = launch(tiny_store, 3, log_dir=tmp_path / "logs", detach=False, timeout=120)
-    try:
+    with local_ring(tiny_store, 3, tmp_path / "logs", [4, 2, 2], timeout=120) as local:
         head = local.addresses[0]
-        ring.start(head, [4, 2, 2])
         rows = predict_live(head, None, [1, 2, 4, 8])
         # one request: the prediction the ring's plan already shows (the web page's, status's)
         assert rows[0]["tpot_ms_per_request"] == pytest.approx(predict(head, None)["predicted_tpot_ms"])
@@ -27,5 +24,3 @@ def test_prediction_for_a_live_ring(tiny_store, tmp_path, monkeypatch):
         fixed = predict_live(head, None, [8], max_batch=2, micro_batches=4)[0]
         assert (fixed["max_batch"], fixed["micro_batches"]) == (2, 4)
         assert fixed["aggregate_tps"] <= tps[-1] * 1.01  # the plan's batching is within NEAR of the best
-    finally:
-        local.stop()

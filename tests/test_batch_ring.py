@@ -3,7 +3,6 @@ its own single-request tokens; a streamed layer is read once per batch, not once
 cancelled mid-batch frees its KV caches everywhere and leaves the others alone; bad batch_rest is refused."""
 
 import asyncio
-import time
 
 import grpc
 import pytest
@@ -12,12 +11,10 @@ import torch
 from nodes.engine.store import LayerStore
 from prima_rpc import codec
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
 from prima_rpc.client import PrimaClient, Token
 from prima_rpc.control import Control
 from prima_rpc.v1 import prima_pb2 as pb
-from tests.ring_client import greedy_reference, stream
-from tests.test_ring_frames import send_frames
+from tests.rings import collect, collect_all, greedy_reference, local_ring, released, send_frames, stream
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers.",
@@ -31,33 +28,18 @@ def reference(smol_store):
     return greedy_reference(smol_store, PROMPTS, TOKENS)
 
 
-async def collect(address: str, prompt: str, max_tokens: int = TOKENS, **kwargs) -> list[int]:
-    return (await stream(address, prompt, max_tokens, **kwargs))[0]
-
-
-async def all_at_once(address: str, prompts: list[str]) -> list[list[int]]:
-    return await asyncio.gather(*(collect(address, p) for p in prompts))
+def all_at_once(address: str, prompts: list[str]) -> list[list[int]]:
+    return [tokens for tokens, _ in collect_all(address, prompts, TOKENS)]
 
 
 def batch_stats(address: str) -> list[pb.NodeStats]:
     return [info.stats for _, info in ring.walk(address)]
 
 
-def released(address: str, timeout: float = 10.0) -> bool:
-    """Every node's KV caches freed (RELEASE frames go round the ring after the last token)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(s.active_requests == 0 for s in batch_stats(address)):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_eight_concurrent_requests_equal_their_own_tokens(rings, reference):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     before = batch_stats(local.addresses[0])
-    results = asyncio.run(all_at_once(local.addresses[0], PROMPTS))
+    results = all_at_once(local.addresses[0], PROMPTS)
     for prompt, tokens in zip(PROMPTS, results, strict=True):
         assert tokens == reference[prompt], prompt
     after = batch_stats(local.addresses[0])
@@ -69,8 +51,7 @@ def test_eight_concurrent_requests_equal_their_own_tokens(rings, reference):
 
 
 def test_a_request_cancelled_mid_batch_frees_its_caches_and_spares_the_others(rings, reference):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     head = local.addresses[0]
 
     async def run():
@@ -84,9 +65,9 @@ def test_a_request_cancelled_mid_batch_frees_its_caches_and_spares_the_others(ri
                             assert await other.cancel("victim")
             return got
 
-        others = [collect(head, p) for p in PROMPTS[:3]]
+        others = [stream(head, p, TOKENS) for p in PROMPTS[:3]]
         results = await asyncio.gather(victim(), *others, return_exceptions=True)
-        return results[0], results[1:]
+        return results[0], [r if isinstance(r, BaseException) else r[0] for r in results[1:]]
 
     victim, others = asyncio.run(run())
     assert isinstance(victim, Exception) and "cancel" in str(victim).lower(), victim
@@ -96,8 +77,7 @@ def test_a_request_cancelled_mid_batch_frees_its_caches_and_spares_the_others(ri
 
 
 def test_bad_batch_rest_is_refused(rings):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     epoch = ring.walk(local.addresses[0])[1][1].epoch
     hidden = codec.encode(torch.zeros(1, 576))
     for frame, message in (
@@ -115,17 +95,15 @@ def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, referenc
     times. Measured: 13 batches for 12 steps (the first request's prefill may go alone), each reading the whole
     window once (142 MB a node); one request alone read 95 MB a step here (less than its window: not examined
     why; bench_batch's one request reads the whole window each step)."""
-    local = launch(smol_store, 3, log_dir=tmp_path, detach=False, extra_args=[["--mem-budget", "1"]] * 3)
-    try:
+    with local_ring(smol_store, 3, tmp_path, [10, 10, 10], extra_args=[["--mem-budget", "1"]] * 3) as local:
         head = local.addresses[0]
-        ring.start(head, [10, 10, 10])
         store = LayerStore(smol_store)
         window = max(sum(store.entry(f"layer.{i}").bytes for i in range(a, a + 10)) for a in (0, 10, 20))
-        asyncio.run(collect(head, PROMPTS[1], max_tokens=2))  # the first reads after loading are counted before
+        collect(head, PROMPTS[1], 2)  # the first reads after loading are counted before
         s0 = batch_stats(head)
-        assert asyncio.run(collect(head, PROMPTS[0])) == reference[PROMPTS[0]]
+        assert collect(head, PROMPTS[0], TOKENS)[0] == reference[PROMPTS[0]]
         s1 = batch_stats(head)
-        results = asyncio.run(all_at_once(head, PROMPTS[:4]))
+        results = all_at_once(head, PROMPTS[:4])
         s4 = batch_stats(head)
         for prompt, tokens in zip(PROMPTS[:4], results, strict=True):
             assert tokens == reference[prompt], prompt
@@ -137,8 +115,6 @@ def test_streamed_layers_are_read_once_per_step_for_a_batch(smol_store, referenc
             assert alone > 0 and frames / batches >= 3, seen
             assert four <= 1.02 * batches * window, seen  # at most each layer of the window once per batch
             assert four < 2 * alone, seen  # not four requests' reads
-    finally:
-        local.stop()
 
 
 def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
@@ -160,7 +136,7 @@ def test_the_plan_sets_max_batch_and_a_bad_one_is_refused(rings, reference):
 
     assign(2, 2)  # four requests: two batches of two in the ring at once
     before = batch_stats(head)
-    results = asyncio.run(all_at_once(head, PROMPTS[:4]))
+    results = all_at_once(head, PROMPTS[:4])
     assert results == [reference[p] for p in PROMPTS[:4]]
     for b, a in zip(before, batch_stats(head), strict=True):
         frames, batches = a.batched_frames - b.batched_frames, a.batches - b.batches

@@ -1,8 +1,9 @@
 """The fixed CLI contract of `prima-ctl import | run | synth`, and bad input to every command: one line
-`error: ...` on stderr, a non-zero exit, no traceback, no hang (real subprocesses)."""
+`error: ...` on stderr, a non-zero exit, no traceback, no hang. Argument errors run in this process (CliRunner);
+click's own usage errors, argv bytes and the contract's commands run as real processes, where the console
+script's exit status and stderr are the point."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -11,26 +12,12 @@ import pytest
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
 from prima_rpc.app.local_ring import free_ports
+from tests.ctl import assert_one_line_error, ctl, ctl_here
 
 
-def ctl(*args: str | bytes, env: dict | None = None, timeout: float = 300, stdin: bytes = b"",
-        ) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, input=stdin,
-                         env={**os.environ, **(env or {})}, timeout=timeout)
-    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode(errors="replace"),
-                                       res.stderr.decode(errors="replace"))
-
-
-def assert_one_line_error(res: subprocess.CompletedProcess, message: str) -> None:
-    assert res.returncode != 0, res.stdout
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert message in lines[0], res.stderr
-    assert "Traceback" not in res.stderr and "AioRpcError" not in res.stderr
-
-
+@pytest.mark.slow  # SmolLM2 in a process of its own
 def test_run_json_equals_the_reference(smol_store):
-    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--json", "Name a color.")
+    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--json", "Name a color.", timeout=300)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     ref = ReferenceModel(smol_store)
@@ -52,13 +39,13 @@ def test_run_raw_and_seeded_sampling_is_reproducible(tiny_store):
 @pytest.mark.slow
 def test_import_default_creates_the_store_once(tmp_path):
     env = {"PRIMA_HOME": str(tmp_path)}
-    first = ctl("import", "--default", env=env)
+    first = ctl("import", "--default", env=env, timeout=300)
     assert first.returncode == 0, first.stderr
     store = tmp_path / "models" / "SmolLM2-135M-Instruct-int4"  # --default alone: int4 (tools/default_model.py)
     assert first.stdout.strip().splitlines()[-1] == str(store)
     assert (store / "manifest.json").is_file() and not list(tmp_path.glob("models/.*partial*"))
     stamp = (store / "manifest.json").stat().st_mtime_ns
-    again = ctl("import", "--default", env=env)
+    again = ctl("import", "--default", env=env, timeout=300)
     assert again.stdout.strip().splitlines()[-1] == str(store)
     assert (store / "manifest.json").stat().st_mtime_ns == stamp
 
@@ -81,24 +68,38 @@ def test_synth_presets_and_manifest_only(tmp_path):
     (("run", "--model", "{tiny}", "--temperature", "3", "hi"), "temperature must be in [0, 2]"),
     (("run", "--model", "{tiny}", "--top-p", "1.5", "hi"), "top_p must be in [0, 1]"),
     (("run", "--model", "{tiny}", "--seed", "-1", "hi"), "seed must be in [0, 2**64 - 1]"),
-    (("run", "--model", "{tiny}", "--max-tokens", "many", "hi"), "Invalid value for '--max-tokens'"),
     (("run", "--model", "{tiny}", "--stop", b"\xff", "hi"), "a stop string is not valid UTF-8"),
     (("run", "--model", b"/tmp/\xff", "hi"), "the model path is not valid UTF-8"),
-    (("run", "--bogus", "hi"), "No such option: --bogus"),
-    (("run",), "Missing argument"),
-    (("frobnicate",), "No such command"),
     (("run", "--model", "{tiny}", ""), "prompt is empty"),
 ])
 def test_bad_input_gives_one_line_error_without_traceback(tiny_store, args, message):
-    res = ctl(*(a.format(tiny=tiny_store) if isinstance(a, str) else a for a in args))
+    res = ctl_here(*(a.format(tiny=tiny_store) if isinstance(a, str) else a for a in args))
     assert res.returncode == 2
     assert_one_line_error(res, message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "--model", "{tiny}", "--max-tokens", "many", "hi"), "Invalid value for '--max-tokens'"),
+    (("run", "--bogus", "hi"), "No such option: --bogus"),
+    (("run",), "Missing argument"),
+    (("frobnicate",), "No such command"),
+    (("generate", "--bogus", "hi"), "No such option: --bogus (see prima-ctl generate --help)"),
+    (("run", "--model", "{tiny}", b"caf\xe9"), "the prompt is not valid UTF-8 text (byte 0xe9"),
+])
+def test_the_console_script_gives_usage_errors_and_argv_bytes_one_line(tiny_store, tmp_path, args, message):
+    """Click's own usage errors are made one line by the app's __call__, which only a real process runs; argv
+    bytes become text in the interpreter's start-up."""
+    res = ctl(*(a.format(tiny=tiny_store) if isinstance(a, str) else a for a in args),
+              env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
+    assert res.returncode == 2
+    assert_one_line_error(res, message)
+    assert not (tmp_path / "run").exists()  # no ring was started, no log written
 
 
 def test_not_a_gguf_file_is_a_clean_error(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 40)
-    res = ctl("import", str(bad), str(tmp_path / "out"))
+    res = ctl_here("import", str(bad), str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error:")
     assert not (tmp_path / "out").exists()
 
@@ -127,7 +128,6 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("--node", DEAD, "serve", "--port", "70000"), "--port must be in 0-65535"),
     (("--node", DEAD, "serve", "--max-tokens", "0"), "--max-tokens must be in [1,"),
     (("--token-file", "/nonexistent/token", "generate", "hi"), "cannot read the token file /nonexistent/token"),
-    (("generate", "--bogus", "hi"), "No such option: --bogus (see prima-ctl generate --help)"),
     (("up", "--local", "0"), "--local takes 1 to 64 nodes"),
     (("up", "--base-port", "65535"), "--base-port must leave room for 3 ports"),
     (("up", "--serve", "70000"), "--serve takes a port in 1-65535"),
@@ -139,7 +139,7 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("plan", "--concurrency", "0"), "--concurrency must be >= 1, got 0"),
 ])
 def test_bad_input_to_ring_commands_is_one_line_before_anything_starts(tmp_path, args, message):
-    res = ctl(*args, env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
+    res = ctl_here(*args, env={"PRIMA_HOME": str(tmp_path)})
     assert_one_line_error(res, message)
     assert not (tmp_path / "run").exists()  # no ring was started, no log written
 
@@ -148,13 +148,13 @@ def test_token_file_that_is_empty_or_not_a_token(tmp_path):
     empty, accented = tmp_path / "empty", tmp_path / "spaced"
     empty.write_text("\n")
     accented.write_text("s3cr\u00e9t\n")
-    assert_one_line_error(ctl("--token-file", str(empty), "--node", DEAD, "generate", "hi", timeout=60), "is empty")
-    assert_one_line_error(ctl("--token-file", str(accented), "--node", DEAD, "generate", "hi", timeout=60),
+    assert_one_line_error(ctl_here("--token-file", str(empty), "--node", DEAD, "generate", "hi"), "is empty")
+    assert_one_line_error(ctl_here("--token-file", str(accented), "--node", DEAD, "generate", "hi"),
                           "the token must be printable ASCII")
 
 
 def test_down_local_without_a_ring_says_so(tmp_path):
-    res = ctl("down", "--local", env={"PRIMA_HOME": str(tmp_path)}, timeout=60)
+    res = ctl_here("down", "--local", env={"PRIMA_HOME": str(tmp_path)})
     assert res.returncode == 0 and "no local ring is running" in res.stdout, res.stderr
 
 
@@ -220,13 +220,14 @@ def test_token_from_the_environment_or_a_file(tmp_path, monkeypatch):
     assert read_token() is None
 
 
+@pytest.mark.slow  # SmolLM2 in a process of its own
 def test_import_default_int4_prints_its_own_store_and_runs(smol_store):
-    res = ctl("import", "--default", "--dtype", "int4")
+    res = ctl("import", "--default", "--dtype", "int4", timeout=300)
     assert res.returncode == 0, res.stderr
     store = res.stdout.strip().splitlines()[-1]
     assert store.endswith("SmolLM2-135M-Instruct-int4") and store != str(smol_store)
     assert json.loads(open(f"{store}/manifest.json").read())["dtype"] == "int4"
-    out = ctl("run", "--model", store, "--max-tokens", "12", "--json", "What is the capital of France?")
+    out = ctl("run", "--model", store, "--max-tokens", "12", "--json", "What is the capital of France?", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Paris" in json.loads(out.stdout)["text"]
 
@@ -239,7 +240,7 @@ def test_synth_int4_writes_real_weights(tmp_path):
     assert all(f["format"] == "int4" and f["sha256"] for f in m["files"]["layers"])
     from tools.default_model import default_gguf
 
-    bad = ctl("import", str(default_gguf()), str(tmp_path / "o"), "--dtype", "int3")
+    bad = ctl_here("import", str(default_gguf()), str(tmp_path / "o"), "--dtype", "int3")
     assert bad.returncode != 0 and "unknown dtype 'int3'" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -8,11 +8,9 @@ import time
 
 import pytest
 
-from nodes.generation.reference import ReferenceModel
-from nodes.generation.state import GenerateParams
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+from tests.rings import collect, greedy_tokens, local_ring, stream_and_signal
 
 pytestmark = pytest.mark.slow
 PROMPT = "Write a short story about a lighthouse keeper."
@@ -21,43 +19,25 @@ TOKENS = 64
 
 @pytest.fixture(scope="module")
 def expected(smol_store):
-    model = ReferenceModel(smol_store)
-    return [t.token_id for t in model.generate(PROMPT, GenerateParams(max_tokens=TOKENS))]
-
-
-async def generate_and_break(address: str, victim_pid: int, sig: int, after: int):
-    tokens, stamps, done = [], [], None
-    async with PrimaClient(address) as client:
-        async for event in client.generate(PROMPT, max_tokens=TOKENS):
-            if isinstance(event, Token):
-                tokens.append(event.token_id)
-                stamps.append(time.monotonic())
-                if len(tokens) == after:
-                    os.kill(victim_pid, sig)
-                    broke = time.monotonic()
-            else:
-                done = event
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return tokens, done, broke, max(gaps)
+    return greedy_tokens(smol_store, PROMPT, TOKENS)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["SIGKILL", "SIGSTOP"])
 def test_worker_lost_mid_generation_resumes_with_the_same_tokens(smol_store, expected, tmp_path, sig):
-    local = launch(smol_store, 3, log_dir=tmp_path, detach=False)
-    try:
-        ring.start(local.addresses[0], [10, 10, 10])
-        tokens, done, _, longest_gap = asyncio.run(
-            generate_and_break(local.addresses[0], local.processes[1].pid, sig, after=8))
-        assert isinstance(done, Finished)
-        assert tokens == expected[:len(tokens)] and len(tokens) == len(expected)
-        assert longest_gap < 10, f"the stream stalled {longest_gap:.1f} s"
-        nodes = ring.walk(local.addresses[0])
-        assert [a for a, _ in nodes] == [local.addresses[0], local.addresses[2]]
-        assert [i.role for _, i in nodes] == ["head", "worker"]
-    finally:
-        if sig == signal.SIGSTOP:
-            os.kill(local.processes[1].pid, signal.SIGCONT)
-        local.stop()
+    with local_ring(smol_store, 3, tmp_path, [10, 10, 10]) as local:
+        victim = local.processes[1].pid
+        try:
+            tokens, done, longest_gap = asyncio.run(stream_and_signal(local.addresses[0], PROMPT, TOKENS, victim, sig,
+                                                                      after=8))
+            assert isinstance(done, Finished)
+            assert tokens == expected[:len(tokens)] and len(tokens) == len(expected)
+            assert longest_gap < 10, f"the stream stalled {longest_gap:.1f} s"
+            nodes = ring.walk(local.addresses[0])
+            assert [a for a, _ in nodes] == [local.addresses[0], local.addresses[2]]
+            assert [i.role for _, i in nodes] == ["head", "worker"]
+        finally:  # a stopped node is let go on before the ring stops
+            if sig == signal.SIGSTOP:
+                os.kill(victim, signal.SIGCONT)
 
 
 def test_unrecoverable_loss_ends_the_request_quickly_naming_the_node(tiny_store, tmp_path):
@@ -67,10 +47,7 @@ def test_unrecoverable_loss_ends_the_request_quickly_naming_the_node(tiny_store,
     for f in tiny_store.iterdir():
         if not f.name.startswith("layer_") or int(f.stem.split("_")[1]) >= 4:
             os.link(f, partial / f.name)
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[partial, tiny_store])
-    try:
-        ring.start(local.addresses[0], [4, 4])  # node1 holds [0, 4), the head [4, 8)
-
+    with local_ring(None, 2, tmp_path, [4, 4], models=[partial, tiny_store]) as local:  # node1 [0, 4), head [4, 8)
         async def run():
             async with PrimaClient(local.addresses[0]) as client:
                 async for event in client.generate("tell me", raw=True, max_tokens=400):
@@ -83,15 +60,12 @@ def test_unrecoverable_loss_ends_the_request_quickly_naming_the_node(tiny_store,
         assert time.monotonic() - start < 10
         assert err.value.code.name == "UNAVAILABLE"
         assert local.addresses[1] in err.value.message and "cannot take over" in err.value.message
-    finally:
-        local.stop()
 
 
 def test_restarted_node_rejoins_in_its_old_place(smol_store, expected, tmp_path):
-    local = launch(smol_store, 3, log_dir=tmp_path, detach=False)
-    try:
-        ring.start(local.addresses[0], [10, 10, 10])
-        asyncio.run(generate_and_break(local.addresses[0], local.processes[1].pid, signal.SIGKILL, after=4))
+    with local_ring(smol_store, 3, tmp_path, [10, 10, 10]) as local:
+        asyncio.run(stream_and_signal(local.addresses[0], PROMPT, TOKENS, local.processes[1].pid, signal.SIGKILL,
+                                      after=4))
         assert len(ring.walk(local.addresses[0])) == 2
         local.processes[1].wait()
         local.start_node(1)  # same port, same successor
@@ -100,21 +74,11 @@ def test_restarted_node_rejoins_in_its_old_place(smol_store, expected, tmp_path)
             assert time.monotonic() < deadline, "the restarted node did not rejoin"
             time.sleep(0.5)
         assert [a for a, _ in nodes] == local.addresses
-
-        async def again():
-            async with PrimaClient(local.addresses[0]) as client:
-                return [e.token_id async for e in client.generate(PROMPT, max_tokens=TOKENS) if isinstance(e, Token)]
-
-        assert asyncio.run(again()) == expected
-    finally:
-        local.stop()
+        assert collect(local.addresses[0], PROMPT, TOKENS)[0] == expected
 
 
 def test_sigterm_on_the_head_ends_the_stream_with_a_status(smol_store, tmp_path):
-    local = launch(smol_store, 2, log_dir=tmp_path, detach=False)
-    try:
-        ring.start(local.addresses[0], [15, 15])
-
+    with local_ring(smol_store, 2, tmp_path, [15, 15]) as local:
         async def run():
             async with PrimaClient(local.addresses[0]) as client:
                 async for event in client.generate(PROMPT, max_tokens=TOKENS):  # no EOS within 64 tokens
@@ -125,8 +89,6 @@ def test_sigterm_on_the_head_ends_the_stream_with_a_status(smol_store, tmp_path)
             asyncio.run(run())
         assert err.value.code.name in ("UNAVAILABLE", "CANCELLED")
         assert local.processes[0].wait(timeout=10) == 0
-    finally:
-        local.stop()
 
 
 def test_corrupted_layer_file_is_named_and_the_node_stays_up(tiny_store, tmp_path):
@@ -139,12 +101,9 @@ def test_corrupted_layer_file_is_named_and_the_node_stays_up(tiny_store, tmp_pat
     data[-5] ^= 0xFF
     victim.unlink()  # replace the hard link with a corrupted copy
     victim.write_bytes(bytes(data))
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_store, broken])
-    try:
+    with local_ring(None, 2, tmp_path, models=[tiny_store, broken]) as local:
         with pytest.raises(ring.RingError, match="layer_001.safetensors: sha256 does not match"):
             ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
         assert local.processes[1].poll() is None
         info = ring.walk(local.addresses[1])[0][1]
         assert "layer_001.safetensors" in info.error and not info.loaded
-    finally:
-        local.stop()

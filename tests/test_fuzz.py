@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import sync_channel
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
+from tests.rings import local_ring
 
 pytestmark = pytest.mark.slow
 H = 64  # the tiny preset's hidden size
@@ -21,12 +21,10 @@ FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database
 
 @pytest.fixture(scope="module")
 def target(tiny_store, tmp_path_factory):
-    local = launch(tiny_store, 2, log_dir=tmp_path_factory.mktemp("fuzz"), detach=False)
-    ring.start(local.addresses[0], [4, 4])
-    channel = sync_channel(local.addresses[1])  # a worker: its Ring service sees the frames
-    head = sync_channel(local.addresses[0])
-    yield local, channel, head, ring.walk(local.addresses[0])[0][1].epoch
-    local.stop()
+    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("fuzz"), [4, 4]) as local:
+        channel = sync_channel(local.addresses[1])  # a worker: its Ring service sees the frames
+        head = sync_channel(local.addresses[0])
+        yield local, channel, head, ring.walk(local.addresses[0])[0][1].epoch
 
 
 def expect_clear(call) -> None:

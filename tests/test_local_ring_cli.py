@@ -11,11 +11,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_cli import assert_one_line_error, ctl
 
-from prima_rpc.app import ring
 from prima_rpc.app.local_ring import LaunchError, free_ports, launch
+from tests.ctl import assert_one_line_error, ctl
+from tests.rings import local_ring
 
+pytestmark = pytest.mark.slow
 SECRET = "s3cret-token"
 
 
@@ -47,7 +48,6 @@ def gone(pid: int, timeout: float = 20.0) -> bool:
     return False
 
 
-@pytest.mark.slow
 def test_up_records_refuses_a_second_ring_and_down_stops_the_survivors(tiny_store, tmp_path):
     env = {"PRIMA_HOME": str(tmp_path)}
     base = consecutive_ports(3)
@@ -82,7 +82,6 @@ def test_up_records_refuses_a_second_ring_and_down_stops_the_survivors(tiny_stor
     assert all(gone(pid) for pid in pids(run).values())
 
 
-@pytest.mark.slow
 def test_down_local_stops_hung_nodes_and_the_http_server_by_their_pid_files(tiny_store, tmp_path):
     env = {"PRIMA_HOME": str(tmp_path)}
     base, (http,) = consecutive_ports(2), free_ports(1)
@@ -119,10 +118,8 @@ def test_a_node_that_cannot_start_names_its_log(tmp_path):
 
 @pytest.fixture(scope="module")
 def secured(tiny_store, tmp_path_factory):
-    local = launch(tiny_store, 2, log_dir=tmp_path_factory.mktemp("secured"), detach=False, token=SECRET)
-    ring.start(local.addresses[0], [4, 4], SECRET)
-    yield local
-    local.stop()
+    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("secured"), [4, 4], token=SECRET) as local:
+        yield local
 
 
 def test_the_token_never_appears_on_a_command_line(secured):

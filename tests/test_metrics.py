@@ -14,10 +14,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodes.ring import metrics
-from prima_rpc.app import ring
-from prima_rpc.app.local_ring import free_ports, launch
-from prima_rpc.client import Finished, PrimaClient, PrimaError
+from prima_rpc.app.local_ring import free_ports
+from prima_rpc.client import PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
+from tests.ctl import ctl
+from tests.rings import collect, local_ring
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -72,13 +73,9 @@ def test_metrics_need_the_cluster_token_when_the_ring_has_one():
 @pytest.fixture(scope="module")
 def metered_ring(smol_store, tmp_path_factory):
     ports = free_ports(2)
-    local = launch(smol_store, 2, log_dir=tmp_path_factory.mktemp("metrics"), detach=False,
-                   extra_args=[["--metrics-port", str(p)] for p in ports])
-    try:
-        ring.start(local.addresses[0], [20, 10])
+    with local_ring(smol_store, 2, tmp_path_factory.mktemp("metrics"), [20, 10],
+                    extra_args=[["--metrics-port", str(p)] for p in ports]) as local:
         yield local, [f"http://127.0.0.1:{p}/metrics" for p in ports]
-    finally:
-        local.stop()
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -87,27 +84,16 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
         return samples(resp.read().decode())
 
 
-async def generate(address: str, **kwargs) -> None:
-    async with PrimaClient(address) as client:
-        async for _ in client.generate("Name a color.", **kwargs):
-            pass
-
-
 REPEATING = [{"role": "user", "content": "Say 'one two three' four times: one two three one two three"}]
-
-
-async def finished(address: str, **kwargs) -> Finished:
-    async with PrimaClient(address) as client:
-        return [e async for e in client.generate(**kwargs)][-1]
 
 
 @pytest.mark.slow
 def test_counters_move_after_a_request(metered_ring):
     local, urls = metered_ring
     before = [scrape(u) for u in urls]
-    asyncio.run(generate(local.addresses[0], max_tokens=8, speculate="off"))  # a frame per token
+    collect(local.addresses[0], "Name a color.", 8, speculate="off")  # a frame per token
     with pytest.raises(PrimaError):  # a prompt beyond the model's context: only the head can refuse it
-        asyncio.run(generate(local.addresses[0], max_tokens=8, messages=[{"role": "user", "content": "hi " * 9000}]))
+        collect(local.addresses[0], "Name a color.", 8, messages=[{"role": "user", "content": "hi " * 9000}])
     after = [scrape(u) for u in urls]
 
     def grew(i: int, name: str, labels: tuple = ()) -> float:
@@ -127,7 +113,7 @@ def test_counters_move_after_a_request(metered_ring):
     assert grew(0, "prima_link_seconds_total") > 0
     assert after[0][("prima_last_token_seconds", ())] > 0
     assert after[1].get(("prima_generated_tokens_total", ()), 0.0) == 0  # only the head serves requests
-    done = asyncio.run(finished(local.addresses[0], max_tokens=8, speculate="ngram", messages=REPEATING))
+    _, done = collect(local.addresses[0], "", 8, speculate="ngram", messages=REPEATING)
     spec = scrape(urls[0])
     assert done.drafted > 0
     for name, count in (("prima_drafted_tokens_total", done.drafted), ("prima_accepted_tokens_total", done.accepted)):
@@ -158,6 +144,5 @@ def test_status_watch_refreshes_until_interrupted(metered_ring):
     for snap in snapshots:
         assert [n["role"] for n in snap["nodes"]] == ["head", "worker"]
     assert snapshots[1]["time"] > snapshots[0]["time"]
-    table = subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0], "status"],
-                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
+    table = ctl("--node", local.addresses[0], "status", env={"COLUMNS": "100"}, timeout=60)
     assert table.returncode == 0 and local.addresses[0] in table.stdout and "[10,30)" in table.stdout

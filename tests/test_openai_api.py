@@ -196,9 +196,7 @@ def test_token_is_required_as_bearer_key():
 
 @pytest.fixture(scope="module")
 def head(rings) -> str:
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
-    return local.addresses[0]
+    return rings(3, [10, 10, 10]).addresses[0]
 
 
 @pytest.fixture(scope="module")

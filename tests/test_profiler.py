@@ -43,6 +43,7 @@ def measured(tiny_store, tmp_path_factory):
     return prof, time.perf_counter() - start, cache_dir / "p.json", before
 
 
+@pytest.mark.slow  # one real profile of this machine: 11 s
 def test_profile_of_this_machine_is_sane_and_bounded(measured):
     prof, took, path, _ = measured
     assert took < 60, f"profiling took {took:.1f} s"  # a bound against a hang on a busy machine, not a speed check
@@ -77,6 +78,7 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
     assert loss["steps"] >= 2 * LOSS_PAIRS * LOSS_MIN_STEPS  # every phase, alone and beside, timed its steps
 
 
+@pytest.mark.slow  # one real profile of this machine: 11 s
 def test_profile_round_trips_through_the_solver_schema(measured):
     prof, _, path, _ = measured
     assert DeviceProfile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
@@ -90,6 +92,7 @@ def test_profile_round_trips_through_the_solver_schema(measured):
     assert doc["details"]["matmul_cpu"]["gemm"] > 0 and doc["details"]["disk"]["source"] == "temp"
 
 
+@pytest.mark.slow  # one real profile of this machine: 11 s
 def test_profile_is_cached_and_leaves_no_temp_files(measured, tiny_store):
     prof, _, path, before = measured
     start = time.perf_counter()

@@ -1,6 +1,5 @@
 """Quantized stores: int4 packing, exact GGUF Q4_1 weights, SmolLM2 in int4, shards and rings on int4 stores."""
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -9,7 +8,6 @@ import pytest
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from test_offload import ring_step  # in-process shards in ring order, shared with the float tests
 
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.engine.model import Layer
@@ -31,8 +29,11 @@ from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
+from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
+from tests.rings import collect, greedy_reference, local_ring
+from tests.shards import ring_step
 from tools.default_model import default_gguf, ensure_default_store
 from tools.import_gguf import import_gguf
 from tools.synth import synth
@@ -223,27 +224,13 @@ def test_quantized_shards_equal_the_reference(kind, ranges, budget, buffer_layer
     ([30], None), ([10, 10, 10], None), ([7, 3, 5], None), ([10, 10, 0, 10], None), ([10, 10, 10], "1"),
 ], ids=["1node", "3nodes", "3nodes-k2", "relay", "3nodes-stream"])
 def test_int4_ring_equals_the_single_process(smol_int4, tmp_path, windows, budget):
-    from prima_rpc.app import ring
-    from prima_rpc.app.local_ring import launch
-    from prima_rpc.client import PrimaClient, Token
-
-    ref = ReferenceModel(smol_int4)
-    expected = {p: [t.token_id for t in ref.generate(p, GenerateParams(max_tokens=12))] for p in PROMPTS[:2]}
+    expected = greedy_reference(smol_int4, PROMPTS[:2], 12)
     extra = [["--mem-budget", budget]] * len(windows) if budget else None
-    local = launch(smol_int4, len(windows), log_dir=tmp_path, detach=False, extra_args=extra)
-    try:
-        ring.start(local.addresses[0], windows)
-
-        async def collect(prompt):
-            async with PrimaClient(local.addresses[0]) as client:
-                return [e.token_id async for e in client.generate(prompt, max_tokens=12) if isinstance(e, Token)]
-
+    with local_ring(smol_int4, len(windows), tmp_path, windows, extra_args=extra) as local:
         for prompt, tokens in expected.items():
-            assert asyncio.run(collect(prompt)) == tokens, (windows, prompt)
+            assert collect(local.addresses[0], prompt, 12)[0] == tokens, (windows, prompt)
         if budget:
             assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]) if info.windows)
-    finally:
-        local.stop()
 
 
 # ------------------------------------------------------------------ bad input

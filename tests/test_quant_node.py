@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
+from tests.rings import local_ring
 from tools.synth import synth
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +60,7 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
     if damage == "sizes":
         sizes_match_the_truncated_file(broken)
     # Both nodes hold the broken store, so no member can send node1 a good copy of the unit.
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[broken, broken],
-                   extra_args=own_caches(tmp_path, 2))
-    try:
+    with local_ring(None, 2, tmp_path, models=[broken, broken], extra_args=own_caches(tmp_path, 2)) as local:
         with pytest.raises(ring.RingError, match=error) as err:
             ring.start(local.addresses[0], [4, 4])  # node1 would hold [0, 4)
         assert "\n" not in str(err.value).strip()
@@ -74,19 +74,13 @@ def test_a_bad_int4_unit_is_named_and_the_node_stays_up(tiny_int4, tmp_path, dam
         ring.start(local.addresses[0], [4, 4])
         infos = ring.walk(local.addresses[0])
         assert [info.loaded for _, info in infos] == [True, True], [(i.loaded, i.error, i.state) for _, i in infos]
-    finally:
-        local.stop()
 
 
 def test_a_truncated_int4_unit_is_fetched_again_from_the_head(tiny_int4, tmp_path):
     broken = linked_copy(tiny_int4, tmp_path / "broken", ("layer_001.safetensors",))
     truncate(broken / "layer_001.safetensors")
-    local = launch(None, 2, log_dir=tmp_path, detach=False, models=[tiny_int4, broken],
-                   extra_args=own_caches(tmp_path, 2))
-    try:
-        ring.start(local.addresses[0], [4, 4])  # node1 holds [0, 4): its layer 1 comes from the head
+    # node1 holds [0, 4): its layer 1 comes from the head
+    with local_ring(None, 2, tmp_path, [4, 4], models=[tiny_int4, broken], extra_args=own_caches(tmp_path, 2)) as local:
         infos = ring.walk(local.addresses[0])
         assert [info.loaded for _, info in infos] == [True, True], [(i.loaded, i.error) for _, i in infos]
         assert infos[1][1].fetched_bytes > 0
-    finally:
-        local.stop()

@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from prima_rpc.app import ring
-from prima_rpc.client import Finished, PrimaClient, PrimaError, SyncClient, Token
+from prima_rpc.client import PrimaClient, PrimaError, SyncClient, Token
 from prima_rpc.control import Control, assign_request
-from tests.ring_client import greedy_reference, stream
+from tests.rings import collect, collect_all, greedy_reference
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "List three prime numbers."]
@@ -18,10 +18,6 @@ TOKENS = 16
 @pytest.fixture(scope="module")
 def reference(smol_store):
     return greedy_reference(smol_store, PROMPTS, TOKENS)
-
-
-async def collect(address: str, prompt: str, **kwargs) -> tuple[list[int], Finished]:
-    return await stream(address, prompt, TOKENS, **kwargs)
 
 
 @pytest.mark.parametrize("windows", [
@@ -36,7 +32,7 @@ def test_ring_shape_equals_reference(rings, reference, windows):
     nodes = ring.start(local.addresses[0], windows)
     assert [info.role for _, info in nodes] == ["head"] + ["relay" if w == 0 else "worker" for w in windows[1:]]
     for prompt in PROMPTS:
-        tokens, done = asyncio.run(collect(local.addresses[0], prompt))
+        tokens, done = collect(local.addresses[0], prompt, TOKENS)
         assert tokens == reference[prompt], f"windows {windows}, prompt {prompt!r}"
         assert done.completion_tokens == len(tokens) and done.finish_reason in ("length", "stop")
     # Every request released its KV cache on every node.
@@ -44,20 +40,14 @@ def test_ring_shape_equals_reference(rings, reference, windows):
 
 
 def test_concurrent_requests_do_not_mix(rings, reference):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
-
-    async def all_at_once():
-        return await asyncio.gather(*(collect(local.addresses[0], p) for p in PROMPTS + PROMPTS[:1]))
-
-    results = asyncio.run(all_at_once())
+    local = rings(3, [10, 10, 10])
+    results = collect_all(local.addresses[0], PROMPTS + PROMPTS[:1], TOKENS)
     for prompt, (tokens, _) in zip(PROMPTS + PROMPTS[:1], results):
         assert tokens == reference[prompt]
 
 
 def test_sync_client_and_seeded_sampling_repeat(rings):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     with SyncClient(local.addresses[0]) as client:
         runs = [[e.token_id for e in client.generate(PROMPTS[1], max_tokens=8, temperature=0.8, seed=11)
                  if isinstance(e, Token)] for _ in range(2)]
@@ -72,8 +62,7 @@ def test_sync_client_and_seeded_sampling_repeat(rings):
     (dict(prompt="hi", raw=True, stop=("",)), grpc.StatusCode.INVALID_ARGUMENT, "non-empty"),
 ])
 def test_bad_generate_requests_get_a_clear_status(rings, kwargs, code, message):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
 
     async def call():
         async with PrimaClient(local.addresses[0]) as client:
@@ -87,10 +76,9 @@ def test_bad_generate_requests_get_a_clear_status(rings, kwargs, code, message):
 
 
 def test_generate_on_a_worker_is_refused(rings):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     with pytest.raises(PrimaError) as err:
-        asyncio.run(collect(local.addresses[1], "hi"))
+        collect(local.addresses[1], "hi", TOKENS)
     assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "not the ring's head" in err.value.message
 
 
@@ -101,7 +89,7 @@ def test_a_removed_device_is_routed_around(rings, reference):
     try:
         nodes = ring.start(addresses[0], [10, 0, 10, 10], members=[True, False, True, True])
         assert [a for a, _ in nodes] == [addresses[0], addresses[2], addresses[3]]
-        tokens, _ = asyncio.run(collect(addresses[0], PROMPTS[0]))
+        tokens, _ = collect(addresses[0], PROMPTS[0], TOKENS)
         assert tokens == reference[PROMPTS[0]]
         with Control(addresses[1]) as peer:
             left = peer.info()

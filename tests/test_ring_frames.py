@@ -8,10 +8,8 @@ import torch
 
 from prima_rpc import codec
 from prima_rpc.app import ring
-from prima_rpc.channel import aio_channel
-from prima_rpc.client import PrimaClient, Token
 from prima_rpc.v1 import prima_pb2 as pb
-from prima_rpc.v1 import prima_pb2_grpc as rpc
+from tests.rings import collect, send_frames
 
 pytestmark = pytest.mark.slow
 H = 576  # SmolLM2's hidden size
@@ -19,31 +17,12 @@ H = 576  # SmolLM2's hidden size
 
 @pytest.fixture(scope="module")
 def ring3(rings):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])  # node1 holds [0, 10), node2 [10, 20), head [20, 30)
-    return local
+    return rings(3, [10, 10, 10])  # node1 holds [0, 10), node2 [10, 20), head [20, 30)
 
 
 @pytest.fixture(scope="module")
 def epoch(ring3) -> int:
     return ring.walk(ring3.addresses[0])[1][1].epoch
-
-
-async def send_frames(address: str, *frames: pb.Frame, unlimited: bool = False) -> grpc.aio.AioRpcError | None:
-    # unlimited: a client that ignores our send limit, to reach the server's receive limit
-    options = [("grpc.max_send_message_length", -1)]
-    channel = grpc.aio.insecure_channel(address, options=options) if unlimited else aio_channel(address)
-    async with channel:
-        call = rpc.RingStub(channel).Stream()
-        for frame in frames:
-            await call.write(frame)
-        await call.done_writing()
-        try:
-            async for _ in call:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            return exc
-    return None
 
 
 def forward(request_id="r1", next_layer=0, start_pos=0, capacity=8, hidden=None) -> pb.Frame:
@@ -100,10 +79,6 @@ def test_oversized_message_is_refused_by_the_transport(ring3):
 
 
 def test_ring_still_answers_after_the_abuse(ring3):
-    async def one():
-        async with PrimaClient(ring3.addresses[0]) as client:
-            return [e.token_id async for e in client.generate("Say hi.", max_tokens=6) if isinstance(e, Token)]
-
-    assert len(asyncio.run(one())) == 6
+    assert len(collect(ring3.addresses[0], "Say hi.", 6)[0]) == 6
     assert all(info.stats.active_requests == 0 for _, info in ring.walk(ring3.addresses[0])
                if info.role == "head")

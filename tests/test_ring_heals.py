@@ -2,40 +2,32 @@
 while the ring is idle is routed around; restarted with its old command it rejoins; a node whose compute
 raises ends that request at once with its message and the ring serves the next one."""
 
-import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 
-from nodes.generation.reference import ReferenceModel
-from nodes.generation.state import GenerateParams
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch, wait_serving
-from prima_rpc.client import PrimaClient, PrimaError, Token
+from prima_rpc.app.local_ring import wait_serving
+from prima_rpc.client import PrimaError
+from tests.ctl import ctl
+from tests.rings import collect, greedy_tokens, local_ring
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is the capital of France?"
 TOKENS = 12
 
 
-def ctl(node: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", "--node", node, *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def generate(node: str) -> list[int]:
-    res = ctl(node, "generate", PROMPT, "--max-tokens", str(TOKENS), "--json")
+    res = ctl("--node", node, "generate", PROMPT, "--max-tokens", str(TOKENS), "--json", timeout=60)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])["tokens"]
 
 
 def status(node: str) -> list[dict]:
-    res = ctl(node, "status", "--json")
+    res = ctl("--node", node, "status", "--json", timeout=60)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     return json.loads(res.stdout)["nodes"]
 
@@ -45,10 +37,9 @@ def healed(nodes: list[dict]) -> bool:
 
 
 def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(smol_store, tmp_path):
-    expected = [t.token_id for t in ReferenceModel(smol_store).generate(PROMPT, GenerateParams(max_tokens=TOKENS))]
-    local = launch(smol_store, 3, log_dir=tmp_path, detach=False)
-    head, lost, worker = local.addresses
-    try:
+    expected = greedy_tokens(smol_store, PROMPT, TOKENS)
+    with local_ring(smol_store, 3, tmp_path) as local:
+        head, lost, worker = local.addresses
         ring.start(head, [10, 10, 10], batching=(4, 1))  # a --concurrency plan's batching: it survives re-plans
         assert [n["state"] for n in status(head)] == ["up"] * 3
         local.processes[1].kill()
@@ -61,7 +52,7 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
             assert [(n["address"], n["state"]) for n in nodes] == [(head, "up"), (lost, "lost"), (worker, "up")]
             assert nodes[1]["role"] == "unknown" and nodes[2]["windows"] == [[0, 15]]
             assert nodes[0]["max_batch"] == nodes[2]["max_batch"] == 4
-        table = ctl(head, "status")
+        table = ctl("--node", head, "status", timeout=60)
         assert table.returncode == 0 and "LOST" in table.stdout
 
         local.start_node(1)  # its old command: same port, same successor
@@ -73,13 +64,10 @@ def test_a_worker_lost_while_idle_is_routed_around_and_rejoins_when_restarted(sm
         assert [n["role"] for n in nodes] == ["head", "worker", "worker"]
         assert [n["max_batch"] for n in nodes] == [4, 4, 4]
         assert generate(head) == expected
-    finally:
-        local.stop()
 
 
 def test_a_failed_compute_ends_its_request_at_once_and_the_ring_serves_the_next(tiny_store, tmp_path):
-    local = launch(tiny_store, 3, log_dir=tmp_path, detach=False)
-    try:
+    with local_ring(tiny_store, 3, tmp_path) as local:
         # A mock of a fault nothing real causes on demand, an exception inside a node's compute: node2 (it will
         # hold layer 4) restarts, same command, under tests/faulty_node.py, whose first compute of layer 4 raises.
         local.processes[2].terminate()
@@ -88,35 +76,23 @@ def test_a_failed_compute_ends_its_request_at_once_and_the_ring_serves_the_next(
         local.commands[2] = [python, "-m", "tests.faulty_node", "4", *args]
         wait_serving(local.addresses[2], local.start_node(2), 60, log=local.log("node2"))
         ring.start(local.addresses[0], [2, 3, 3])  # node1 [0, 3), node2 [3, 6), the head [6, 8)
-
-        async def one() -> list[int]:
-            async with PrimaClient(local.addresses[0]) as client:
-                return [e.token_id async for e in client.generate("hello", raw=True, max_tokens=6)
-                        if isinstance(e, Token)]
-
         start = time.monotonic()
         with pytest.raises(PrimaError) as err:
-            asyncio.run(one())
+            collect(local.addresses[0], "hello", 6, raw=True)
         assert time.monotonic() - start < 2
         assert err.value.code == grpc.StatusCode.INTERNAL
         assert "node2" in err.value.message and "fault injected at layer 4" in err.value.message
-        expected = [t.token_id for t in ReferenceModel(tiny_store).generate("hello", GenerateParams(max_tokens=6),
-                                                                            raw=True)]
-        assert asyncio.run(one()) == expected
+        expected = greedy_tokens(tiny_store, "hello", 6, raw=True)
+        assert collect(local.addresses[0], "hello", 6, raw=True)[0] == expected
         assert all(i.stats.active_requests == 0 for _, i in ring.walk(local.addresses[0]))
         assert all(p.poll() is None for p in local.processes)
-    finally:
-        local.stop()
 
 
 def test_status_names_a_node_that_cannot_be_reached(tiny_store, tmp_path):
-    local = launch(tiny_store, 2, log_dir=tmp_path, detach=False)
-    try:  # an unassigned ring has no head to ask: status walks the successors and marks where it stops
+    with local_ring(tiny_store, 2, tmp_path) as local:  # unassigned: no head to ask, status walks the successors
         local.processes[1].send_signal(signal.SIGKILL)
         local.processes[1].wait()
         nodes = status(local.addresses[0])
         assert [(n["address"], n["state"]) for n in nodes] == [(local.addresses[0], "up"), (local.addresses[1], "lost")]
-        res = ctl(local.addresses[1], "status")
+        res = ctl("--node", local.addresses[1], "status", timeout=60)
         assert res.returncode != 0 and "cannot reach node" in res.stderr and "Traceback" not in res.stderr
-    finally:
-        local.stop()

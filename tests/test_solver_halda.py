@@ -76,6 +76,7 @@ def with_visits(inst: Instance, seed: int) -> Instance:
     return dataclasses.replace(inst, devices=devs)
 
 
+@pytest.mark.slow  # 9-13 s each
 @pytest.mark.parametrize("select", [True, False])
 def test_matches_exhaustive_search_with_window_visits(select):
     charged = 0
@@ -101,6 +102,7 @@ def with_reader_cpu(inst: Instance, seed: int) -> Instance:
     return dataclasses.replace(inst, devices=devs)
 
 
+@pytest.mark.slow  # 9-13 s each
 @pytest.mark.parametrize("select", [True, False])
 def test_matches_exhaustive_search_with_reader_cpu(select):
     shared = lone = 0

@@ -1,15 +1,13 @@
 """The speculative TPOT model: tokens per trip, when speculating pays, and `prima-ctl plan --speculate-accept`."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from solver.presets import preset
 from solver.speculation import best_draft, speculative_tpot, tokens_per_trip
 from solver.strategies import plan_offline
+from tests.ctl import ctl, ctl_here
 
 
 @pytest.mark.parametrize("draft, rate, expected", [(0, 0.5, 1.0), (3, 0.0, 1.0), (3, 1.0, 4.0), (2, 0.5, 1.75)])
@@ -69,11 +67,6 @@ def test_plan_accounts_for_verification_frames(two_cpus, draft, rate):
         assert s["best_draft_tokens"] > 0 and s["tpot_ms_best"] < tpot
 
 
-def ctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=120)
-
-
 def test_prima_ctl_plan_speculate_accept(two_cpus, tmp_path):
     store = tmp_path / "l8"
     assert ctl("synth", str(store), "--preset", "llama3-8b", "--manifest-only").returncode == 0
@@ -87,5 +80,5 @@ def test_prima_ctl_plan_speculate_accept(two_cpus, tmp_path):
     for bad, message in [(("--speculate-accept", "1.5"), "--speculate-accept must be in [0, 1]"),
                          (("--speculate-accept", "0.5", "--draft-tokens", "0"), "--draft-tokens must be in [1, 16]"),
                          (("--draft-tokens", "3"), "--draft-tokens needs --speculate-accept")]:
-        res = ctl(*base, *bad)
+        res = ctl_here(*base, *bad)
         assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr

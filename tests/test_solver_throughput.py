@@ -256,6 +256,7 @@ def best_by_enumeration(inst: Instance, M: int) -> float:
     return best
 
 
+@pytest.mark.slow  # 45 s
 def test_halda_for_concurrency_finds_the_best_plan_of_small_instances():
     checked = 0
     for seed in range(24):

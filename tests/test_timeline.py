@@ -1,9 +1,6 @@
 """The plan timeline: one token's journey adds up to the cost model's TPOT, and renders as PNG and SVG."""
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import pytest
 from solver.presets import preset
 from solver.strategies import plan_offline
 from solver.timeline import SIDE, bottleneck, journey, render
+from tests.ctl import ctl, ctl_here
 
 TESTBED = Path(__file__).resolve().parents[1] / "solver" / "testbeds" / "prima_d1_d4.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -97,10 +95,6 @@ def test_bad_input_is_a_clear_error(tmp_path):
 
 
 def test_prima_ctl_plan_timeline(tmp_path):
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "prima_rpc.app.cli", *args], capture_output=True, text=True,
-                              env=dict(os.environ), timeout=120)
-
     store = tmp_path / "l70"
     res = ctl("synth", str(store), "--preset", "llama3-70b", "--manifest-only", "--bits-per-weight", "4.5")
     assert res.returncode == 0, res.stderr
@@ -110,7 +104,7 @@ def test_prima_ctl_plan_timeline(tmp_path):
     d2 = json.loads(res.stdout)["devices"][1]  # k = 5: D2 reads part of its loads ahead, part in its turns
     assert 0 < d2["inline_ms"] < d2["disk_ms"] and d2["loads_hidden"] is False
     assert ET.parse(out).getroot().tag.endswith("svg")
-    res = ctl("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(tmp_path / "x.gif"))
+    res = ctl_here("plan", "--profiles", str(TESTBED), "--model", str(store), "--timeline", str(tmp_path / "x.gif"))
     assert res.returncode == 2 and "must end in .png or .svg" in res.stderr
 
 

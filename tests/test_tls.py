@@ -1,7 +1,6 @@
 """Mutual TLS between nodes and clients: a ring serves over TLS; plaintext or certificate-less clients
 cannot get in."""
 
-import asyncio
 import datetime
 import ipaddress
 
@@ -12,12 +11,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from prima_rpc.app import ring
-from prima_rpc.app.local_ring import launch
 from prima_rpc.channel import OPTIONS, Tls, configure_tls
-from prima_rpc.client import PrimaClient, Token
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
+from tests.rings import collect, local_ring
 
 pytestmark = pytest.mark.slow
 
@@ -58,22 +55,15 @@ def tls_ring(tiny_store, tmp_path_factory):
             "--tls-mutual"]
     configure_tls(Tls(ca_pem, client_pem, client_key))  # this test process is a client with a certificate
     try:
-        local = launch(tiny_store, 2, log_dir=d, detach=False, extra_args=[args, args])
-        ring.start(local.addresses[0], [4, 4])
-        yield local, ca_pem
-        local.stop()
+        with local_ring(tiny_store, 2, d, [4, 4], extra_args=[args, args]) as local:
+            yield local, ca_pem
     finally:
         configure_tls(None)
 
 
 def test_the_ring_serves_over_mutual_tls(tls_ring):
     local, _ = tls_ring
-
-    async def generate():
-        async with PrimaClient(local.addresses[0]) as client:
-            return [e async for e in client.generate("hi", raw=True, max_tokens=4) if isinstance(e, Token)]
-
-    assert len(asyncio.run(generate())) == 4
+    assert len(collect(local.addresses[0], "hi", 4, raw=True)[0]) == 4
 
 
 def test_plaintext_and_certificate_less_clients_are_refused(tls_ring):

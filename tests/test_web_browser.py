@@ -25,8 +25,7 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def page_url(rings):
-    local = rings(3)
-    ring.start(local.addresses[0], [10, 10, 10])
+    local = rings(3, [10, 10, 10])
     (port,) = free_ports(1)
     server = subprocess.Popen([sys.executable, "-m", "prima_rpc.app.cli", "--node", local.addresses[0],
                                "serve", "--port", str(port)], env={**os.environ, "PRIMA_TOKEN": SECRET},

@@ -9,12 +9,12 @@ import re
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, assignment
-from prima_rpc.app.local_ring import free_ports, launch
+from prima_rpc.app.local_ring import free_ports
 from prima_rpc.app.openai_api import ApiConfig, make_app
 from prima_rpc.app.web_page import STATIC
 from prima_rpc.v1 import prima_pb2 as pb
+from tests.rings import local_ring
 
 SECRET = "page-s3cret"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -112,10 +112,8 @@ def test_the_applied_assignment_is_read_from_the_nodes_windows(held, expected):
 
 @pytest.fixture(scope="module")
 def tiny_ring(tiny_store, tmp_path_factory):
-    local = launch(tiny_store, 3, log_dir=tmp_path_factory.mktemp("web"), detach=False, token=SECRET)
-    ring.start(local.addresses[0], [4, 2, 2], SECRET)
-    yield local
-    local.stop()
+    with local_ring(tiny_store, 3, tmp_path_factory.mktemp("web"), [4, 2, 2], token=SECRET) as local:
+        yield local
 
 
 @pytest.mark.slow
@@ -146,16 +144,13 @@ def test_api_plan_prices_the_windows_the_ring_holds(tiny_ring):
 
 @pytest.mark.slow
 def test_no_plan_is_said_and_a_node_down_still_gets_an_answer(tiny_store, tmp_path):
-    local = launch(tiny_store, 2, log_dir=tmp_path, detach=False)  # no windows: the head watches nobody
-    try:
+    with local_ring(tiny_store, 2, tmp_path) as local:  # no windows: the head watches nobody
         (status, _, body), = fetch(local.addresses[0], [("GET", "/api/plan", {})])
         assert status == 200 and json.loads(body) == {"plan": None, "timeline_png": None, "predicted_tpot_ms": None,
                                                        "measured_tpot_ms": None, "reason": NOT_ASSIGNED}
         local.processes[1].kill()
         local.processes[1].wait()
         (status, _, body), = fetch(local.addresses[0], [("GET", "/api/ring", {})])
-    finally:
-        local.stop()
     answer = json.loads(body)
     assert status == 200 and answer["error"] is None
     assert [(n["address"], n["state"]) for n in answer["nodes"]] == [(local.addresses[0], "up"),

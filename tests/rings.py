@@ -1,0 +1,117 @@
+"""What the ring tests share: real prima-node processes on loopback (started, assigned, stopped), one request's
+tokens from a head, the single-process greedy reference every ring must equal, and raw frames for a node."""
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
+from prima_rpc.app import ring
+from prima_rpc.app.local_ring import LocalRing, launch
+from prima_rpc.channel import aio_channel
+from prima_rpc.client import Finished, PrimaClient, Token
+from prima_rpc.v1 import prima_pb2 as pb
+from prima_rpc.v1 import prima_pb2_grpc as rpc
+
+
+@contextmanager
+def local_ring(model: Path | None, n: int, log_dir: Path, windows: list[int] | None = None,
+               token: str | None = None, **launch_args) -> Iterator[LocalRing]:
+    """n nodes on free loopback ports (launch's arguments), assigned `windows` when given, stopped on the way out."""
+    local = launch(model, n, log_dir=log_dir, detach=False, token=token, **launch_args)
+    try:
+        if windows is not None:
+            ring.start(local.addresses[0], windows, token=token)
+        yield local
+    finally:
+        local.stop()
+
+
+def greedy_reference(store: Path, prompts: list[str], max_tokens: int, raw: bool = False) -> dict[str, list[int]]:
+    """Each prompt's greedy token ids from the single process: what every ring must give."""
+    model = ReferenceModel(store)
+    return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=max_tokens), raw=raw)]
+            for p in prompts}
+
+
+def greedy_tokens(store: Path, prompt: str, max_tokens: int, raw: bool = False) -> list[int]:
+    return greedy_reference(store, [prompt], max_tokens, raw)[prompt]
+
+
+async def stream(address: str, prompt: str, max_tokens: int, token: str | None = None,
+                 **kwargs) -> tuple[list[int], Finished | None]:
+    """One request's token ids and its final event, from the head at `address`."""
+    tokens, done = [], None
+    async with PrimaClient(address, token) as client:
+        async for event in client.generate(prompt, max_tokens=max_tokens, **kwargs):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+            else:
+                done = event
+    return tokens, done
+
+
+def collect(address: str, prompt: str, max_tokens: int, token: str | None = None,
+            **kwargs) -> tuple[list[int], Finished | None]:
+    """`stream` run to its end from synchronous code."""
+    return asyncio.run(stream(address, prompt, max_tokens, token, **kwargs))
+
+
+def collect_all(address: str, prompts: list[str], max_tokens: int,
+                **kwargs) -> list[tuple[list[int], Finished | None]]:
+    """`stream` for every prompt at once (concurrent requests), in the prompts' order."""
+    async def gather():
+        return await asyncio.gather(*(stream(address, p, max_tokens, **kwargs) for p in prompts))
+
+    return asyncio.run(gather())
+
+
+async def stream_and_signal(address: str, prompt: str, max_tokens: int, pid: int, sig: int,
+                            after: int) -> tuple[list[int], Finished | None, float]:
+    """One request's token ids, its final event and the longest gap between two tokens, with `sig` sent to
+    process `pid` once `after` tokens are in."""
+    tokens, stamps, done = [], [], None
+    async with PrimaClient(address) as client:
+        async for event in client.generate(prompt, max_tokens=max_tokens):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+                stamps.append(time.monotonic())
+                if len(tokens) == after:
+                    os.kill(pid, sig)
+            else:
+                done = event
+    return tokens, done, max(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def released(address: str, timeout: float = 10.0) -> bool:
+    """Every node's KV caches freed (RELEASE frames go round the ring after the last token), waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(info.stats.active_requests == 0 for _, info in ring.walk(address)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+async def send_frames(address: str, *frames: pb.Frame, unlimited: bool = False) -> grpc.aio.AioRpcError | None:
+    """Frames written straight to a node's Ring service; the status it ends the stream with, if not OK."""
+    # unlimited: a client that ignores our send limit, to reach the server's receive limit
+    options = [("grpc.max_send_message_length", -1)]
+    channel = grpc.aio.insecure_channel(address, options=options) if unlimited else aio_channel(address)
+    async with channel:
+        call = rpc.RingStub(channel).Stream()
+        for frame in frames:
+            await call.write(frame)
+        await call.done_writing()
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc
+    return None
