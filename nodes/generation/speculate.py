@@ -15,7 +15,8 @@ from typing import Protocol
 from prima_rpc.request import DRAFT_TOKENS, SPECULATE, check_speculate
 
 # A request that does not say (generate, the clients, HTTP) gets prompt lookup: measured by
-# tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a repeating prompt, the same on ordinary ones (README).
+# tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a repeating prompt, the same on ordinary ones
+# (docs/speculation.md).
 # The single-process reference (`run`, GenerateParams) decodes plainly unless asked: it is the oracle.
 DEFAULT_MODE = "ngram"
 DEFAULT_DRAFT = 4
