@@ -10,6 +10,7 @@ import torch
 from nodes.generation.sampling import Sampler, SamplingParams
 from nodes.generation.speculate import SpeculateParams, Speculator
 from nodes.generation.text import PromptError, StreamDecoder, TextCodec
+from prima_rpc.request import GenerateRequest
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,13 @@ class GenerateParams:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
         if any(not s for s in self.stop) or len(self.stop) > 16:
             raise ValueError("stop strings must be non-empty, at most 16")
+
+
+def generate_params(request: GenerateRequest, speculate: SpeculateParams) -> GenerateParams:
+    """A checked request's generation parameters (its ranges were checked when it was made); `speculate` is
+    the caller's choice of default (the head's: prompt lookup; the reference's: as asked)."""
+    return GenerateParams(max_tokens=request.max_tokens, stop=request.stop, speculate=speculate,
+                          sampling=SamplingParams(request.temperature, request.top_k, request.top_p, request.seed))
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ from google.protobuf.message import DecodeError
 
 from nodes.engine.prefetch import MAX_BUFFER_LAYERS
 from nodes.errors import LinkDown, Rejected, RequestFailed
-from nodes.generation.sampling import SamplingParams
 from nodes.generation.speculate import speculate_params
-from nodes.generation.state import GenerateParams, Generation
+from nodes.generation.state import Generation, generate_params
 from nodes.generation.text import PromptError
 from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, metrics
 from nodes.ring.node import Node
 from nodes.ring.work import MAX_REQUESTS, Work
+from prima_rpc.request import GenerateRequest
 from prima_rpc.spec.manifest import MANIFEST, StoreError
 from prima_rpc.spec.windows import Windows
 from prima_rpc.v1 import prima_pb2 as pb
@@ -172,11 +172,8 @@ class InferenceService(rpc.InferenceServicer):
     async def Generate(self, request, context):
         node = self.node
         try:
-            params = GenerateParams(
-                max_tokens=request.max_tokens, stop=tuple(request.stop),
-                sampling=SamplingParams(request.temperature, request.top_k, request.top_p or 1.0,
-                                        request.seed if request.HasField("seed") else None),
-                speculate=speculate_params(request.speculate, request.draft_tokens))
+            asked = GenerateRequest.from_wire(request)  # RequestError (a ValueError) names the field out of range
+            params = generate_params(asked, speculate_params(asked.speculate, asked.draft_tokens))
             chars = len(request.prompt) + sum(len(m.content) + len(m.role) for m in request.messages)
             if chars > MAX_PROMPT_CHARS or len(request.request_id) > 128:
                 raise ValueError(f"prompt over {MAX_PROMPT_CHARS} characters or request_id over 128")

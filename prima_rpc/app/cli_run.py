@@ -42,14 +42,11 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
 
 def _reference_params(request: GenerateRequest):
     """The reference's GenerateParams (it decodes plainly unless asked: no empty defaults of the head's)."""
-    from nodes.generation.sampling import SamplingParams
     from nodes.generation.speculate import SpeculateParams
-    from nodes.generation.state import GenerateParams
+    from nodes.generation.state import generate_params
 
     try:
-        return GenerateParams(max_tokens=request.max_tokens, stop=request.stop,
-                              sampling=SamplingParams(request.temperature, request.top_k, request.top_p, request.seed),
-                              speculate=SpeculateParams(request.speculate, request.draft_tokens))
+        return generate_params(request, SpeculateParams(request.speculate, request.draft_tokens))
     except ValueError as exc:
         fail(str(exc))
 
