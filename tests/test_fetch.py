@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import time
 
 import pytest
 
@@ -196,5 +197,9 @@ def test_a_restarted_node_reuses_its_cache_and_a_relay_fetches_nothing(tiny_stor
         local.processes[1].wait()
         local.start_node(1)
         wait_serving(local.addresses[1], local.processes[1], 60)
+        # A slow restart (a busy machine) lets the head route around node1 first: wait until it has rejoined.
+        deadline = time.monotonic() + 30
+        while len(ring.walk(local.addresses[0])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.3)
         nodes = ring.start(local.addresses[0], [4, 4, 0])
         assert nodes[1][1].loaded and nodes[1][1].fetched_bytes == 0 and nodes[1][1].cached_units == 4
