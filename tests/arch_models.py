@@ -1,0 +1,67 @@
+"""Tiny random-weight models of the families people run, written by transformers with SmolLM2's tokenizer
+(a real byte-level BPE that llama.cpp's converter knows), and transformers' own greedy tokens and logits."""
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+
+# family -> (config class, model class, its config beyond the shared tiny shape)
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16}  # small: the test's positions cross every band
+FAMILIES = {
+    "llama3.1": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=500000.0, rope_scaling=LLAMA31_ROPE,
+                                                         max_position_embeddings=256)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+    # six layers: llama.cpp takes every sixth as global; a window of 4 is crossed by the test's sequences
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4,
+                                                              query_pre_attn_scalar=16, final_logit_softcapping=30.0)),
+}
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=49152, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
+             eos_token_id=2, initializer_range=0.3)
+
+
+def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0) -> Path:
+    """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors)."""
+    config_cls, model_cls, extra = FAMILIES[family]
+    cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(cfg).float().eval()
+    with torch.no_grad():  # norms away from their init (ones, or Gemma's zeros), so the tests see them
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(out)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), bos_token="<|im_start|>",
+                                               eos_token="<|im_end|>")
+    tok.save_pretrained(out)
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    tok_cfg["tokenizer_class"] = "GPT2Tokenizer"  # llama.cpp's Phi-3 reads a BPE vocabulary only then
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    return out
+
+
+def reference(hf_dir: Path, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' float32 greedy tokens after `prompt`, and its logits [len(prompt) + steps - 1, V] of every
+    position of the prompt and the generated tokens but the last."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, min_new_tokens=steps)
+        ids = out[0].tolist()
+        logits = model(out[:, :-1]).logits[0]
+    return ids[len(prompt):], logits
+
+
+def greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """A ReferenceModel's greedy tokens after `prompt` (one prefill, then a token at a time), and its logits of the
+    positions reference() returns."""
+    cache = model.new_cache(len(prompt) + steps)
+    rows = [model.step_all(prompt, 0, cache)]
+    ids = [int(rows[0][-1].argmax())]
+    for _ in range(steps - 1):
+        rows.append(model.step([ids[-1]], len(prompt) + len(ids) - 1, cache)[None])
+        ids.append(int(rows[-1][0].argmax()))
+    return ids, torch.cat(rows)
