@@ -17,14 +17,15 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     # six layers: llama.cpp takes every sixth as global; a window of 4 is crossed by the test's sequences
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4,
-                                                              query_pre_attn_scalar=16, final_logit_softcapping=30.0)),
+                                                              query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+                                                              initializer_range=0.1)),
 }
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, vocab_size=49152, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
              eos_token_id=2, initializer_range=0.3)
 
 
-def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0) -> Path:
+def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors)."""
     config_cls, model_cls, extra = FAMILIES[family]
     cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
@@ -37,6 +38,7 @@ def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0) -> 
     model.save_pretrained(out)
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), bos_token="<|im_start|>",
                                                eos_token="<|im_end|>")
+    tok.chat_template = chat_template
     tok.save_pretrained(out)
     tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
     tok_cfg["tokenizer_class"] = "GPT2Tokenizer"  # llama.cpp's Phi-3 reads a BPE vocabulary only then

@@ -1,0 +1,121 @@
+"""Llama 3.1, Qwen3, Phi-3 and Gemma 3 as users get them: tiny random models written by transformers, imported from
+the Hugging Face directory and from a GGUF written by llama.cpp's own converter, give transformers' greedy tokens
+and logits; a ring with a relay gives the single process's tokens; bad GGUF files get one line naming the file."""
+
+import json
+
+import numpy as np
+import pytest
+
+from nodes.generation.reference import ReferenceModel
+from prima_rpc.spec.manifest import StoreError, read_manifest
+from tests.arch_models import FAMILIES, greedy, reference, write_model
+from tests.llama_convert import convert
+from tests.rings import collect, greedy_reference, local_ring
+from tools.import_gguf import import_gguf
+from tools.import_hf import import_hf
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 1028, 30, 216, 1520]  # ten tokens: past Gemma's window of 4
+STEPS = 8
+# float32 both sides; the maths differs only in summation order (fused matrices, SDPA): a few 1e-5 on logits of
+# magnitude ~10 (measured: at most 4.3e-5)
+ATOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def models(smol_store, tmp_path_factory):
+    """family -> (HF directory, transformers' greedy tokens, its logits), each written on first use."""
+    manifest, _ = read_manifest(smol_store)
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            hf = write_model(family, smol_store / "tokenizer.json", tmp_path_factory.mktemp(family) / "hf",
+                             chat_template=manifest.chat_template)
+            made[family] = (hf, *reference(hf, PROMPT, STEPS))
+        return made[family]
+    return get
+
+
+def check(store, expected_ids, expected_logits):
+    ids, logits = greedy(ReferenceModel(store), PROMPT, STEPS)
+    assert ids == expected_ids
+    assert (logits - expected_logits).abs().max() < ATOL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_hf_import_equals_transformers(models, family, tmp_path):
+    hf, ids, logits = models(family)
+    check(import_hf(hf, tmp_path / "store"), ids, logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gguf_import_equals_transformers(models, family, tmp_path):
+    hf, ids, logits = models(family)
+    store = import_gguf(convert(hf, tmp_path / f"{family}.gguf"), tmp_path / "store")
+    check(store, ids, logits)
+    manifest, _ = read_manifest(store)
+    assert manifest.chat_template and manifest.eos_token_ids  # the GGUF's own template and specials
+    # the same model as the HF import sees (llama3 rope arrives as per-frequency factors, eps as float32)
+    same = ("architecture", "n_layers", "head_dim", "tie_embeddings", "sliding_window", "local_layers",
+            "local_rope_theta", "query_scale", "logit_softcap")
+    hf_cfg = read_manifest(import_hf(hf, tmp_path / "hf-store"))[0].config
+    assert [getattr(manifest.config, k) for k in same] == [getattr(hf_cfg, k) for k in same]
+
+
+@pytest.mark.slow
+def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path):
+    store = import_hf(models("gemma3")[0], tmp_path / "store")
+    prompt = "The capital of France is"
+    expected = greedy_reference(store, [prompt], 10)[prompt]
+    with local_ring(store, 3, tmp_path / "logs", [3, 0, 3]) as local:
+        assert collect(local.addresses[0], prompt, 10)[0] == expected
+
+
+def tiny_gguf(path, arch: str, skip: str = ""):
+    """A one-layer GGUF of `arch` without the tensor `skip`."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(path, arch)
+    for add, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("head_count", 4), ("context_length", 128)):
+        getattr(w, f"add_{add}")(value)
+    shapes = {"token_embd.weight": (320, 64), "output_norm.weight": (64,), "blk.0.attn_norm.weight": (64,),
+              "blk.0.ffn_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (64, 64),
+              "blk.0.attn_v.weight": (64, 64), "blk.0.attn_output.weight": (64, 64),
+              "blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
+    for name, shape in shapes.items():
+        if name != skip:
+            w.add_tensor(name, np.ones(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_gguf_of_an_unknown_architecture_names_the_file(tmp_path):
+    with pytest.raises(StoreError, match=r"mamba\.gguf: GGUF architecture 'mamba' is not supported; supported: llama"):
+        import_gguf(tiny_gguf(tmp_path / "mamba.gguf", "mamba"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("skip", ["blk.0.ffn_down.weight", "blk.0.attn_norm.weight", "output_norm.weight"])
+def test_a_gguf_missing_a_tensor_names_the_file_and_the_tensor(tmp_path, skip):
+    with pytest.raises(StoreError, match=rf"short\.gguf: GGUF file lacks tensor '{skip}'") as err:
+        import_gguf(tiny_gguf(tmp_path / "short.gguf", "llama", skip), tmp_path / "out")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_hf_config_names_its_unsupported_rope(models, tmp_path):
+    hf = models("llama3.1")[0]
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0}
+    (hf.parent / "yarn").mkdir()
+    for f in hf.iterdir():
+        (hf.parent / "yarn" / f.name).write_bytes(f.read_bytes())
+    (hf.parent / "yarn" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StoreError, match="rope scaling 'yarn' is not supported"):
+        import_hf(hf.parent / "yarn", tmp_path / "out")
