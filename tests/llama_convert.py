@@ -39,11 +39,12 @@ def converter_dir() -> Path:
     return cache
 
 
-def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
-    """hf_dir as a GGUF file `out` written by llama.cpp's convert_hf_to_gguf.py."""
+def convert(hf_dir: Path, out: Path, outtype: str = "f32", vocab_only: bool = False) -> Path:
+    """hf_dir as a GGUF file `out` written by llama.cpp's convert_hf_to_gguf.py (vocab_only: no tensors)."""
     conv = converter_dir()
     env = dict(os.environ, PYTHONPATH=str(conv / "gguf-py"), NO_LOCAL_GGUF="1")
-    got = subprocess.run([sys.executable, str(conv / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out),
-                          "--outtype", outtype], capture_output=True, text=True, env=env, cwd=conv)
+    args = [str(hf_dir), "--outfile", str(out), "--outtype", outtype, *(["--vocab-only"] if vocab_only else [])]
+    got = subprocess.run([sys.executable, str(conv / "convert_hf_to_gguf.py"), *args], capture_output=True, text=True,
+                         env=env, cwd=conv)
     assert got.returncode == 0, f"convert_hf_to_gguf.py failed:\n{got.stderr[-3000:]}"
     return out

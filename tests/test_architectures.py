@@ -119,3 +119,40 @@ def test_hf_config_names_its_unsupported_rope(models, tmp_path):
     (hf.parent / "yarn" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(StoreError, match="rope scaling 'yarn' is not supported"):
         import_hf(hf.parent / "yarn", tmp_path / "out")
+
+
+SPM_TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n"
+            "Numbers 12345 and symbols !? are here; émigré café naïve. Hello world, hello again.\n") * 40
+SPM_PROBES = ["The quick brown fox", "Paris is the capital of France.", "émigré café naïve 12345!?",
+              "  two  spaces", "Ωmega 漢字 unseen", "Hello\nworld"]
+
+
+@pytest.mark.slow
+def test_a_sentencepiece_gguf_vocabulary_encodes_as_sentencepiece(tmp_path):
+    """Llama 2, Phi-3 and Gemma GGUFs carry SentencePiece BPE vocabularies (tokenizer.ggml.model 'llama')."""
+    import io
+
+    import sentencepiece as spm
+    import transformers
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+
+    from tools.import_gguf import tokenizer_json
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(SPM_TEXT.splitlines()), model_writer=model,
+                                   vocab_size=400, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    hf = tmp_path / "hf"
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=400)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(hf)
+    (hf / "tokenizer.model").write_bytes(model.getvalue())
+    reader = GGUFReader(convert(hf, tmp_path / "spm.gguf", vocab_only=True))
+    tok = Tokenizer.from_str(tokenizer_json(reader).decode())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    for text in SPM_PROBES:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert ids == sp.encode(text), text
+        assert tok.decode(ids) == text

@@ -154,7 +154,8 @@ def tokenizer_json(reader: GGUFReader) -> bytes:
     tok = build_tokenizer(
         field(reader, Keys.Tokenizer.MODEL), field(reader, Keys.Tokenizer.PRE, "default"),
         field(reader, Keys.Tokenizer.LIST), field(reader, Keys.Tokenizer.TOKEN_TYPE, [1]),
-        field(reader, Keys.Tokenizer.MERGES),
+        field(reader, Keys.Tokenizer.MERGES, []), field(reader, Keys.Tokenizer.SCORES, []),
+        bool(field(reader, Keys.Tokenizer.ADD_PREFIX, True)),
     )
     return tok.to_str().encode()
 
