@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from nodes.generation.reference import ReferenceModel
+from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError, read_manifest
 from tests.arch_models import FAMILIES, greedy, reference, write_model
 from tests.llama_convert import convert
@@ -65,12 +66,19 @@ def test_gguf_import_equals_transformers(models, family, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path):
+@pytest.mark.parametrize("budget", [None, "1"], ids=["resident", "streamed"])
+def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path, budget):
+    """Three nodes, two holding layers (k = 2), one relaying; "streamed": every layer read stage by stage."""
     store = import_hf(models("gemma3")[0], tmp_path / "store")
     prompt = "The capital of France is"
     expected = greedy_reference(store, [prompt], 10)[prompt]
-    with local_ring(store, 3, tmp_path / "logs", [3, 0, 3]) as local:
+    extra = [["--mem-budget", budget]] * 3 if budget else None
+    with local_ring(store, 3, tmp_path / "logs", [3, 0, 3], extra_args=extra) as local:
         assert collect(local.addresses[0], prompt, 10)[0] == expected
+        roles = [info.role for _, info in ring.walk(local.addresses[0])]
+        assert roles.count("relay") == 1, roles
+        if budget:
+            assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]) if info.windows)
 
 
 def tiny_gguf(path, arch: str, skip: str = ""):
