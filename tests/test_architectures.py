@@ -3,6 +3,7 @@ the Hugging Face directory and from a GGUF written by llama.cpp's own converter,
 and logits; a ring with a relay gives the single process's tokens; bad GGUF files get one line naming the file."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -164,3 +165,36 @@ def test_a_sentencepiece_gguf_vocabulary_encodes_as_sentencepiece(tmp_path):
         ids = tok.encode(text, add_special_tokens=False).ids
         assert ids == sp.encode(text), text
         assert tok.decode(ids) == text
+
+
+# What the families' chat templates use: Gemma's alternation check, system prefix and trim; Qwen3's namespace and
+# reversed messages; Llama 3.x's strftime_now.
+TEMPLATE = """{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}
+{%- set prefix = messages[0]['content'] + '\\n' -%}
+{%- set rest = messages[1:] -%}{%- else -%}{%- set prefix = '' -%}{%- set rest = messages -%}{%- endif -%}
+{%- set ns = namespace(last_user=0) -%}{%- for m in messages[::-1] -%}{%- if m.role == 'user' and ns.last_user == 0 -%}
+{%- set ns.last_user = loop.index -%}{%- endif -%}{%- endfor -%}
+{%- for m in rest -%}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}
+{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (prefix if loop.first else '') }}
+{%- if m['content'] is string -%}{{ m['content'] | trim }}{%- endif -%}{{ '<end_of_turn>\\n' }}{%- endfor -%}
+{{ 'Today: ' + strftime_now('%d %b %Y') + ' last user from the end: ' + ns.last_user|string + '\\n' }}
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"""
+
+
+def test_chat_templates_render_as_transformers_renders_them(models, tmp_path):
+    import transformers
+
+    from nodes.generation.text import PromptError, TextCodec
+
+    hf = models("qwen3")[0]
+    store = import_hf(hf, tmp_path / "store")
+    manifest, _ = read_manifest(store)
+    codec = TextCodec(replace(manifest, chat_template=TEMPLATE), store / "tokenizer.json")
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    assert codec.chat_prompt(chat) == tok.apply_chat_template(chat, chat_template=TEMPLATE, tokenize=False,
+                                                              add_generation_prompt=True)
+    with pytest.raises(PromptError, match="roles must alternate"):
+        codec.chat_prompt(chat[:2] + chat[3:])
