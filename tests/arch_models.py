@@ -19,6 +19,11 @@ FAMILIES = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4,
                                                               query_pre_attn_scalar=16, final_logit_softcapping=30.0,
                                                               initializer_range=0.1)),
+    # Gemma 3 4B and up: an image-text checkpoint (a tiny SigLIP tower here); the text model is what is imported
+    "gemma3-vision": ("Gemma3Config", "Gemma3ForConditionalGeneration", dict(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=56, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=49150, boi_token_index=49149, eoi_token_index=49148)),
 }
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, vocab_size=49152, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
@@ -28,7 +33,12 @@ SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors)."""
     config_cls, model_cls, extra = FAMILIES[family]
-    cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
+    if family == "gemma3-vision":
+        # transformers' image-text Gemma 3 never soft-caps logits (real configs set no cap)
+        text = {**SHAPE, **FAMILIES["gemma3"][2], "final_logit_softcapping": None}
+        cfg = getattr(transformers, config_cls)(text_config=text, initializer_range=text["initializer_range"], **extra)
+    else:
+        cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).float().eval()
     with torch.no_grad():  # norms away from their init (ones, or Gemma's zeros), so the tests see them

@@ -17,7 +17,13 @@ from tools.store_writer import StoreWriter, quantize_unit
 
 HF_CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
          "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3"}
+# Image-text checkpoints whose text model is one of those: its config (text_config) and its tensors' prefixes,
+# transformers 5's and 4's, taken for a causal LM's ("model.", "lm_head.")
+MULTIMODAL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                 "language_model.lm_head.": "lm_head."}
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF's hidden_act -> Arch.act
+DEFAULT_ACT = {"gemma3": "gelu_pytorch_tanh"}  # what transformers assumes when config.json says nothing
 # HF name inside model.layers.{i} -> store names (see import_gguf.LAYER_NAMES); a fused matrix (Phi-3) names its
 # parts in row order. HF's q/k rows are already in rotate-half order, so unlike GGUF nothing is permuted.
 MATRICES = {
@@ -105,7 +111,7 @@ def local_attention(hf: dict, arch: str) -> dict:
 def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
     """The model's shape from config.json; biases and tying are read off the tensor names."""
     arch = architecture(hf)
-    act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or DEFAULT_ACT.get(arch, "silu")
     if ACTIVATIONS.get(act) != ARCHS[arch].act:
         raise StoreError(f"activation {act!r} is not supported for {arch} (only {ARCHS[arch].act})")
     try:
@@ -129,6 +135,21 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
         raise StoreError(f"config.json lacks {exc}") from None
     except (TypeError, ValueError) as exc:
         raise StoreError(f"config.json has a malformed value ({exc})") from None
+
+
+def text_model(hf: dict) -> dict:
+    """config.json of the text model: an image-text checkpoint's text_config (its vision tower is left out)."""
+    text = next((MULTIMODAL[a] for a in hf.get("architectures") or [] if a in MULTIMODAL), None)
+    if text is None:
+        return hf
+    outer = {k: hf[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "dtype") if k in hf}
+    return {**outer, **hf.get("text_config", {}), "architectures": [text]}
+
+
+def text_names(where: dict[str, Path]) -> dict[str, str]:
+    """A causal LM's tensor name -> the checkpoint's, for an image-text checkpoint's text tensors."""
+    return {causal + name[len(prefix):]: name for name in where
+            for prefix, causal in TEXT_PREFIXES.items() if name.startswith(prefix)}
 
 
 def tensor_files(src: Path) -> dict[str, Path]:
@@ -161,11 +182,11 @@ def open_shard(path: Path):
 class Shards:
     """Reads single tensors on demand, each shard opened (memory-mapped) once."""
 
-    def __init__(self, where: dict[str, Path], stack: ExitStack):
-        self.where, self.stack, self.handles = where, stack, {}
+    def __init__(self, where: dict[str, Path], stack: ExitStack, names: dict[str, str]):
+        self.where, self.stack, self.handles, self.names = where, stack, {}, names  # names: text_names()
 
     def dtype(self, name: str) -> str:
-        return self.handle(name).get_slice(name).get_dtype()
+        return self.handle(name).get_slice(self.names.get(name, name)).get_dtype()
 
     def handle(self, name: str):
         if name not in self.where:
@@ -173,13 +194,13 @@ class Shards:
         path = self.where[name]
         if path not in self.handles:
             self.handles[path] = self.stack.enter_context(open_shard(path))
-        if name not in self.handles[path].keys():
-            raise StoreError(f"{path.name} lacks tensor {name!r} (the index lists it there)")
+        if self.names.get(name, name) not in self.handles[path].keys():
+            raise StoreError(f"{path.name} lacks tensor {self.names.get(name, name)!r} (the index lists it there)")
         return self.handles[path]
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         try:
-            t = self.handle(name).get_tensor(name)
+            t = self.handle(name).get_tensor(self.names.get(name, name))
         except SafetensorError as exc:
             raise StoreError(f"{self.where[name]}: cannot read tensor {name!r} ({exc})") from None
         if tuple(t.shape) != shape:
@@ -313,14 +334,16 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
         raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
-    hf = read_json(src / "config.json")
+    hf = text_model(read_json(src / "config.json"))
     architecture(hf)  # fail on an unsupported model before opening any shard
     tok_bytes, tok_cfg, special = read_tokenizer(src, hf)
     where = tensor_files(src)
+    renamed = text_names(where)
+    where.update({name: where[real] for name, real in renamed.items()})
     cfg = read_config(hf, where)
     names = layer_names(cfg, where)
     with ExitStack() as stack:
-        shards = Shards(where, stack)
+        shards = Shards(where, stack, renamed)
         dtype = store_dtype(dtype, hf, shards)
         fmt = writing_format(dtype)
         with StoreWriter(out, overwrite=overwrite) as w:
