@@ -198,3 +198,17 @@ def test_chat_templates_render_as_transformers_renders_them(models, tmp_path):
                                                               add_generation_prompt=True)
     with pytest.raises(PromptError, match="roles must alternate"):
         codec.chat_prompt(chat[:2] + chat[3:])
+
+
+def test_sentencepiece_user_defined_and_control_pieces_stay_whole():
+    """llama.cpp keeps user-defined (4) and control (3) pieces whole; the rest merges by score, else bytes; each run
+    of text after such a piece gets its own space prefix, as llama.cpp gives it."""
+    from tools.gguf_tokenizer import build_tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>", "<h1>", "▁", "a", "b", "▁a", "ab", "▁ab"] + [f"<0x{i:02X}>" for i in range(256)]
+    types = [2, 3, 3, 4, 1, 1, 1, 1, 1, 1] + [6] * 256
+    scores = [0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0] + [0.0] * 256
+    tok = build_tokenizer("llama", "default", pieces, types, [], scores, add_prefix=True)
+    enc = tok.encode("ab<h1>b</s>!", add_special_tokens=False)
+    assert enc.tokens == ["▁ab", "<h1>", "▁", "b", "</s>", "▁", "<0x21>"]
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "ab<h1> b !"

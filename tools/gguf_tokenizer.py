@@ -35,6 +35,9 @@ def build_tokenizer(model: str, pre: str, tokens: list[str], token_types: list[i
     """A `tokenizers` tokenizer of a GGUF vocabulary: byte-level BPE ('gpt2') or SentencePiece BPE ('llama')."""
     if model == "llama":
         tok = sentencepiece_bpe(tokens, scores or [0.0] * len(tokens), token_types, add_prefix)
+        # user-defined pieces are whole tokens wherever they occur (those with spaces, '▁', come from merges)
+        tok.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, token_types)
+                        if ty == USER_DEFINED and "▁" not in t])
     elif model == "gpt2":
         tok = byte_level_bpe(pre, tokens, merges)
     else:
@@ -66,6 +69,8 @@ def sentencepiece_bpe(tokens: list[str], scores: list[float], token_types: list[
     unk = next((t for t, ty in zip(tokens, token_types) if ty == UNKNOWN), None)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges], unk_token=unk,
                                byte_fallback=True, fuse_unk=True))
+    # spaces become '▁'; with add_prefix one goes in front of every run of text, after each special or user-defined
+    # token too (llama.cpp's llama-vocab.cpp: "prefix with space if previous is special")
     steps = [normalizers.Prepend("▁")] if add_prefix else []
     tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
     strip = [decoders.Strip(" ", 1, 0)] if add_prefix else []
