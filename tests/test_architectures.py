@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.app import ring
@@ -212,3 +213,25 @@ def test_sentencepiece_user_defined_and_control_pieces_stay_whole():
     enc = tok.encode("ab<h1>b</s>!", add_special_tokens=False)
     assert enc.tokens == ["▁ab", "<h1>", "▁", "b", "</s>", "▁", "<0x21>"]
     assert tok.decode(enc.ids, skip_special_tokens=True) == "ab<h1> b !"
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-gemma3"])
+def tiny_model(request, tmp_path_factory):
+    from tools.synth import synth
+
+    return ReferenceModel(synth(tmp_path_factory.mktemp("synth") / request.param, request.param, seed=3))
+
+
+def test_synth_presets_split_and_chunk_like_the_whole(tiny_model):
+    """The tiny presets: layer splits equal the whole exactly; chunked prefill, whose second chunk crosses Gemma's
+    window of 8 (a masked cache), equals one shot within float32 noise."""
+    model, ids = tiny_model, [i % tiny_model.cfg.vocab for i in PROMPT + PROMPT[:5]]
+    n = model.cfg.n_layers
+    whole = model.hidden(ids, 0, model.new_cache(32))
+    cache, x = model.new_cache(32), model.head.embed_tokens(torch.tensor(ids))
+    for start, stop in ((0, 1), (1, n // 2), (n // 2, n)):
+        x = model.hidden(ids, 0, cache, start, stop, x=x)
+    assert torch.equal(x, whole)
+    cache = model.new_cache(32)
+    chunked = torch.cat([model.hidden(ids[:6], 0, cache), model.hidden(ids[6:], 6, cache)])
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-5 * whole.abs().max().item())
