@@ -13,11 +13,12 @@ LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
 FAMILIES = {
     "llama3.1": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=500000.0, rope_scaling=LLAMA31_ROPE,
                                                          max_position_embeddings=256)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True)),
+    # heads wider than hidden / n_heads, as in every Qwen3 and Gemma 3: q is 128 wide on a hidden of 64
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True, head_dim=32)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     # six layers: llama.cpp takes every sixth as global; a window of 4 is crossed by the test's sequences
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4,
-                                                              query_pre_attn_scalar=16, final_logit_softcapping=30.0,
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4, head_dim=32,
+                                                              query_pre_attn_scalar=32, final_logit_softcapping=30.0,
                                                               initializer_range=0.1)),
     # Gemma 3 4B and up: an image-text checkpoint (a tiny SigLIP tower here); the text model is what is imported
     "gemma3-vision": ("Gemma3Config", "Gemma3ForConditionalGeneration", dict(
