@@ -36,7 +36,9 @@ def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, cha
     config_cls, model_cls, extra = FAMILIES[family]
     if family == "gemma3-vision":
         # transformers' image-text Gemma 3 never soft-caps logits (real configs set no cap)
-        text = {**SHAPE, **FAMILIES["gemma3"][2], "final_logit_softcapping": None}
+        text = {**SHAPE, **FAMILIES["gemma3"][2], "final_logit_softcapping": None, "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},  # as in 4B and up
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
         cfg = getattr(transformers, config_cls)(text_config=text, initializer_range=text["initializer_range"], **extra)
     else:
         cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})

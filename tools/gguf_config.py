@@ -28,8 +28,14 @@ def tensor(reader: GGUFReader, name: str):
     return next((t for t in reader.tensors if t.name == name), None)
 
 
-def rope_scaling(reader: GGUFReader, src: Path, head_dim: int) -> dict | None:
-    """llama3 scaling as llama.cpp's converter stores it: one factor per frequency (rope_freqs.weight)."""
+def rope_scaling(reader: GGUFReader, src: Path, arch: str, head_dim: int) -> dict | None:
+    """Linear scaling (Gemma 3 4B and up) from the metadata; llama3 scaling as llama.cpp's converter stores it: one
+    factor per frequency (rope_freqs.weight)."""
+    kind = field(reader, Keys.Rope.SCALING_TYPE.format(arch=arch), "none")
+    if kind == "linear":
+        return {"type": "linear", "factor": float(field(reader, Keys.Rope.SCALING_FACTOR.format(arch=arch)))}
+    if kind != "none":
+        raise StoreError(f"{src}: rope scaling {kind!r} is not supported (only linear and llama3's rope_freqs)")
     freqs = tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS]}.weight")
     if freqs is None:
         return None
@@ -78,7 +84,7 @@ def read_config(reader: GGUFReader, src: Path) -> ModelConfig:
         n_layers=n_layers, n_heads=heads, n_kv_heads=int(key(Keys.Attention.HEAD_COUNT_KV, heads)),
         head_dim=head_dim, vocab=int(embed.shape[1]), max_seq_len=int(key(Keys.LLM.CONTEXT_LENGTH, 4096)),
         norm_eps=float(key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
-        rope_theta=float(key(Keys.Rope.FREQ_BASE, 10000.0)), rope_scaling=rope_scaling(reader, src, head_dim),
+        rope_theta=float(key(Keys.Rope.FREQ_BASE, 10000.0)), rope_scaling=rope_scaling(reader, src, arch, head_dim),
         qkv_bias=any(t.name.endswith("attn_q.bias") for t in reader.tensors),
         tie_embeddings=tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.OUTPUT]}.weight") is None,
         **local_attention(reader, arch, n_layers, hidden, heads, head_dim),
