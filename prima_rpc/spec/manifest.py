@@ -64,6 +64,10 @@ class ModelConfig:
                 raise StoreError(f"model dimension {name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
             raise StoreError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.local_layers and not (self.sliding_window and self.sliding_window > 0 and self.local_rope_theta
+                                      and all(0 <= i < self.n_layers for i in self.local_layers)):
+            raise StoreError(f"local layers {self.local_layers} need a positive sliding_window (got "
+                             f"{self.sliding_window}), a local_rope_theta and indices below {self.n_layers}")
 
 
 @dataclass(frozen=True)
