@@ -6,68 +6,34 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from nodes.engine.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
+from prima_rpc.spec.shapes import layer_shapes
+from tools.gguf_config import field, read_config
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter
 
-ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
-LAYER_NAMES = {
-    "attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
-    "attn_q.weight": "wq.weight", "attn_k.weight": "wk.weight", "attn_v.weight": "wv.weight",
-    "attn_q.bias": "wq.bias", "attn_k.bias": "wk.bias", "attn_v.bias": "wv.bias",
-    "attn_output.weight": "wo.weight", "ffn_gate.weight": "w_gate.weight",
-    "ffn_up.weight": "w_up.weight", "ffn_down.weight": "w_down.weight",
+# llama.cpp's tensors inside blk.{i} -> the store's names.
+LAYER_TENSORS = {
+    MODEL_TENSOR.ATTN_NORM: "attn_norm", MODEL_TENSOR.FFN_NORM: "ffn_norm", MODEL_TENSOR.ATTN_Q: "wq",
+    MODEL_TENSOR.ATTN_K: "wk", MODEL_TENSOR.ATTN_V: "wv", MODEL_TENSOR.ATTN_OUT: "wo", MODEL_TENSOR.FFN_GATE: "w_gate",
+    MODEL_TENSOR.FFN_UP: "w_up", MODEL_TENSOR.FFN_DOWN: "w_down", MODEL_TENSOR.ATTN_Q_NORM: "q_norm",
+    MODEL_TENSOR.ATTN_K_NORM: "k_norm", MODEL_TENSOR.ATTN_POST_NORM: "post_attn_norm",
+    MODEL_TENSOR.FFN_POST_NORM: "post_ffn_norm",
 }
-REQUIRED = [n for n in LAYER_NAMES.values() if not n.endswith(".bias")]
-# A quantized store's fused matrices (prima_rpc.spec.shapes.FUSED): their GGUF parts, in row order.
-GGUF_NAME = {store: gguf.removesuffix(".weight") for gguf, store in LAYER_NAMES.items()}
-FUSED = {unit: tuple(GGUF_NAME[f"{p}.weight"] for p in parts) for unit, parts in SHAPES_FUSED.items()}
+GGUF_NAME = {store: TENSOR_NAMES[t].removeprefix("blk.{bid}.") for t, store in LAYER_TENSORS.items()}
+QKV = TENSOR_NAMES[MODEL_TENSOR.ATTN_QKV].removeprefix("blk.{bid}.")  # Phi-3: q, k, v fused by rows
 EXACT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups (d, m) as they are
-
-
-def field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        if default is None:
-            raise StoreError(f"GGUF metadata key {key!r} is missing")
-        return default
-    return f.contents()
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's Q/K row permutation (interleaved RoPE) back to rotate-half order."""
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def read_config(reader: GGUFReader) -> ModelConfig:
-    arch = field(reader, "general.architecture")
-    if arch not in ARCHS:
-        raise StoreError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise StoreError("GGUF files with rope_freqs (llama3 rope scaling) are not supported yet; "
-                         "import the Hugging Face directory instead")
-    hidden, heads = int(field(reader, f"{arch}.embedding_length")), int(field(reader, f"{arch}.attention.head_count"))
-    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embed is None:
-        raise StoreError("GGUF file has no token_embd.weight tensor")
-    return ModelConfig(
-        architecture=ARCHS[arch], hidden=hidden,
-        intermediate=int(field(reader, f"{arch}.feed_forward_length")),
-        n_layers=int(field(reader, f"{arch}.block_count")), n_heads=heads,
-        n_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // heads)),
-        vocab=int(embed.shape[1]), max_seq_len=int(field(reader, f"{arch}.context_length", 4096)),
-        norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        qkv_bias=any(t.name.endswith("attn_q.bias") for t in reader.tensors),
-        tie_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-    )
 
 
 class GgufTensors:
@@ -78,7 +44,7 @@ class GgufTensors:
     def __init__(self, src: Path, reader: GGUFReader, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype):
         self.src, self.cfg, self.fmt, self.dtype = src, cfg, fmt, dtype
         self.tensors = {t.name: t for t in reader.tensors}
-        self.permute = cfg.architecture in ("llama", "mistral")
+        self.permute = cfg.arch.gguf_permuted_qk
 
     def tensor(self, name: str):
         if name not in self.tensors:
@@ -141,23 +107,36 @@ def embed_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
     return g.matrix("embed", [("token_embd.weight", None)], f), f.name
 
 
+def matrix_parts(g: GgufTensors, i: int) -> dict[str, list[str]]:
+    """Each of the store's fused matrices of layer i (shapes.FUSED): its GGUF tensors, in row order (Phi-3's files
+    hold wqkv and w_gate_up fused already: one tensor each)."""
+    def names(*parts: str) -> list[str]:
+        return [f"blk.{i}.{GGUF_NAME[p]}.weight" for p in parts]
+
+    fused_qkv, has_gate = f"blk.{i}.{QKV}.weight" in g.tensors, f"blk.{i}.{GGUF_NAME['w_gate']}.weight" in g.tensors
+    return {"wqkv": [f"blk.{i}.{QKV}.weight"] if fused_qkv else names("wq", "wk", "wv"), "wo": names("wo"),
+            "w_gate_up": names("w_gate", "w_up") if has_gate else names("w_up"), "w_down": names("w_down")}
+
+
 def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
     """Layer i's tensors under the store's names: norms and biases, and its matrices (fused when quantized)."""
+    shapes = layer_shapes(g.cfg)
     unit = {}
-    for gname, name in LAYER_NAMES.items():
-        full = f"blk.{i}.{gname}"
-        if full not in g.tensors:
-            if name in REQUIRED:
-                raise StoreError(f"{g.src}: GGUF file lacks tensor {full!r}")
+    for name in (n.removesuffix(".weight") for n in shapes if n.endswith("norm.weight")):
+        unit[f"{name}.weight"] = g.get(f"blk.{i}.{GGUF_NAME[name]}.weight")
+    if g.cfg.qkv_bias:
+        unit.update({f"{p}.bias": g.get(f"blk.{i}.{GGUF_NAME[p]}.bias") for p in ("wq", "wk", "wv")})
+    for fused, parts in matrix_parts(g, i).items():
+        heads = [g.heads(p.split(".")[2]) for p in parts]
+        if g.fmt:
+            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt))
             continue
-        if g.fmt and name.endswith(".weight") and "norm" not in name:
-            continue  # matrices: fused below
-        t = g.get(full)
-        h = g.heads(gname.split(".")[0])
-        unit[name] = unpermute(t, h) if h and name.endswith(".weight") else t
-    if g.fmt:
-        for fused, parts in FUSED.items():
-            unit.update(g.matrix(fused, [(f"blk.{i}.{p}.weight", g.heads(p)) for p in parts], g.fmt))
+        t = torch.cat([unpermute(g.get(p), h) if h else g.get(p) for p, h in zip(parts, heads, strict=True)])
+        names = [f"{n}.weight" for n in SHAPES_FUSED[fused]]
+        rows = [shapes[n][0] for n in names]
+        if t.shape[0] != sum(rows):
+            raise StoreError(f"{g.src}: layer {i}'s {' + '.join(parts)} has {t.shape[0]} rows; expected {sum(rows)}")
+        unit.update(zip(names, (r.contiguous() for r in t.split(rows)), strict=True))
     return unit
 
 
@@ -173,25 +152,26 @@ def head_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
 
 def tokenizer_json(reader: GGUFReader) -> bytes:
     tok = build_tokenizer(
-        field(reader, "tokenizer.ggml.model"), field(reader, "tokenizer.ggml.pre", "default"),
-        field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type", [1]),
-        field(reader, "tokenizer.ggml.merges"),
+        field(reader, Keys.Tokenizer.MODEL), field(reader, Keys.Tokenizer.PRE, "default"),
+        field(reader, Keys.Tokenizer.LIST), field(reader, Keys.Tokenizer.TOKEN_TYPE, [1]),
+        field(reader, Keys.Tokenizer.MERGES, []), field(reader, Keys.Tokenizer.SCORES, []),
+        bool(field(reader, Keys.Tokenizer.ADD_PREFIX, True)),
     )
     return tok.to_str().encode()
 
 
 def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str, fmt: Format | None) -> dict:
     """StoreWriter.finish's fields: name, shape, dtype, tokenizer and its special tokens, quantization."""
-    eos = int(field(reader, "tokenizer.ggml.eos_token_id"))
-    eot = reader.fields.get("tokenizer.ggml.eot_token_id")
-    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
+    eos = int(field(reader, Keys.Tokenizer.EOS_ID))
+    eot = reader.fields.get(Keys.Tokenizer.EOT_ID)
+    bos = reader.fields.get(Keys.Tokenizer.BOS_ID)
     return dict(
-        name=str(field(reader, "general.name", src.stem)), config=cfg, dtype=dtype,
-        tokenizer="tokenizer.json", chat_template=field(reader, "tokenizer.chat_template", ""),
+        name=str(field(reader, Keys.General.NAME, src.stem)), config=cfg, dtype=dtype,
+        tokenizer="tokenizer.json", chat_template=field(reader, Keys.Tokenizer.CHAT_TEMPLATE, ""),
         bos_token_id=int(bos.contents()) if bos else None,
         # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
         eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
-        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(field(reader, Keys.Tokenizer.ADD_BOS, False)),
         quant=fmt.manifest() if fmt else {},
     )
 
@@ -201,7 +181,7 @@ def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool
     if dtype not in DTYPES:
         raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
     reader = open_gguf(src)
-    cfg = read_config(reader)
+    cfg = read_config(reader, src)
     fmt = writing_format(dtype)
     # norms and biases of quantized stores: float32
     g = GgufTensors(src, reader, cfg, fmt, torch.float32 if fmt else getattr(torch, dtype))

@@ -1,4 +1,4 @@
-"""Import a Hugging Face Llama/Mistral/Qwen2 directory (config.json, safetensors shards) into a store."""
+"""Import a Hugging Face directory (config.json, safetensors shards) of a supported family into a store."""
 
 import json
 from collections.abc import Callable
@@ -10,22 +10,41 @@ from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
 from nodes.engine.quant import Format, writing_format
+from prima_rpc.spec.arch import ARCHS
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
-from prima_rpc.spec.shapes import unit_shapes
+from prima_rpc.spec.shapes import layer_shapes, unit_shapes
 from tools.store_writer import StoreWriter, quantize_unit
 
-ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-# HF name inside model.layers.{i} -> store name (see import_gguf.LAYER_NAMES). HF's q/k rows are
-# already in rotate-half order, so unlike GGUF nothing is permuted.
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "wq.weight", "self_attn.k_proj.weight": "wk.weight",
-    "self_attn.v_proj.weight": "wv.weight", "self_attn.q_proj.bias": "wq.bias",
-    "self_attn.k_proj.bias": "wk.bias", "self_attn.v_proj.bias": "wv.bias",
-    "self_attn.o_proj.weight": "wo.weight", "mlp.gate_proj.weight": "w_gate.weight",
-    "mlp.up_proj.weight": "w_up.weight", "mlp.down_proj.weight": "w_down.weight",
+HF_CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+         "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3"}
+# Image-text checkpoints whose text model is one of those: its config (text_config) and its tensors' prefixes,
+# transformers 5's and 4's, taken for a causal LM's ("model.", "lm_head.")
+MULTIMODAL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                 "language_model.lm_head.": "lm_head."}
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF's hidden_act -> Arch.act
+DEFAULT_ACT = {"gemma3": "gelu_pytorch_tanh"}  # what transformers assumes when config.json says nothing
+# HF name inside model.layers.{i} -> store names (see import_gguf.LAYER_NAMES); a fused matrix (Phi-3) names its
+# parts in row order. HF's q/k rows are already in rotate-half order, so unlike GGUF nothing is permuted.
+MATRICES = {
+    "self_attn.q_proj.weight": ("wq.weight",), "self_attn.k_proj.weight": ("wk.weight",),
+    "self_attn.v_proj.weight": ("wv.weight",), "self_attn.o_proj.weight": ("wo.weight",),
+    "mlp.gate_proj.weight": ("w_gate.weight",), "mlp.up_proj.weight": ("w_up.weight",),
+    "mlp.down_proj.weight": ("w_down.weight",),
 }
-BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+FUSED_MATRICES = {
+    "self_attn.qkv_proj.weight": ("wq.weight", "wk.weight", "wv.weight"), "self_attn.o_proj.weight": ("wo.weight",),
+    "mlp.gate_up_proj.weight": ("w_gate.weight", "w_up.weight"), "mlp.down_proj.weight": ("w_down.weight",),
+}
+BIASES = {"self_attn.q_proj.bias": ("wq.bias",), "self_attn.k_proj.bias": ("wk.bias",),
+          "self_attn.v_proj.bias": ("wv.bias",)}
+NORMS = {"input_layernorm.weight": ("attn_norm.weight",), "post_attention_layernorm.weight": ("ffn_norm.weight",)}
+POST_NORMS = {  # Gemma 3: post_attention_layernorm is the norm after attention, not the MLP's
+    "input_layernorm.weight": ("attn_norm.weight",), "post_attention_layernorm.weight": ("post_attn_norm.weight",),
+    "pre_feedforward_layernorm.weight": ("ffn_norm.weight",),
+    "post_feedforward_layernorm.weight": ("post_ffn_norm.weight",),
+}
+QK_NORMS = {"self_attn.q_norm.weight": ("q_norm.weight",), "self_attn.k_norm.weight": ("k_norm.weight",)}
 UNSUPPORTED = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -40,16 +59,25 @@ def read_json(path: Path) -> dict:
         raise StoreError(f"{path}: invalid JSON ({exc})") from None
 
 
-def rope(hf: dict) -> tuple[float, dict | None]:
-    """rope_theta and the store's rope_scaling, from transformers 5's `rope_parameters` or the older keys."""
+def rope(hf: dict, kind: str = "full_attention") -> tuple[float, dict | None]:
+    """rope_theta and the store's rope_scaling of one layer type, from transformers 5's `rope_parameters` (Gemma 3:
+    one per layer type) or the older keys."""
     params = hf.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    params = params.get(kind, params) if kind in params or "full_attention" in params else params
+    old_theta = hf.get("rope_local_base_freq", 10000.0) if kind == "sliding_attention" else hf.get("rope_theta")
+    theta = float(params.get("rope_theta", old_theta or 10000.0))
     scaling = params if ("rope_type" in params or "type" in params) else (hf.get("rope_scaling") or {})
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
+    if kind == "sliding_attention" and "rope_parameters" not in hf:
+        scaling = {}  # Gemma 3's older configs: rope_scaling is the global layers'
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise StoreError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    if rope_type == "default":
         return theta, None
-    if kind != "llama3":
-        raise StoreError(f"rope scaling {kind!r} is not supported (only 'llama3')")
+    if rope_type == "linear":
+        return theta, {"type": "linear", "factor": float(scaling["factor"])}
+    if rope_type != "llama3":
+        raise StoreError(f"rope scaling {rope_type!r} is not supported (only 'llama3' and 'linear')")
     missing = [k for k in LLAMA3_KEYS if k not in scaling]
     if missing:
         raise StoreError(f"llama3 rope scaling lacks {missing}")
@@ -58,23 +86,40 @@ def rope(hf: dict) -> tuple[float, dict | None]:
 
 def architecture(hf: dict) -> str:
     archs = hf.get("architectures") or [hf.get("model_type")]
-    arch = next((ARCHS[a] for a in archs if a in ARCHS), None)
+    arch = next((HF_CLASSES[a] for a in archs if a in HF_CLASSES), None)
     if arch is None:
-        raise StoreError(f"unsupported architecture {archs!r}; supported: {sorted(ARCHS)}")
+        raise StoreError(f"unsupported architecture {archs!r}; supported: {sorted(HF_CLASSES)}")
     return arch
+
+
+def local_attention(hf: dict, arch: str) -> dict:
+    """Gemma 3's sliding-window layers: which they are, their window, RoPE base, and the attention's numbers."""
+    if arch != "gemma3":
+        return {}
+    n = int(hf["num_hidden_layers"])
+    kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
+                                      else "sliding_attention" for i in range(n)]
+    local = tuple(i for i, k in enumerate(kinds) if k == "sliding_attention")
+    if hf.get("attn_logit_softcapping") is not None:
+        raise StoreError("attention logit soft-capping (Gemma 2) is not supported")
+    return dict(sliding_window=int(hf["sliding_window"]) if local else None, local_layers=local,
+                local_rope_theta=rope(hf, "sliding_attention")[0] if local else None,
+                query_scale=float(hf.get("query_pre_attn_scalar", 256)),
+                logit_softcap=hf.get("final_logit_softcapping"))
 
 
 def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
     """The model's shape from config.json; biases and tying are read off the tensor names."""
     arch = architecture(hf)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise StoreError(f"activation {hf['hidden_act']!r} is not supported (only silu)")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or DEFAULT_ACT.get(arch, "silu")
+    if ACTIVATIONS.get(act) != ARCHS[arch].act:
+        raise StoreError(f"activation {act!r} is not supported for {arch} (only {ARCHS[arch].act})")
     try:
         hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         theta, scaling = rope(hf)
         max_seq = int(hf.get("max_position_embeddings", 4096))
         # Sliding-window attention equals full attention on sequences no longer than the window.
-        window = hf.get("sliding_window") if arch == "mistral" or hf.get("use_sliding_window") else None
+        window = hf.get("sliding_window") if arch in ("mistral", "phi3") or hf.get("use_sliding_window") else None
         return ModelConfig(
             architecture=arch, hidden=hidden, intermediate=int(hf["intermediate_size"]),
             n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
@@ -84,11 +129,27 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
             qkv_bias=any(f"model.layers.0.{n}" in tensors for n in BIASES),
             tie_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in tensors)),
+            **local_attention(hf, arch),
         )
     except KeyError as exc:
         raise StoreError(f"config.json lacks {exc}") from None
     except (TypeError, ValueError) as exc:
         raise StoreError(f"config.json has a malformed value ({exc})") from None
+
+
+def text_model(hf: dict) -> dict:
+    """config.json of the text model: an image-text checkpoint's text_config (its vision tower is left out)."""
+    text = next((MULTIMODAL[a] for a in hf.get("architectures") or [] if a in MULTIMODAL), None)
+    if text is None:
+        return hf
+    outer = {k: hf[k] for k in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "dtype") if k in hf}
+    return {**outer, **hf.get("text_config", {}), "architectures": [text]}
+
+
+def text_names(where: dict[str, Path]) -> dict[str, str]:
+    """A causal LM's tensor name -> the checkpoint's, for an image-text checkpoint's text tensors."""
+    return {causal + name[len(prefix):]: name for name in where
+            for prefix, causal in TEXT_PREFIXES.items() if name.startswith(prefix)}
 
 
 def tensor_files(src: Path) -> dict[str, Path]:
@@ -121,11 +182,11 @@ def open_shard(path: Path):
 class Shards:
     """Reads single tensors on demand, each shard opened (memory-mapped) once."""
 
-    def __init__(self, where: dict[str, Path], stack: ExitStack):
-        self.where, self.stack, self.handles = where, stack, {}
+    def __init__(self, where: dict[str, Path], stack: ExitStack, names: dict[str, str]):
+        self.where, self.stack, self.handles, self.names = where, stack, {}, names  # names: text_names()
 
     def dtype(self, name: str) -> str:
-        return self.handle(name).get_slice(name).get_dtype()
+        return self.handle(name).get_slice(self.names.get(name, name)).get_dtype()
 
     def handle(self, name: str):
         if name not in self.where:
@@ -133,13 +194,13 @@ class Shards:
         path = self.where[name]
         if path not in self.handles:
             self.handles[path] = self.stack.enter_context(open_shard(path))
-        if name not in self.handles[path].keys():
-            raise StoreError(f"{path.name} lacks tensor {name!r} (the index lists it there)")
+        if self.names.get(name, name) not in self.handles[path].keys():
+            raise StoreError(f"{path.name} lacks tensor {self.names.get(name, name)!r} (the index lists it there)")
         return self.handles[path]
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         try:
-            t = self.handle(name).get_tensor(name)
+            t = self.handle(name).get_tensor(self.names.get(name, name))
         except SafetensorError as exc:
             raise StoreError(f"{self.where[name]}: cannot read tensor {name!r} ({exc})") from None
         if tuple(t.shape) != shape:
@@ -205,21 +266,22 @@ def read_tokenizer(src: Path, hf: dict) -> tuple[bytes, dict, dict]:
     return tok_bytes, tok_cfg, special
 
 
-def layer_tensor_names(cfg: ModelConfig, where: dict[str, Path]) -> list[str]:
-    """The HF names (inside model.layers.{i}) of a layer's tensors, once every tensor the store needs is known to
-    be in the checkpoint and none it cannot hold is."""
+def layer_names(cfg: ModelConfig, where: dict[str, Path]) -> dict[str, tuple[str, ...]]:
+    """HF names inside model.layers.{i} -> their store names, once every tensor the store needs is known to be in
+    the checkpoint and none it cannot hold is."""
     prefix = [f"model.layers.{i}." for i in range(cfg.n_layers)]
     bad = next((p + n for p in prefix for n in UNSUPPORTED if p + n in where), None)
     if bad:
         raise StoreError(f"tensor {bad!r}: output/MLP biases are not supported")
-    hf_names = [n for n in LAYER_NAMES if cfg.qkv_bias or n not in BIASES]
-    names = [p + n for p in prefix for n in hf_names]
-    names += ["model.embed_tokens.weight", "model.norm.weight"]
-    names += [] if cfg.tie_embeddings else ["lm_head.weight"]
-    missing = next((n for n in names if n not in where), None)
+    fused = "model.layers.0.self_attn.qkv_proj.weight" in where  # Phi-3
+    names = {**(FUSED_MATRICES if fused else MATRICES), **(POST_NORMS if cfg.arch.post_norms else NORMS)}
+    names.update({**(BIASES if cfg.qkv_bias else {}), **(QK_NORMS if cfg.arch.qk_norm else {})})
+    needed = [p + n for p in prefix for n in names] + ["model.embed_tokens.weight", "model.norm.weight"]
+    needed += [] if cfg.tie_embeddings else ["lm_head.weight"]
+    missing = next((n for n in needed if n not in where), None)
     if missing:
         raise StoreError(f"checkpoint lacks tensor {missing!r}")
-    return hf_names
+    return names
 
 
 def store_dtype(dtype: str | None, hf: dict, shards: Shards) -> str:
@@ -232,8 +294,24 @@ def store_dtype(dtype: str | None, hf: dict, shards: Shards) -> str:
     return dtype
 
 
-def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, hf_names: list[str], fmt: Format | None,
-                dtype: torch.dtype, progress: Callable[[int, int], None]) -> None:
+def read_layer(shards: Shards, i: int, cfg: ModelConfig, names: dict[str, tuple[str, ...]],
+               dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Layer i's tensors under the store's names: fused matrices split by rows, norms as (offset + w)."""
+    shapes, unit = layer_shapes(cfg), {}
+    for hf_name, parts in names.items():
+        rows = [shapes[p][0] for p in parts]
+        t = shards.get(f"model.layers.{i}.{hf_name}", (sum(rows), *shapes[parts[0]][1:]), dtype)
+        unit.update(zip(parts, t.split(rows) if len(parts) > 1 else (t,), strict=True))
+    return {n: norm_values(n, t, cfg) for n, t in unit.items()}
+
+
+def norm_values(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """A store holds the weight its norm multiplies by: Gemma's checkpoints hold it minus one."""
+    return t + cfg.arch.norm_offset if name.endswith("norm.weight") and cfg.arch.norm_offset else t
+
+
+def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, names: dict[str, tuple[str, ...]],
+                fmt: Format | None, dtype: torch.dtype, progress: Callable[[int, int], None]) -> None:
     """The embed, layer and head units, tensors read as `dtype` (and quantized in `fmt`, None: float)."""
     shapes = unit_shapes(cfg)
 
@@ -242,12 +320,10 @@ def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, hf_names: list
 
     write("embed", {"embed.weight": shards.get("model.embed_tokens.weight", shapes["embed"]["embed.weight"], dtype)})
     for i in range(cfg.n_layers):
-        write(f"layer.{i}", {
-            LAYER_NAMES[n]: shards.get(f"model.layers.{i}.{n}", shapes[f"layer.{i}"][LAYER_NAMES[n]], dtype)
-            for n in hf_names
-        })
+        write(f"layer.{i}", {n: t.contiguous() for n, t in read_layer(shards, i, cfg, names, dtype).items()})
         progress(i + 1, cfg.n_layers)
-    head = {"norm.weight": shards.get("model.norm.weight", shapes["head"]["norm.weight"], dtype)}
+    norm = shards.get("model.norm.weight", shapes["head"]["norm.weight"], dtype)
+    head = {"norm.weight": norm_values("norm.weight", norm, cfg)}
     if not cfg.tie_embeddings:
         head["output.weight"] = shards.get("lm_head.weight", shapes["head"]["output.weight"], dtype)
     write("head", head)
@@ -258,18 +334,20 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
         raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
-    hf = read_json(src / "config.json")
+    hf = text_model(read_json(src / "config.json"))
     architecture(hf)  # fail on an unsupported model before opening any shard
     tok_bytes, tok_cfg, special = read_tokenizer(src, hf)
     where = tensor_files(src)
+    renamed = text_names(where)
+    where.update({name: where[real] for name, real in renamed.items()})
     cfg = read_config(hf, where)
-    hf_names = layer_tensor_names(cfg, where)
+    names = layer_names(cfg, where)
     with ExitStack() as stack:
-        shards = Shards(where, stack)
+        shards = Shards(where, stack, renamed)
         dtype = store_dtype(dtype, hf, shards)
         fmt = writing_format(dtype)
         with StoreWriter(out, overwrite=overwrite) as w:
-            write_units(w, shards, cfg, hf_names, fmt, torch.float32 if fmt else getattr(torch, dtype), progress)
+            write_units(w, shards, cfg, names, fmt, torch.float32 if fmt else getattr(torch, dtype), progress)
             w.add_file("tokenizer.json", tok_bytes)
             w.finish(name=src.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
                      chat_template=chat_template(src, tok_cfg), quant=fmt.manifest() if fmt else {}, **special)

@@ -2,10 +2,10 @@
 
 import torch
 
-from nodes.engine.model import Layer, Weight
+from nodes.engine.model import SMALL, Layer, Weight
 from nodes.engine.quant import Format
 from prima_rpc.spec.manifest import ModelConfig
-from prima_rpc.spec.shapes import FUSED, fused_rows, layer_params, matrix_params, matrix_shapes
+from prima_rpc.spec.shapes import FUSED, fused_rows, layer_params, layer_shapes, matrix_params, matrix_shapes
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
@@ -16,14 +16,13 @@ def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
 
 def layer_targets(layer: Layer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit tensor name -> the (contiguous) part of `layer` it fills; from_unit's torch.cat, without the copy."""
-    out = small_targets({"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm, "bqkv": layer.bqkv}, cfg)
+    out = small_targets(layer.small(), cfg)
     for unit in STREAM_UNITS:
         out.update(unit_targets(unit, getattr(layer, unit), cfg))
     return out
 
 
 STREAM_UNITS = tuple(FUSED)  # a layer's matrices: the units of residency and streaming
-SMALL = ("attn_norm", "ffn_norm", "bqkv")  # norms and biases: always resident
 
 
 def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -63,15 +62,16 @@ def matrix_bytes(shape: tuple[int, int], fmt: Format | None, dtype: torch.dtype)
 
 
 def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
-    """A layer's SMALL tensors, uninitialised (bqkv None without biases)."""
-    h, q, kv = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    return {"attn_norm": torch.empty(h, dtype=dtype), "ffn_norm": torch.empty(h, dtype=dtype),
-            "bqkv": torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None}
+    """A layer's SMALL tensors, uninitialised (None where the architecture has none)."""
+    q, kv, shapes = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, layer_shapes(cfg)
+    small = {n: torch.empty(shapes[f"{n}.weight"], dtype=dtype) if f"{n}.weight" in shapes else None for n in SMALL}
+    small["bqkv"] = torch.empty(q + 2 * kv, dtype=dtype) if cfg.qkv_bias else None
+    return small
 
 
 def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unit file tensor name -> its part of a layer's small tensors (SMALL; bqkv may be None)."""
-    out = {"attn_norm.weight": small["attn_norm"], "ffn_norm.weight": small["ffn_norm"]}
+    out = {f"{n}.weight": t for n, t in small.items() if n != "bqkv" and t is not None}
     b = small.get("bqkv")
     if b is not None:
         out.update({name: b[rows] for name, rows in fused_rows("wqkv", cfg, "bias").items()})

@@ -15,7 +15,7 @@ from nodes.engine.fused import (
     part_weight,
     small_targets,
 )
-from nodes.engine.model import Layer, OutputHead, Weight
+from nodes.engine.model import Layer, OutputHead, Weight, head_numerics
 from nodes.engine.prefetch import MemoryPlan, Prefetcher
 from nodes.engine.quant import Format
 from nodes.engine.store import LayerStore
@@ -67,7 +67,7 @@ def load_head(store: Store, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | 
     """The embedding, final norm and output (float stores' tensors read as `dtype`, quantized ones' as stored)."""
     embed = store.new_tensors("embed", dtype if fmt is None else None)
     head = store.new_tensors("head", dtype if fmt is None else None)
-    return OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt)
+    return OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt, **head_numerics(cfg))
 
 
 def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None) -> Layer:

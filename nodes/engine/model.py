@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +26,12 @@ def matrix(t: dict[str, torch.Tensor], name: str, dtype: torch.dtype, fmt: Forma
     return (Format("int8") if q.dtype == torch.int8 else fmt).weight(q, t[f"{name}.scales"], dtype)
 
 
+SMALL = ("attn_norm", "ffn_norm", "bqkv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # always resident
+
+
 @dataclass
 class Layer:
-    """One decoder layer's weights, fused for few matmuls per token."""
+    """One decoder layer's weights, fused for few matmuls per token (None: the architecture has no such tensor)."""
 
     attn_norm: torch.Tensor  # [H]
     wqkv: Weight  # [(nh + 2 nkv) * hd, H]
@@ -36,6 +40,10 @@ class Layer:
     ffn_norm: torch.Tensor  # [H]
     w_gate_up: Weight  # [2 I, H]
     w_down: Weight  # [H, I]
+    q_norm: torch.Tensor | None = None  # [hd] (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None  # [hd]
+    post_attn_norm: torch.Tensor | None = None  # [H] (Gemma 3)
+    post_ffn_norm: torch.Tensor | None = None  # [H]
 
     @staticmethod
     def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None) -> "Layer":
@@ -46,20 +54,19 @@ class Layer:
         if fmt is None:
             t = dict(t, **{"wqkv.weight": torch.cat([t["wq.weight"], t["wk.weight"], t["wv.weight"]]),
                            "w_gate_up.weight": torch.cat([t["w_gate.weight"], t["w_up.weight"]])})
+        norms = {n: t[f"{n}.weight"].to(dtype) for n in SMALL if f"{n}.weight" in t}
         return Layer(
-            attn_norm=t["attn_norm.weight"].to(dtype),
-            wqkv=matrix(t, "wqkv", dtype, fmt),
-            bqkv=bias,
-            wo=matrix(t, "wo", dtype, fmt),
-            ffn_norm=t["ffn_norm.weight"].to(dtype),
-            w_gate_up=matrix(t, "w_gate_up", dtype, fmt),
-            w_down=matrix(t, "w_down", dtype, fmt),
+            wqkv=matrix(t, "wqkv", dtype, fmt), bqkv=bias, wo=matrix(t, "wo", dtype, fmt),
+            w_gate_up=matrix(t, "w_gate_up", dtype, fmt), w_down=matrix(t, "w_down", dtype, fmt), **norms,
         )
 
+    def small(self) -> dict[str, torch.Tensor | None]:
+        """Norms and biases by SMALL name (what a streamed layer keeps resident)."""
+        return {n: getattr(self, n) for n in SMALL}
+
     def nbytes(self) -> int:
-        parts = [self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down]
-        parts += [self.bqkv] if self.bqkv is not None else []
-        return sum(nbytes(p) for p in parts)
+        parts = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
+        return sum(nbytes(p) for p in parts + [t for t in self.small().values() if t is not None])
 
 
 @dataclass
@@ -69,19 +76,31 @@ class OutputHead:
     embed: Weight  # [V, H]
     norm: torch.Tensor  # [H]
     output: Weight  # [V, H] (the embedding itself when tied)
+    embed_scale: float = 1.0  # Gemma: sqrt(H)
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) (Gemma)
 
     @staticmethod
-    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool, fmt: Format | None = None) -> "OutputHead":
+    def from_units(embed: dict, head: dict, dtype: torch.dtype, tied: bool, fmt: Format | None = None,
+                   **numerics) -> "OutputHead":
+        """numerics: head_numerics(cfg) (none: Llama's)."""
         emb = matrix(embed, "embed", dtype, fmt)
         out = emb if tied else matrix(head, "output", dtype, fmt)
-        return OutputHead(embed=emb, norm=head["norm.weight"].to(dtype), output=out)
+        return OutputHead(embed=emb, norm=head["norm.weight"].to(dtype), output=out, **numerics)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return embed_rows(self.embed, ids)  # [T, H]
+        x = embed_rows(self.embed, ids)  # [T, H]
+        # Gemma multiplies by sqrt(H) rounded to the weights' dtype
+        return x if self.embed_scale == 1.0 else x * torch.tensor(self.embed_scale, dtype=x.dtype)
 
     def logits(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """Float32 logits [T, V] of hidden states h [T, H]."""
-        return linear(rms_norm(h, self.norm, eps), self.output).float()
+        logits = linear(rms_norm(h, self.norm, eps), self.output).float()
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
+
+
+def head_numerics(cfg: ModelConfig) -> dict:
+    """OutputHead's architecture-dependent numbers."""
+    return {"embed_scale": math.sqrt(cfg.hidden) if cfg.arch.embed_scale else 1.0, "softcap": cfg.logit_softcap}
 
 
 class KVCache:
@@ -97,15 +116,22 @@ class KVCache:
 
 
 class Rope:
-    """cos/sin tables [S, hd] for rotate-half RoPE, with optional llama3 frequency scaling."""
+    """cos/sin tables [S, hd] for rotate-half RoPE (llama3, linear or per-frequency scaling), and the attention
+    window of the layers that use it; `layer(i)` picks a layer's (Gemma 3's local layers have their own base)."""
 
-    def __init__(self, cfg: ModelConfig, length: int, dtype: torch.dtype):
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
-            inv = llama3_scaled(inv, cfg.rope_scaling)
+    def __init__(self, cfg: ModelConfig, length: int, dtype: torch.dtype, local: bool = False):
+        theta = cfg.local_rope_theta if local else cfg.rope_theta
+        inv = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+        inv = inv if local else scaled(inv, cfg.rope_scaling)
         angles = torch.outer(torch.arange(length, dtype=torch.float64), inv).float()
         angles = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        self.window = cfg.sliding_window if local else None  # None: every earlier position
+        self.local_layers = frozenset(cfg.local_layers)
+        self.local = Rope(cfg, length, dtype, local=True) if cfg.local_layers and not local else None
+
+    def layer(self, i: int) -> "Rope":
+        return self.local if i in self.local_layers else self
 
     def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         # x: [heads, T, hd]
@@ -114,6 +140,18 @@ class Rope:
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+
+def scaled(inv: torch.Tensor, s: dict | None) -> torch.Tensor:
+    """Inverse frequencies [hd / 2] after the store's rope scaling (ModelConfig.rope_scaling)."""
+    if s is None:
+        return inv
+    if s["type"] == "llama3":
+        return llama3_scaled(inv, s)
+    if s["type"] == "linear":
+        return inv / s["factor"]
+    assert s["type"] == "factors" and len(s["factors"]) == len(inv), s
+    return inv / torch.tensor(s["factors"], dtype=torch.float64)
 
 
 def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
@@ -146,9 +184,10 @@ class Segment:
 
 
 def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
-    """x: [sum T, H], the segments' rows in order."""
-    h = attention_stage(x, layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, segs, cfg, rope)
-    return down_stage(h, gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg), layer.w_down)
+    """x: [sum T, H], the segments' rows in order; rope: this layer's (Rope.layer)."""
+    h = attention_stage(x, layer.small(), layer.wqkv, layer.wo, segs, cfg, rope)
+    a = gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg)
+    return down_stage(h, a, layer.w_down, layer.post_ffn_norm, cfg.norm_eps)
 
 
 # A layer in three stages, each needing only some of its matrices (STAGES): a node streaming a layer
@@ -156,45 +195,61 @@ def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: Model
 STAGES = (("wqkv", "wo"), ("w_gate_up",), ("w_down",))
 
 
-def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
-                    wo: torch.Tensor, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
-    qkv = linear(rms_norm(x, attn_norm, cfg.norm_eps), wqkv, bqkv)
+def attention_stage(x: torch.Tensor, small: dict, wqkv: Weight, wo: Weight, segs: list[Segment], cfg: ModelConfig,
+                    rope: Rope) -> torch.Tensor:
+    """small: the layer's norms and biases (Layer.small)."""
+    qkv = linear(rms_norm(x, small["attn_norm"], cfg.norm_eps), wqkv, small["bqkv"])
     rows = qkv.split([s.t for s in segs]) if len(segs) > 1 else (qkv,)
-    att = [_attend(r, s, cfg, rope) for r, s in zip(rows, segs, strict=True)]
-    return x + linear(att[0] if len(att) == 1 else torch.cat(att), wo)
+    att = [_attend(r, s, small, cfg, rope) for r, s in zip(rows, segs, strict=True)]
+    out = linear(att[0] if len(att) == 1 else torch.cat(att), wo)
+    return x + (out if small["post_attn_norm"] is None else rms_norm(out, small["post_attn_norm"], cfg.norm_eps))
 
 
-def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
+def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """One segment's attention: qkv [T, (nh + 2 nkv) hd] -> [T, nh hd]; its keys and values go to its cache."""
     t, kv, pos = seg.t, seg.kv, seg.pos
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
-    q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])  # q and k rotated at once: half the ops
+    qk = heads[:nh + nkv]
+    if small["q_norm"] is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
+        qk = torch.cat([rms_norm(qk[:nh], small["q_norm"], cfg.norm_eps), rms_norm(qk[nh:], small["k_norm"],
+                                                                                   cfg.norm_eps)])
+    q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
     keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
     mask = None
-    if t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+    if rope.window is not None and pos + t > rope.window:  # a local layer sees its last `window` positions
+        rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
+        mask = (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - rope.window)
+    elif t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
-        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-        attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
+        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
+        is_causal=(t > 1 and pos == 0 and mask is None), enable_gqa=nh != nkv,
+        scale=None if cfg.query_scale is None else cfg.query_scale ** -0.5,
     )  # [1, nh, T, hd]
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
+
+
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
     gate, up = linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return ACTIVATIONS[cfg.arch.act](gate) * up
 
 
-def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: Weight) -> torch.Tensor:
-    return h + linear(a, w_down)
+def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: Weight, post_norm: torch.Tensor | None = None,
+               eps: float = 0.0) -> torch.Tensor:
+    """post_norm: Gemma 3's norm of the MLP's output (eps: its epsilon)."""
+    out = linear(a, w_down)
+    return h + (out if post_norm is None else rms_norm(out, post_norm, eps))
 
 
 def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int, cache: KVCache, pos: int,
                cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """Hidden states after layers [start, stop), all of which must be in `layers`."""
     for i in range(start, stop):
-        x = layer_forward(x, layers[i], [Segment(cache.kv[i], pos, x.shape[0])], cfg, rope)
+        x = layer_forward(x, layers[i], [Segment(cache.kv[i], pos, x.shape[0])], cfg, rope.layer(i))
     return x

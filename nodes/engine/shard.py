@@ -154,7 +154,7 @@ class Shard:
                 segs = [Segment(cache.kv[i], pos, t) for (_, cache, pos), t in zip(items, lengths, strict=True)]
                 layer = self.layers.get(i)
                 if layer is not None:
-                    x = layer_forward(x, layer, segs, self.cfg, self.rope)
+                    x = layer_forward(x, layer, segs, self.cfg, self.rope.layer(i))
                 else:
                     x = self._streamed_forward(i, x, segs)
             next_layer = stop
@@ -180,10 +180,10 @@ class Shard:
                     self.prefetcher.release(i, streamed)
 
         attn, gate_up, down = STAGES
-        h = run(attn, lambda wqkv, wo: attention_stage(x, small["attn_norm"], wqkv, small["bqkv"], wo, segs,
-                                                       cfg, self.rope))
+        rope = self.rope.layer(i)
+        h = run(attn, lambda wqkv, wo: attention_stage(x, small, wqkv, wo, segs, cfg, rope))
         a = run(gate_up, lambda w_gate_up: gate_up_stage(h, small["ffn_norm"], w_gate_up, cfg))
-        return run(down, lambda w_down: down_stage(h, a, w_down))
+        return run(down, lambda w_down: down_stage(h, a, w_down, small["post_ffn_norm"], cfg.norm_eps))
 
     @torch.inference_mode()
     def embed(self, ids: list[int]) -> torch.Tensor:

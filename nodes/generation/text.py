@@ -1,6 +1,7 @@
 """Text in and out: the store's tokenizer, its chat template, and streaming detokenisation."""
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from jinja2 import TemplateError
@@ -18,6 +19,11 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+def _strftime_now(fmt: str) -> str:
+    """Today's date as Llama 3.x templates print it (transformers gives templates the same function)."""
+    return datetime.now().strftime(fmt)
+
+
 class TextCodec:
     def __init__(self, manifest: Manifest, tokenizer_path: Path | None):
         if tokenizer_path is None or not tokenizer_path.is_file():
@@ -25,7 +31,7 @@ class TextCodec:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.manifest = manifest
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
+        env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         self.template = env.from_string(manifest.chat_template) if manifest.chat_template else None
 
     def chat_prompt(self, messages: list[dict]) -> str:

@@ -5,9 +5,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from prima_rpc.spec.arch import ARCHS, Arch
+
 FORMAT = "prima-store/1"
 MANIFEST = "manifest.json"
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = tuple(ARCHS)
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/engine/quant.py
 
 
@@ -38,9 +40,21 @@ class ModelConfig:
     max_seq_len: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"type": "llama3", "factor", "low_freq_factor", ...}
+    rope_scaling: dict | None = None  # {"type": "llama3", "factor", ...}, {"type": "linear", "factor"} or
+    # {"type": "factors", "factors": [hd / 2]} (a GGUF's rope_freqs: each frequency divided by its factor)
     qkv_bias: bool = False
     tie_embeddings: bool = False
+    # Gemma 3's attention: layers in `local_layers` see only the last `sliding_window` positions and use their
+    # own RoPE base; queries scaled by query_scale ** -0.5 (None: head_dim); logits soft-capped at logit_softcap.
+    sliding_window: int | None = None
+    local_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
+    query_scale: float | None = None
+    logit_softcap: float | None = None
+
+    @property
+    def arch(self) -> Arch:
+        return ARCHS[self.architecture]
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -50,6 +64,10 @@ class ModelConfig:
                 raise StoreError(f"model dimension {name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
             raise StoreError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.local_layers and not (self.sliding_window and self.sliding_window > 0 and self.local_rope_theta
+                                      and all(0 <= i < self.n_layers for i in self.local_layers)):
+            raise StoreError(f"local layers {self.local_layers} need a positive sliding_window (got "
+                             f"{self.sliding_window}), a local_rope_theta and indices below {self.n_layers}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,8 @@ class Manifest:
             "rope": {"theta": cfg.pop("rope_theta"), "scaling": cfg.pop("rope_scaling")},
             "qkv_bias": cfg.pop("qkv_bias"),
             "tie_embeddings": cfg.pop("tie_embeddings"),
+            # what is left: the Gemma-style attention fields, written only when some are set (old stores unchanged)
+            **({"attention": cfg} if any(v not in (None, ()) for v in cfg.values()) else {}),
             "dtype": self.dtype,
             "bits_per_weight": self.bits_per_weight,
             "manifest_only": self.manifest_only,
@@ -110,6 +130,7 @@ class Manifest:
                 architecture=data["architecture"], **dims, norm_eps=float(data["norm_eps"]),
                 rope_theta=float(rope["theta"]), rope_scaling=rope.get("scaling"),
                 qkv_bias=bool(data["qkv_bias"]), tie_embeddings=bool(data["tie_embeddings"]),
+                **attention_fields(data.get("attention", {})),
             )
             layers = tuple(FileEntry(**f) for f in files["layers"])
             if len(layers) != config.n_layers:
@@ -133,6 +154,14 @@ class Manifest:
         named = {"embed": self.embed, "head": self.head}
         named.update({f"layer.{i}": f for i, f in enumerate(self.layers)})
         return named
+
+
+def attention_fields(attention: dict) -> dict:
+    """ModelConfig's Gemma-style attention fields from the manifest's optional "attention" object."""
+    out = dict(attention)
+    if "local_layers" in out:
+        out["local_layers"] = tuple(int(i) for i in out["local_layers"])
+    return out
 
 
 def read_manifest(store_dir: Path) -> tuple[Manifest, str]:

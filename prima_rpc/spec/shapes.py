@@ -13,6 +13,10 @@ PRESETS: dict[str, ModelConfig] = {
     # Tiny stores for tests: a few MB, fast on two cores.
     "tiny": ModelConfig("llama", 64, 128, 8, 4, 2, 16, 320, 512, tie_embeddings=True),
     "tiny-qwen2": ModelConfig("qwen2", 64, 160, 6, 4, 2, 16, 320, 512, qkv_bias=True),
+    "tiny-qwen3": ModelConfig("qwen3", 64, 160, 4, 4, 2, 16, 320, 512, 1e-6, 1e6),
+    "tiny-gemma3": ModelConfig("gemma3", 64, 128, 6, 4, 2, 16, 320, 512, 1e-6, 1e6, tie_embeddings=True,
+                               sliding_window=8, local_layers=(0, 1, 2, 3, 4), local_rope_theta=10000.0,
+                               query_scale=16.0),
     # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
     "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
 }
@@ -29,6 +33,10 @@ def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     if cfg.qkv_bias:
         shapes.update({"wq.bias": (q,), "wk.bias": (kv,), "wv.bias": (kv,)})
+    if cfg.arch.qk_norm:  # one [hd] weight shared by every head
+        shapes.update({"q_norm.weight": (cfg.head_dim,), "k_norm.weight": (cfg.head_dim,)})
+    if cfg.arch.post_norms:
+        shapes.update({"post_attn_norm.weight": (h,), "post_ffn_norm.weight": (h,)})
     return shapes
 
 
@@ -54,7 +62,7 @@ def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def layer_params(cfg: ModelConfig) -> int:
-    """Every parameter of a decoder layer: matrices, its two norm vectors, and biases."""
+    """Every parameter of a decoder layer: matrices, its norm vectors, and biases."""
     return sum(prod(s) for s in layer_shapes(cfg).values())
 
 
