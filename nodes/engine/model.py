@@ -164,6 +164,13 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
     return x + linear(att[0] if len(att) == 1 else torch.cat(att), wo)
 
 
+# A segment of up to ROW_ATTENTION rows (a verify frame: up to 16 drafted tokens after the pending one; a short
+# prompt) attends row by row, each row exactly as a one-token step at its position does: SDPA over several queries
+# sums in another order (bfloat16: up to 2e-3 apart), which flipped SmolLM2 int4's greedy token on a near-tie
+# when speculation was on. Longer segments (prefill chunks) are one call: they are computed alike either way.
+ROW_ATTENTION = 17
+
+
 def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """One segment's attention: qkv [T, (nh + 2 nkv) hd] -> [T, nh hd]; its keys and values go to its cache."""
     t, kv, pos = seg.t, seg.kv, seg.pos
@@ -172,14 +179,19 @@ def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> to
     q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])  # q and k rotated at once: half the ops
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
-    keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
-    mask = None
-    if t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
-        mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
-    att = F.scaled_dot_product_attention(
-        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-        attn_mask=mask, is_causal=(t > 1 and pos == 0), enable_gqa=nh != nkv,
-    )  # [1, nh, T, hd]
+    gqa = nh != nkv
+    if t <= ROW_ATTENTION:  # [1, nh, 1, hd] a row, over the keys up to its own position
+        rows = [F.scaled_dot_product_attention(q[None, :, i:i + 1], kv[None, 0, :, :pos + i + 1],
+                                               kv[None, 1, :, :pos + i + 1], enable_gqa=gqa) for i in range(t)]
+        att = rows[0] if t == 1 else torch.cat(rows, dim=2)
+    else:
+        mask = None
+        if pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+            mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
+        att = F.scaled_dot_product_attention(
+            q.unsqueeze(0), kv[None, 0, :, :pos + t], kv[None, 1, :, :pos + t],
+            attn_mask=mask, is_causal=pos == 0, enable_gqa=gqa,
+        )  # [1, nh, T, hd]
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 

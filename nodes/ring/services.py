@@ -125,7 +125,7 @@ class ControlService(rpc.ControlServicer):
             await abort(context, Code.FAILED_PRECONDITION, "requests are in flight; profile an idle ring")
         try:
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
-                                        node.link if node.peer else None, dtype=node.dtype_name,
+                                        node.link if node.peer else None, dtype=node.cfg.dtype,
                                         refresh=request.refresh, is_head=node.role == "head",
                                         mem_budget=node.cfg.mem_budget, compute=node.pool)  # idle, as checked above
         except LinkDown as exc:
