@@ -143,14 +143,6 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
                for u in dict.fromkeys(units)}  # as stored: the reader's copies are plain bytes
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
     stop = threading.Event()
-
-    def stream() -> None:
-        while not stop.is_set():
-            for u in units:
-                if stop.is_set():
-                    break
-                reader.read_into(u, targets[u])
-
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     steps = {False: [], True: []}
     bytes_computing = 0.0
@@ -158,23 +150,16 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     try:
         capacity = min(cfg.max_seq_len, WARM_UP + LOSS_MAX_STEPS)
         for phase, beside in enumerate((False, True) * LOSS_PAIRS):
-            cache, pos = shard.cache_for(f"profile-{phase}", 0, capacity, 1), 0
+            cache = shard.cache_for(f"profile-{phase}", 0, capacity, 1)
             if beside:
                 stop.clear()
-                thread = threading.Thread(target=stream, daemon=True)
+                thread = threading.Thread(target=_stream, args=(reader, targets, units, stop), daemon=True)
                 thread.start()
-            times = []
-            for _ in range(WARM_UP):
+            for pos in range(WARM_UP):
                 time.sleep(QUIET_S)
                 shard.compute(x, cache, pos, 0)
-                pos += 1
             began, read = time.perf_counter(), reader.bytes_read
-            while pos < capacity and (len(times) < LOSS_MIN_STEPS or time.perf_counter() - began < LOSS_PHASE_S):
-                time.sleep(QUIET_S)
-                start = time.perf_counter()
-                shard.compute(x, cache, pos, 0)
-                pos += 1
-                times.append(time.perf_counter() - start)
+            times = _phase_steps(shard, x, cache, capacity, began)
             if beside:  # the reader streams steadily: its bytes while computing are its share of the phase
                 bytes_computing += (reader.bytes_read - read) * sum(times) / (time.perf_counter() - began)
                 stop.set()
@@ -192,6 +177,29 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     lost = statistics.fmean(steps[True]) - statistics.fmean(steps[False])
     return {"read_loss_s": max(lost, 0.0) / per_step, "bytes_per_step": per_step, "layers": n,
             "steps": len(steps[True]) + len(steps[False])}
+
+
+def _stream(reader: LayerStore, targets: dict, units: list[str], stop: threading.Event) -> None:
+    """Read `units` into `targets` in turn until `stop`."""
+    while not stop.is_set():
+        for u in units:
+            if stop.is_set():
+                break
+            reader.read_into(u, targets[u])
+
+
+def _phase_steps(shard: Shard, x: torch.Tensor, cache, capacity: int, began: float) -> list[float]:
+    """Decode steps from position WARM_UP, timed, until LOSS_MIN_STEPS and LOSS_PHASE_S since `began` (or the
+    cache is full)."""
+    times = []
+    for pos in range(WARM_UP, capacity):
+        if len(times) >= LOSS_MIN_STEPS and time.perf_counter() - began >= LOSS_PHASE_S:
+            break
+        time.sleep(QUIET_S)
+        start = time.perf_counter()
+        shard.compute(x, cache, pos, 0)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 BATCH_SIZES = (1, 2, 4, 8)  # decode rows a batch cost curve is measured at
