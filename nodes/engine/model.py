@@ -164,10 +164,12 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
     return x + linear(att[0] if len(att) == 1 else torch.cat(att), wo)
 
 
-# A segment of up to ROW_ATTENTION rows (a verify frame: up to 16 drafted tokens after the pending one; a short
-# prompt) attends row by row, each row exactly as a one-token step at its position does: SDPA over several queries
-# sums in another order (bfloat16: up to 2e-3 apart), which flipped SmolLM2 int4's greedy token on a near-tie
-# when speculation was on. Longer segments (prefill chunks) are one call: they are computed alike either way.
+# A segment of up to ROW_ATTENTION rows (a decode step; a verify frame: up to 16 drafted tokens after the pending
+# one; a short prompt) attends row by row, each row exactly as a one-token step at its position does: SDPA over
+# several queries sums in another order (bfloat16: up to 2e-3 apart), which flipped SmolLM2 int4's greedy token on
+# a near-tie when speculation was on. A row is two small float32 matmuls, not SDPA: one bfloat16 query took SDPA
+# 1.1 ms over 512 keys here (these 0.19; float32 SDPA 0.05-0.07, these 0.06). Longer segments (prefill chunks)
+# are one SDPA call: they are computed alike with or without speculation.
 ROW_ATTENTION = 17
 
 
@@ -179,20 +181,30 @@ def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> to
     q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])  # q and k rotated at once: half the ops
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
-    gqa = nh != nkv
-    if t <= ROW_ATTENTION:  # [1, nh, 1, hd] a row, over the keys up to its own position
-        rows = [F.scaled_dot_product_attention(q[None, :, i:i + 1], kv[None, 0, :, :pos + i + 1],
-                                               kv[None, 1, :, :pos + i + 1], enable_gqa=gqa) for i in range(t)]
-        att = rows[0] if t == 1 else torch.cat(rows, dim=2)
-    else:
-        mask = None
-        if pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
-            mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
-        att = F.scaled_dot_product_attention(
-            q.unsqueeze(0), kv[None, 0, :, :pos + t], kv[None, 1, :, :pos + t],
-            attn_mask=mask, is_causal=pos == 0, enable_gqa=gqa,
-        )  # [1, nh, T, hd]
+    if t <= ROW_ATTENTION:
+        return _attend_rows(q, kv[:, :, :pos + t].float(), pos)  # float32 once for all its rows
+    mask = None
+    if pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+        mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
+    att = F.scaled_dot_product_attention(
+        q.unsqueeze(0), kv[None, 0, :, :pos + t], kv[None, 1, :, :pos + t],
+        attn_mask=mask, is_causal=pos == 0, enable_gqa=nh != nkv,
+    )  # [1, nh, T, hd]
     return att[0].transpose(0, 1).reshape(t, nh * hd)
+
+
+def _attend_rows(q: torch.Tensor, kv: torch.Tensor, pos: int) -> torch.Tensor:
+    """q [nh, T, hd] at positions [pos, pos + T) over kv float32 [2, nkv, pos + T, hd] -> [T, nh hd] in q's dtype,
+    each row alone over the keys up to its own position. Query head h reads key head h // (nh / nkv), as SDPA's
+    enable_gqa does."""
+    nh, t, hd = q.shape
+    nkv = kv.shape[1]
+    rows = []
+    for i in range(t):
+        keys, values = kv[0, :, :pos + i + 1], kv[1, :, :pos + i + 1]  # [nkv, S, hd]
+        scores = torch.bmm(q[:, i].float().view(nkv, nh // nkv, hd), keys.transpose(1, 2)).mul_(hd ** -0.5)
+        rows.append(torch.bmm(torch.softmax(scores, dim=-1), values).view(1, nh * hd))  # [nkv, g, hd]
+    return (rows[0] if t == 1 else torch.cat(rows)).to(q.dtype)
 
 
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:

@@ -30,10 +30,11 @@ BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus
 # Float weights with few rows (decode steps, verify frames, small batches): torch's CPU GEMM for x @ w.T reads w at
 # about half the speed of w @ x.T, whose kernel splits the long N side across threads; one row alone takes the GEMV
 # path, as slow. Measured on SmolLM2's matrices, 2 threads: one row 0.44 -> 0.25 ms as w @ [x, 0].T. A GEMM's
-# low bits for one column depend on how many columns it has (MKL picks its kernel by the shape), so rows go
-# through GEMMs of exactly PAIR columns, padded: a row gives the same bits alone, in a verify frame or in a batch
+# low bits for one row depend on how many rows it has (MKL picks its kernel by the shape), so float32 rows go
+# through GEMMs of exactly PAIR columns, padded, and bfloat16 / float16 rows through one GEMV each (faster there than
+# a pair: 0.61 against 0.83 ms a SmolLM2 layer): a row gives the same bits alone, in a verify frame or in a batch
 # (tests/test_batch_invariance.py). Past FEW_ROWS rows (prefill chunks, large batches) one F.linear reads the
-# weights once; its rows differ from a pair's in the low bits (~5e-5 on values ~20).
+# weights once for all; its rows may differ from a lone row's in the low bits (~5e-5 on values ~20).
 PAIR = 2
 FEW_ROWS = 8
 
@@ -42,17 +43,18 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
     """x @ w.T (+ bias) for a float weight [N, K] or a quantized one."""
     if isinstance(w, torch.Tensor):
         if x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype:
-            rows = x.shape[0]
-            y = _pair_mm(w, x) if rows <= PAIR else torch.cat([_pair_mm(w, x[i:i + PAIR])
-                                                                for i in range(0, rows, PAIR)])
+            chunks = x.split(PAIR if w.dtype == torch.float32 else 1)
+            y = _few_rows(w, chunks[0]) if len(chunks) == 1 else torch.cat([_few_rows(w, c) for c in chunks])
             return y if bias is None else y + bias
         return torch.nn.functional.linear(x, w, bias)
     y = w.mm(x) if x.dim() == 2 else w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
     return y if bias is None else y + bias
 
 
-def _pair_mm(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x @ w.T for x [1 or PAIR, K], always as one GEMM of PAIR columns."""
+def _few_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ w.T for x [1 or PAIR, K]: float32 as one GEMM of PAIR columns, a half-precision row as one GEMV."""
+    if w.dtype != torch.float32:
+        return torch.nn.functional.linear(x, w)
     rows = x.shape[0]
     xt = torch.cat([x, x.new_zeros(PAIR - rows, x.shape[1])]) if rows < PAIR else x
     return torch.mm(w, xt.t()).t()[:rows].contiguous()
