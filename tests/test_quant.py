@@ -42,6 +42,7 @@ from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import SpeculateParams, Speculator
 from nodes.generation.state import GenerateParams
+from prima_rpc.app.status_rows import status_row
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 from tools.default_model import default_gguf, ensure_default_store
@@ -216,7 +217,7 @@ def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, sm
 @pytest.mark.slow
 def test_int4_greedy_tokens_do_not_depend_on_speculation(smol_int4):
     """Verify frames compute each position as a one-token step does (nodes/engine/model.py ROW_ATTENTION): before,
-    bfloat16 SDPA over several queries flipped a near-tie on the haiku prompt at its 20th token."""
+    bfloat16 SDPA over several queries flipped a near-tie on the haiku prompt at its 13th token."""
     model = ReferenceModel(smol_int4)
     ngram = SpeculateParams("ngram", 4)
     total = Speculator(ngram)
@@ -309,6 +310,31 @@ def test_int4_ring_equals_the_single_process(smol_int4, tmp_path, windows, budge
             assert asyncio.run(collect(prompt)) == tokens, (windows, prompt)
         if budget:
             assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]) if info.windows)
+    finally:
+        local.stop()
+
+
+@pytest.mark.slow
+def test_an_int4_ring_gives_a_request_its_plain_tokens_with_speculation_and_in_a_batch(smol_int4, tmp_path):
+    """All prompts at once with prompt-lookup speculation, then each alone without: every request's greedy tokens
+    are the single process's plain ones (the haiku's near-tie flipped with speculation before)."""
+    from prima_rpc.app import ring
+    from prima_rpc.app.local_ring import launch
+    from tests.ring_client import greedy_reference, stream
+
+    expected = greedy_reference(smol_int4, PROMPTS, 32)
+    local = launch(smol_int4, 2, log_dir=tmp_path, detach=False)
+    try:
+        ring.start(local.addresses[0], [15, 15])
+
+        async def together():
+            return await asyncio.gather(*(stream(local.addresses[0], p, 32, speculate="ngram") for p in PROMPTS))
+
+        batched = [tokens for tokens, _ in asyncio.run(together())]
+        alone = [asyncio.run(stream(local.addresses[0], p, 32, speculate="off"))[0] for p in PROMPTS]
+        assert batched == list(expected.values()) and alone == list(expected.values())
+        rows = [status_row(a, s, i) for a, s, i in ring.status(local.addresses[0])]
+        assert {r["compute_dtype"] for r in rows} == {compute_dtype("int4")}  # status shows what the nodes chose
     finally:
         local.stop()
 
