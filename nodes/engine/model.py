@@ -167,9 +167,9 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
 # A segment of up to ROW_ATTENTION rows (a decode step; a verify frame: up to 16 drafted tokens after the pending
 # one; a short prompt) attends row by row, each row exactly as a one-token step at its position does: SDPA over
 # several queries sums in another order (bfloat16: up to 2e-3 apart), which flipped SmolLM2 int4's greedy token on
-# a near-tie when speculation was on. A row is two small float32 matmuls, not SDPA: one bfloat16 query took SDPA
-# 1.1 ms over 512 keys here (these 0.19; float32 SDPA 0.05-0.07, these 0.06). Longer segments (prefill chunks)
-# are one SDPA call: they are computed alike with or without speculation.
+# a near-tie when speculation was on. A row is two small float32 matmuls, not SDPA: one bfloat16 query over 512
+# keys took SDPA 1.1 ms here and the matmuls 0.19 (with the cache's conversion); in float32 SDPA 0.05-0.07 ms, the
+# matmuls 0.06. Longer segments (prefill chunks) are one SDPA call: computed alike with or without speculation.
 ROW_ATTENTION = 17
 
 
