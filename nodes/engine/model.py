@@ -167,9 +167,10 @@ def attention_stage(x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor
 # A segment of up to ROW_ATTENTION rows (a decode step; a verify frame: up to 16 drafted tokens after the pending
 # one; a short prompt) attends row by row, each row exactly as a one-token step at its position does: SDPA over
 # several queries sums in another order (bfloat16: up to 2e-3 apart), which flipped SmolLM2 int4's greedy token on
-# a near-tie when speculation was on. A row is two small float32 matmuls, not SDPA: one bfloat16 query over 512
-# keys took SDPA 1.1 ms here and the matmuls 0.19 (with the cache's conversion); in float32 SDPA 0.05-0.07 ms, the
-# matmuls 0.06. Longer segments (prefill chunks) are one SDPA call: computed alike with or without speculation.
+# a near-tie when speculation was on. A float32 row is one SDPA call; a bfloat16 / float16 one two small float32
+# matmuls: one bfloat16 query over 512 keys took SDPA 1.1 ms here and the matmuls 0.19 (with the cache's
+# conversion; float32 SDPA 0.05-0.07). Longer segments (prefill chunks) are one SDPA call: they are computed alike
+# with or without speculation.
 ROW_ATTENTION = 17
 
 
@@ -182,7 +183,9 @@ def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> to
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
     if t <= ROW_ATTENTION:
-        return _attend_rows(q, kv[:, :, :pos + t].float(), pos)  # float32 once for all its rows
+        att = _attend_rows(q, kv[:, :, :pos + t], pos) if q.dtype == torch.float32 else \
+            _attend_rows_float32(q, kv[:, :, :pos + t].float(), pos)  # converted once for all its rows
+        return att[0] if t == 1 else torch.cat(att)
     mask = None
     if pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
@@ -193,18 +196,27 @@ def _attend(qkv: torch.Tensor, seg: Segment, cfg: ModelConfig, rope: Rope) -> to
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 
-def _attend_rows(q: torch.Tensor, kv: torch.Tensor, pos: int) -> torch.Tensor:
-    """q [nh, T, hd] at positions [pos, pos + T) over kv float32 [2, nkv, pos + T, hd] -> [T, nh hd] in q's dtype,
-    each row alone over the keys up to its own position. Query head h reads key head h // (nh / nkv), as SDPA's
-    enable_gqa does."""
+def _attend_rows(q: torch.Tensor, kv: torch.Tensor, pos: int) -> list[torch.Tensor]:
+    """q [nh, T, hd] at positions [pos, pos + T) over kv [2, nkv, pos + T, hd] -> T rows [1, nh hd], each one SDPA
+    call over the keys up to its own position."""
+    nh, t, hd = q.shape
+    gqa = nh != kv.shape[1]
+    return [F.scaled_dot_product_attention(q[None, :, i:i + 1], kv[None, 0, :, :pos + i + 1],
+                                           kv[None, 1, :, :pos + i + 1], enable_gqa=gqa).reshape(1, nh * hd)
+            for i in range(t)]
+
+
+def _attend_rows_float32(q: torch.Tensor, kv: torch.Tensor, pos: int) -> list[torch.Tensor]:
+    """The same in float32 matmuls, q in a half dtype over kv float32: rows [1, nh hd] in q's dtype. Query head h
+    reads key head h // (nh / nkv), as SDPA's enable_gqa does."""
     nh, t, hd = q.shape
     nkv = kv.shape[1]
     rows = []
     for i in range(t):
         keys, values = kv[0, :, :pos + i + 1], kv[1, :, :pos + i + 1]  # [nkv, S, hd]
         scores = torch.bmm(q[:, i].float().view(nkv, nh // nkv, hd), keys.transpose(1, 2)).mul_(hd ** -0.5)
-        rows.append(torch.bmm(torch.softmax(scores, dim=-1), values).view(1, nh * hd))  # [nkv, g, hd]
-    return (rows[0] if t == 1 else torch.cat(rows)).to(q.dtype)
+        rows.append(torch.bmm(torch.softmax(scores, dim=-1), values).view(1, nh * hd).to(q.dtype))  # [nkv, g, hd]
+    return rows
 
 
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
