@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
+from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig
 
 Weight = torch.Tensor | Int4 | Int8  # a matrix [N, K]: float, or quantized (engine/quant.py); used through linear()
@@ -217,17 +218,19 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
+    scale = (cfg.query_scale or hd) ** -0.5
+    if t <= ROW_ATTENTION:  # decode steps and verify frames: each row as a one-token step computes it
+        return attend_rows(q, kv[:, :, :pos + t], pos, rope.window, scale)
     keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
     mask = None
     if rope.window is not None and pos + t > rope.window:  # a local layer sees its last `window` positions
         rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
         mask = (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - rope.window)
-    elif t > 1 and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+    elif pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
         q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
-        is_causal=(t > 1 and pos == 0 and mask is None), enable_gqa=nh != nkv,
-        scale=None if cfg.query_scale is None else cfg.query_scale ** -0.5,
+        is_causal=(pos == 0 and mask is None), enable_gqa=nh != nkv, scale=scale,
     )  # [1, nh, T, hd]
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 

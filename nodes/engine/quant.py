@@ -3,12 +3,16 @@ min each, GGUF Q4_0/Q4_1 blocks kept exactly) and int8 (one scale per row).
 
 The model multiplies by a weight through `linear(x, w)` and embeds through `embed_rows(w, ids)`: a float
 tensor, an `Int4` or an `Int8` alike, so the maths (nodes/engine/model.py) knows nothing of quantization.
+Every path gives a row the same result whatever other rows share its call (a batch, a verify frame), so greedy
+tokens do not depend on speculation or batching: the quantized kernels compute each row alone, float ones go
+through fixed-width GEMMs (FEW_ROWS).
 
 Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
-with float32 or float16 ones (those paths are not vectorised): bfloat16 is the activation dtype quantized
-stores run in unless asked otherwise. Large int8 matrices go through oneDNN's int8 x int8 kernel instead
-(`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`.
+with float32 or float16 ones (those paths are not vectorised); which activation dtype a machine runs them in is
+measured on it (nodes/engine/dtype_choice.py). Large int8 matrices go through oneDNN's int8 x int8 kernel
+instead (`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`, where its sums are
+exact (VNNI).
 """
 
 from dataclasses import dataclass
@@ -23,32 +27,37 @@ QUANTIZED = ("int4", "int8")
 BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus int4's float16 (d, m) per group
 
 
-def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
-    """The activation dtype: the one asked for, else bfloat16 for quantized stores (their kernels' fast
-    path) and float32 for float ones (the reference's exact oracle)."""
-    if requested:
-        return requested
-    return "bfloat16" if store_dtype in QUANTIZED else "float32"
-
-
-# float32 with few rows (decode steps, small batches): torch's CPU GEMM for x @ w.T reads w at about half the
-# speed of w @ x.T, whose kernel splits the long N side across threads; one row alone takes the GEMV path, as
-# slow, so it is padded to two. Measured on SmolLM2's matrices, 2 threads: one row 0.44 -> 0.25 ms, 2-8 rows
-# 0.8-1.06 -> 0.19-0.43 ms. Low bits differ from F.linear's (~5e-5 on values ~20), as any batched GEMM's do.
+# Float weights with few rows (decode steps, verify frames, small batches): torch's CPU GEMM for x @ w.T reads w at
+# about half the speed of w @ x.T, whose kernel splits the long N side across threads; one row alone takes the GEMV
+# path, as slow. Measured on SmolLM2's matrices, 2 threads: one row 0.44 -> 0.25 ms as w @ [x, 0].T. A GEMM's
+# low bits for one row depend on how many rows it has (MKL picks its kernel by the shape), so float32 rows go
+# through GEMMs of exactly PAIR columns, padded, and bfloat16 / float16 rows through one GEMV each (faster there than
+# a pair: 0.61 against 0.83 ms a SmolLM2 layer): a row gives the same bits alone, in a verify frame or in a batch
+# (tests/test_batch_invariance.py). Past FEW_ROWS rows (prefill chunks, large batches) one F.linear reads the
+# weights once for all; its rows may differ from a lone row's in the low bits (~5e-5 on values ~20).
+PAIR = 2
 FEW_ROWS = 8
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ bias) for a float weight [N, K] or a quantized one."""
     if isinstance(w, torch.Tensor):
-        if w.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype:
-            rows = x.shape[0]
-            xt = torch.cat([x, x.new_zeros(1, x.shape[1])]) if rows == 1 else x
-            y = torch.mm(w, xt.t()).t()[:rows].contiguous()
+        if x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype:
+            chunks = x.split(PAIR if w.dtype == torch.float32 else 1)
+            y = _few_rows(w, chunks[0]) if len(chunks) == 1 else torch.cat([_few_rows(w, c) for c in chunks])
             return y if bias is None else y + bias
         return torch.nn.functional.linear(x, w, bias)
     y = w.mm(x) if x.dim() == 2 else w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
     return y if bias is None else y + bias
+
+
+def _few_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ w.T for x [1 or PAIR, K]: float32 as one GEMM of PAIR columns, a half-precision row as one GEMV."""
+    if w.dtype != torch.float32:
+        return torch.nn.functional.linear(x, w)
+    rows = x.shape[0]
+    xt = torch.cat([x, x.new_zeros(PAIR - rows, x.shape[1])]) if rows < PAIR else x
+    return torch.mm(w, xt.t()).t()[:rows].contiguous()
 
 
 def as_kernel_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -192,25 +201,43 @@ class Int4:
 ONEDNN_MIN_WEIGHTS = 1 << 22  # int8 matrices this large go through oneDNN (below: its fixed cost per call loses)
 
 
+@cache
+def onednn_int8_exact() -> bool:
+    """Whether oneDNN's u8 x s8 kernel sums exactly on this machine. With VNNI it does; without (AVX2, AVX-512
+    before Cascade Lake) it adds pairs of products in int16, which saturate: SmolLM2's int8 output layer erred by
+    4-10 % of its largest value under ONEDNN_MAX_CPU_ISA=AVX2, and int4 SmolLM2 (whose embedding is int8) agreed
+    with float32 on 2 of 5 prompts. Probed with the largest products, whose pairs saturate int16."""
+    k, n = 64, 16
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(torch.full((n, k), 127, dtype=torch.int8), [1, k])
+        y = torch.ops.onednn.qlinear_pointwise(torch.full((1, k), 255, dtype=torch.uint8), 1.0, 128, packed,
+                                               torch.ones(n), torch.zeros(n, dtype=torch.int32), None, 1.0, 0,
+                                               torch.float32, "none", [], "")
+    except (RuntimeError, AttributeError):  # a build without oneDNN's quantized ops
+        return False
+    return torch.equal(y, torch.full((1, n), 127.0 * 127 * k))
+
+
 class Int8:
     """Weights [N, K] = q * scale[n], one scale per row.
 
-    Large matrices (>= ONEDNN_MIN_WEIGHTS values) multiply through oneDNN's u8 x s8 VNNI kernel, like
-    llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two int8 terms (the value at a_r / 127
-    steps, a_r the row's largest magnitude, and its remainder at a finer step), so the int32 sums are exact, the
-    activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's greedy tokens on 3 of 5 prompts
-    through its output layer) and a row's result does not depend on the other rows of a batch. Measured on 8B
-    shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-1.3x the bfloat16 kernel at 1 row, 1.5-1.9x
-    at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a streamed matrix pays it each time it is
-    read), then q is released unless rows() used it first (a tied embedding), so a matrix is held once.
-    Smaller matrices use `_weight_int8pack_mm` (bfloat16 activations, weights widened to float; ~8 us a call
-    where oneDNN's fixed cost and the activation quantization take ~50)."""
+    Large matrices (>= ONEDNN_MIN_WEIGHTS values) multiply through oneDNN's u8 x s8 VNNI kernel where its sums are
+    exact (onednn_int8_exact), like llama.cpp's Q8_0 x Q8_0 dot: activations are quantized too, per row, to two
+    int8 terms (the value at a_r / 127 steps, a_r the row's largest magnitude, and its remainder at a finer step),
+    so the int32 sums are exact, the activations keep ~14 bits (one term alone, 8 bits a row, lost SmolLM2's
+    greedy tokens on 3 of 5 prompts through its output layer) and a row's result does not depend on the other
+    rows of a batch. Measured on 8B shapes (tools/bench/bench_int8.py, a shared 2-core box): 1.1-1.3x the
+    bfloat16 kernel at 1 row, 1.5-1.9x at 8 rows. Its weight layout is made on first use (~0.5 GB/s, so a
+    streamed matrix pays it each time it is read), then q is released unless rows() used it first (a tied
+    embedding), so a matrix is held once. Smaller matrices, and every one where oneDNN's sums saturate, use
+    `_weight_int8pack_mm` (weights widened to float; ~8 us a call where oneDNN's fixed cost and the activation
+    quantization take ~50; under ONEDNN_MAX_CPU_ISA=AVX2 it was also 3x faster than oneDNN's AVX2 path)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
         self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it)
         self.scale = scale.to(dtype)  # [N] in the activation dtype (the int8pack kernel wants them alike)
         self.shape = tuple(q.shape)
-        self.onednn = q.numel() >= ONEDNN_MIN_WEIGHTS
+        self.onednn = q.numel() >= ONEDNN_MIN_WEIGHTS and onednn_int8_exact()
         self.packed = None  # oneDNN's layout of q, made on first mm
         self.keep_q = False
 

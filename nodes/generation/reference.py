@@ -5,8 +5,9 @@ from pathlib import Path
 
 import torch
 
+from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.model import KVCache, Layer, OutputHead, Rope, head_numerics, run_layers
-from nodes.engine.quant import compute_dtype, weight_format
+from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, TokenOut
@@ -15,7 +16,7 @@ from nodes.generation.text import TextCodec
 
 class ReferenceModel:
     def __init__(self, store_dir: Path, dtype: torch.dtype | None = None):
-        """dtype: of the activations (None: bfloat16 for quantized stores, float32 for float ones)."""
+        """dtype: of the activations (None: float32 for float stores, the machine's choice for quantized ones)."""
         self.store = LayerStore(store_dir)
         self.cfg = self.store.config
         m = self.store.manifest

@@ -44,11 +44,13 @@ Figures, as the scheduler reads them (solver.device_costs.layer_time is a roofli
 Cache file ($PRIMA_HOME/profile-<name>.json unless told), plain JSON written atomically:
   {"format": "prima-profile/2",
    "measured_at": 1764400000.0,      # unix seconds of the local measurement; stale after MAX_AGE_S
-   "dtype": "float32",               # the compute dtype the FLOP/s are for
+   "dtype": "bfloat16",              # the compute dtype the FLOP/s are for (by default the node's: float32 for
+                                     #   float stores, nodes/engine/dtype_choice.py's measured choice for quantized)
    "store_dir": "/abs/store" | null, # whose filesystem the disk figures are for (null: $PRIMA_HOME)
    "link_peer": "host:port" | null,  # the successor the link figures are for (null: no link)
    "profile": {...},                 # DeviceProfile.to_json(), the prima_rpc.spec.profiles schema
    "details": {"matmul_cpu": {...}, "matmul_gpu": {...} | null, "gpu": {...}, "disk": {...},
+               "compute_dtypes": {"choice": {...}, "probes": {...}, ...},  # the machine's dtype choice, its timings
                "link": {...} | null, "local_s": 4.1, "link_s": 0.1}}
 A cache is reused when fresh and made for the same dtype and store; a new successor re-measures
 only the link.
@@ -77,6 +79,7 @@ import structlog
 import torch
 
 from nodes.engine.diskio import emulated_rate
+from nodes.engine.dtype_choice import compute_dtype, machine_choice
 from nodes.engine.prefetch import DEFAULT_FRACTION
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown
@@ -99,10 +102,11 @@ from prima_rpc.v1 import prima_pb2 as pb
 
 log = structlog.get_logger()
 
-FORMAT = "prima-profile/10"  # /10: read_loss_s from longer phases; /9: read_loss_s; /8: compute probes after 0.5 ms
-# gaps (OpenMP spins briefly); /7: token_s with its stream write, output_s cache-cold, means not medians; /6:
-# read_cpu_s, stream_layer_s; /5: visit_s; /4: host, batch_cost; /3: token_s, output_s, rates from the node's path
-# (an older cache is measured again)
+FORMAT = "prima-profile/11"  # /11: dtype by default the machine's measured choice (details.compute_dtypes), int8
+# off oneDNN where it saturates, float rows in fixed-width GEMMs; /10: read_loss_s from longer phases; /9:
+# read_loss_s; /8: compute probes after 0.5 ms gaps (OpenMP spins briefly); /7: token_s with its stream write,
+# output_s cache-cold, means not medians; /6: read_cpu_s, stream_layer_s; /5: visit_s; /4: host, batch_cost; /3:
+# token_s, output_s, rates from the node's path (an older cache is measured again)
 MAX_AGE_S = 24 * 3600
 PINGS = 20
 IDLE_S = 0.02  # each timed PING waits this long first: in the ring a successor is idle when a frame arrives
@@ -228,9 +232,14 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     details = dict(matmul_cpu=asdict(cpu), matmul_gpu=asdict(gpu_rates) if has_gpu else None,
                    gpu=asdict(gpu), gpu_error=gpu_error, disk=asdict(disk), disk_dir=str(disk_dir),
                    decode_layer=decode, batch=batch, streaming=streaming, read_loss=loss,
-                   torch_threads=torch.get_num_threads(),
+                   torch_threads=torch.get_num_threads(), compute_dtypes=machine_choice(),
                    local_s=time.perf_counter() - start)
     return fields, details
+
+
+def store_compute_dtype(store_dir: Path | None) -> str:
+    """The dtype a node computes a store in by default (float32 without a store)."""
+    return compute_dtype(LayerStore(store_dir).manifest.dtype if store_dir else "float32")
 
 
 def host_id() -> str:
@@ -304,7 +313,7 @@ def _usable(doc: dict | None, dtype: str, store_key: str | None, now: float) -> 
 # ------------------------------------------------------------------ the profile
 
 
-async def profile_device(name: str, store_dir: Path | None, link: Link | None, *, dtype: str = "float32",
+async def profile_device(name: str, store_dir: Path | None, link: Link | None, *, dtype: str | None = None,
                          cache_path: Path | None = None, refresh: bool = False,
                          is_head: bool = False, mem_budget: int = 0,
                          compute: Executor | None = None) -> DeviceProfile:
@@ -316,9 +325,12 @@ async def profile_device(name: str, store_dir: Path | None, link: Link | None, *
     of them than cores: with GOMP_SPINCOUNT=10000 a node profiled from another thread decoded SmolLM2 at
     0.84-0.92 ms a layer instead of 0.5 from then on (a 3-node ring: 22.4 ms a token before, 33.0 after).
 
+    dtype: the compute dtype (None: the node's default for its store, compute_dtype's).
     Raises LinkDown when the successor cannot be profiled; nothing is cached then.
     """
     loop = asyncio.get_running_loop()
+    if dtype is None:  # its first use on this machine times kernels: on the compute thread
+        dtype = await loop.run_in_executor(compute, store_compute_dtype, store_dir)
     path = Path(cache_path) if cache_path else default_cache_path(name)
     store_key = str(Path(store_dir).resolve()) if store_dir else None
     peer = link.peer if link is not None else None

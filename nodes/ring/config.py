@@ -16,7 +16,7 @@ class NodeConfig:
     name: str = ""
     mem_budget: int = 0
     token: str | None = None
-    dtype: str | None = None  # compute dtype; None: by the store (bfloat16 for int8/int4 stores, else float32)
+    dtype: str | None = None  # compute dtype; None: by the store and machine (nodes/engine/dtype_choice.py)
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)

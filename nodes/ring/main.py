@@ -120,8 +120,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
          token: str = typer.Option(None, "--token-file", metavar="PATH", callback=token_from, show_default=False,
                                    help="a file holding the cluster secret (default: $PRIMA_TOKEN); never on the "
                                         "command line, where ps shows it"),
-         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
-                                               "stores, float32 otherwise)"),
+         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: float32 for float "
+                                               "stores; for int8/int4 the fastest this machine measures)"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
          tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),

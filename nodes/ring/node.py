@@ -20,9 +20,10 @@ import psutil
 import structlog
 import torch
 
+from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.fused import layer_bytes
 from nodes.engine.model import KVCache
-from nodes.engine.quant import compute_dtype, weight_format
+from nodes.engine.quant import weight_format
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
@@ -145,16 +146,18 @@ class Node:
             budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
             fmt = weight_format(self.store.manifest)
-            buffer = int(buffer_layers * layer_bytes(self.store.config, self.dtype, fmt))
+            dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
+            buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, self.dtype, progress, budget=budget, buffer=buffer, log=log))
+                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
 
     @property
     def dtype_name(self) -> str:
-        """The compute dtype: the configured one, else by the store (known only once fetched, for a cache)."""
+        """The compute dtype: the configured one, else by the store (known only once fetched, for a cache) and this
+        machine (nodes/engine/dtype_choice.py: measured at first use, so called on the compute thread)."""
         return compute_dtype(self.store.manifest.dtype if self.store else "float32", self.cfg.dtype)
 
     @property
@@ -188,7 +191,8 @@ class Node:
             mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
             node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address,
             cached_units=self.cached_units, fetched_bytes=self.fetched_bytes,
-            predicted_ms=self.predicted[0], predicted_tpot_ms=self.predicted[1])
+            predicted_ms=self.predicted[0], predicted_tpot_ms=self.predicted[1],
+            compute_dtype=str(self.shard.dtype).removeprefix("torch.") if self.shard else "")
 
     # ------------------------------------------------------------------ frames in
 

@@ -124,8 +124,10 @@ class ControlService(rpc.ControlServicer):
         if (node.head and node.head.requests) or (node.shard and node.shard.caches):
             await abort(context, Code.FAILED_PRECONDITION, "requests are in flight; profile an idle ring")
         try:
+            # the node's dtype; its first use on this machine times kernels, so on the compute thread
+            dtype = await asyncio.get_running_loop().run_in_executor(node.pool, lambda: node.dtype_name)
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
-                                        node.link if node.peer else None, dtype=node.dtype_name,
+                                        node.link if node.peer else None, dtype=dtype,
                                         refresh=request.refresh, is_head=node.role == "head",
                                         mem_budget=node.cfg.mem_budget, compute=node.pool)  # idle, as checked above
         except LinkDown as exc:

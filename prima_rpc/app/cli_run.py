@@ -20,8 +20,8 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         stop: list[str] = typer.Option([], help="stop string (repeatable)"),
         raw: bool = typer.Option(False, help="no chat template"),
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
-        dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: bfloat16 for int8/int4 "
-                                              "stores, float32 otherwise)"),
+        dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: float32 for float "
+                                              "stores; for int8/int4 the fastest this machine measures)"),
         speculate: str = typer.Option("off", help="off | ngram (prompt lookup) | draft (needs --draft)"),
         draft: Path = typer.Option(None, help="draft model store (same tokenizer) for --speculate draft"),
         draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):

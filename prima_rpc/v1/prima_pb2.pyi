@@ -150,7 +150,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class NodeInfo(_message.Message):
     FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_MS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -193,7 +194,8 @@ class NodeInfo(_message.Message):
     fetched_bytes: int
     predicted_ms: float
     predicted_tpot_ms: float
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ...) -> None: ...
+    compute_dtype: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("address", "state")

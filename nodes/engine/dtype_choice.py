@@ -1,0 +1,207 @@
+"""The activation dtype each weight format computes in on this machine: its kernels timed here once with every
+candidate dtype, the fastest exact enough kept, cached per machine in $PRIMA_HOME/compute-dtypes.json.
+
+Why measure: the same kernel is 10-30x faster in one dtype than another, and which one depends on the CPU and the
+torch build (ARM's kernels have float16 paths x86's lack). On this AVX-512 box with native bfloat16, and under
+ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, the int4 and int8 kernels are vectorised for bfloat16 activations
+only (float32 and float16 take scalar loops, 20-30x slower), so both choose bfloat16 (docs/quantization.md).
+Float stores always compute in float32: their weights stay exactly as stored, and the single-process reference on
+them is the oracle every ring is checked against (their probe is timed for the record only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from nodes.engine.quant import (
+    QUANTIZED,
+    Int4,
+    Int8,
+    linear,
+    machine_layout,
+    onednn_int8_exact,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
+from prima_rpc.spec.home import prima_home
+
+try:
+    import fcntl
+except ImportError:  # Windows: nodes measuring at once each write their own result (the same file, atomically)
+    fcntl = None
+
+CANDIDATES = ("float32", "bfloat16", "float16")
+FORMATS = ("float", "int8", "int4")  # float: a float32 store's matrices (reported; float stores use float32)
+SHAPE = (2048, 1024)  # [N, K] of the probe's weight: a small model's projection. 2M int8 values stay below
+# ONEDNN_MIN_WEIGHTS, in the int8pack kernel, whose speed depends on the activation dtype (oneDNN's quantizes them)
+ROWS = (1, 4)  # activation rows per call: a decode step, a short verify frame; a candidate's time is both calls'
+ROUNDS = 5  # candidates timed in turn, each keeping its fastest round (the least disturbed by other work)
+LOSER = 3.0  # a candidate this much slower than the best after two rounds is timed no more (it cannot win)
+MAX_ERROR = 0.01  # the most |result - exact product| may reach, over the exact product's largest magnitude
+# (bfloat16 activations and scales: ~0.3-0.5 %; a broken or overflowing path: far more)
+MARGIN = 1.1  # a dtype less exact than float32 must be this much faster: a tie, or noise, keeps float32
+CACHE_NAME = "compute-dtypes.json"
+FORMAT = "prima-dtypes/1"
+
+
+@dataclass(frozen=True)
+class Probe:
+    seconds: float  # the fastest of its rounds of the ROWS calls
+    error: float  # against the exact product of the weights as stored, relative to its largest magnitude
+    rounds: int  # fewer than ROUNDS: dropped as too slow to win
+
+
+def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
+    """The activation dtype of a store of weight dtype `store_dtype`: the one asked for, else float32 for float
+    stores and this machine's measured choice for quantized ones (measured at first use, on the calling thread:
+    call it from the thread that will compute)."""
+    if requested:
+        return requested
+    return machine_choice()["choice"][store_dtype] if store_dtype in QUANTIZED else "float32"
+
+
+def choose(probes: dict[str, Probe]) -> str:
+    """The fastest candidate within MAX_ERROR; float32 unless another is MARGIN faster."""
+    exact = {d: p for d, p in probes.items() if p.error <= MAX_ERROR}
+    if not exact:
+        raise RuntimeError(f"no activation dtype computes within {MAX_ERROR:.0%} here: {probes}")
+    best = min(exact, key=lambda d: (exact[d].seconds, d != "float32"))
+    if "float32" in exact and exact[best].seconds * MARGIN > exact["float32"].seconds:
+        return "float32"
+    return best
+
+
+def native_bfloat16() -> bool:
+    """Whether torch's kernels and oneDNN's may use bfloat16 instructions here (avx512_bf16 or AMX, allowed by
+    ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA). Reported beside the choice; the choice itself is timed."""
+    cpu = torch.cpu
+    has = any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return has and torch.backends.cpu.get_cpu_capability() == "AVX512" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def machine_key() -> str:
+    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), threads."""
+    return (f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} threads={torch.get_num_threads()}")
+
+
+@cache
+def machine_choice() -> dict:
+    """{"choice": {format: dtype}, "probes": {format: {dtype: Probe as a dict}}, "native_bfloat16", "measured_at",
+    "measure_s"} of this machine: from the cache file, else measured (one process at a time) and cached."""
+    path = prima_home() / CACHE_NAME
+    key = machine_key()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{CACHE_NAME}.lock"), "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait, then read what the first measured
+        doc = _read(path)
+        if key not in doc["machines"]:
+            doc["machines"][key] = measure()
+            _write(path, doc)
+    return doc["machines"][key]
+
+
+def measure() -> dict:
+    """Every format's candidates timed and checked here, and the choice they make."""
+    start = time.perf_counter()
+    probes = {fmt: probe_format(fmt) for fmt in FORMATS}
+    choice = {fmt: "float32" if fmt == "float" else choose(probes[fmt]) for fmt in FORMATS}
+    return {"choice": choice, "probes": {f: {d: _json(p) for d, p in ps.items()} for f, ps in probes.items()},
+            "native_bfloat16": native_bfloat16(), "measured_at": time.time(), "measure_s": time.perf_counter() - start}
+
+
+@torch.inference_mode()
+def probe_format(fmt: str) -> dict[str, Probe]:
+    """Each candidate's time and error on SHAPE's matmuls for weights of format `fmt`."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(SHAPE, generator=gen) * 0.02
+    stored = _stored(fmt, w)
+    weights = {d: _weight(fmt, stored, getattr(torch, d)) for d in CANDIDATES}
+    xs = [torch.randn(r, SHAPE[1], generator=gen) for r in ROWS]
+    exact = [x.double() @ _dequantized(fmt, stored).double().t() for x in xs]
+    inputs = {d: [x.to(getattr(torch, d)) for x in xs] for d in CANDIDATES}
+    errors = {}
+    for d in CANDIDATES:  # the first call warms each up
+        ys = [linear(x, weights[d]) for x in inputs[d]]
+        errors[d] = max(_error(y, e) for y, e in zip(ys, exact))
+    seconds, rounds, alive = dict.fromkeys(CANDIDATES, math.inf), dict.fromkeys(CANDIDATES, 0), list(CANDIDATES)
+    for turn in range(ROUNDS):
+        for d in alive:
+            began = time.perf_counter()
+            for x in inputs[d]:
+                linear(x, weights[d])
+            seconds[d] = min(seconds[d], time.perf_counter() - began)
+            rounds[d] += 1
+        if turn:  # after two rounds: one alone may have been disturbed
+            fastest = min(seconds[d] for d in alive)
+            alive = [d for d in alive if seconds[d] <= LOSER * fastest]
+    return {d: Probe(seconds[d], errors[d], rounds[d]) for d in CANDIDATES}
+
+
+def _stored(fmt: str, w: torch.Tensor) -> tuple:
+    if fmt == "int4":
+        q, dm = quantize_int4(w)
+        return pack_int4(q, machine_layout()), dm
+    return quantize_int8(w) if fmt == "int8" else (w,)
+
+
+def _weight(fmt: str, stored: tuple, dtype: torch.dtype):
+    if fmt == "int4":
+        return Int4.from_dm(*stored, dtype, machine_layout())
+    return Int8(*stored, dtype) if fmt == "int8" else stored[0].to(dtype)
+
+
+def _dequantized(fmt: str, stored: tuple) -> torch.Tensor:
+    """The weights as stored, exactly (float64 [N, K])."""
+    if fmt == "int4":
+        packed, dm = stored
+        q = unpack_int4(packed, machine_layout()).double()
+        d, m = (dm[..., j].double().t().repeat_interleave(32, dim=1) for j in (0, 1))  # [N, K]
+        return d * q + m
+    if fmt == "int8":
+        q, scale = stored
+        return q.double() * scale.double()[:, None]
+    return stored[0].double()
+
+
+def _json(p: Probe) -> dict:
+    return {k: v if math.isfinite(v) else None for k, v in asdict(p).items()}  # strict JSON: no Infinity
+
+
+def _error(y: torch.Tensor, exact: torch.Tensor) -> float:
+    err = ((y.double() - exact).abs().max() / exact.abs().max()).item()
+    return err if math.isfinite(err) else math.inf
+
+
+def _read(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("format") == FORMAT and isinstance(doc.get("machines"), dict):
+            return doc
+    except (OSError, ValueError):
+        pass
+    return {"format": FORMAT, "machines": {}}  # missing, unreadable or older: measured again
+
+
+def _write(path: Path, doc: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,92 @@
+"""The activation dtype per machine (nodes/engine/dtype_choice.py): the choice as a table, its cache per machine, the
+probes' exactness here, and what an AVX2 machine's flags say."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from nodes.engine import dtype_choice
+from nodes.engine.dtype_choice import MAX_ERROR, Probe, choose, compute_dtype, machine_choice, probe_format
+
+FAST, SLOW = 0.001, 0.02
+EXACT, ROUNDED = 1e-6, 0.004
+
+
+@pytest.mark.parametrize("probes, expected", [
+    ({"float32": Probe(SLOW, EXACT, 2), "bfloat16": Probe(FAST, ROUNDED, 5), "float16": Probe(SLOW, EXACT, 2)},
+     "bfloat16"),  # the int4 kernel here: bfloat16 20x faster
+    ({"float32": Probe(FAST, EXACT, 5), "bfloat16": Probe(FAST * 0.95, ROUNDED, 5), "float16": Probe(SLOW, 0, 2)},
+     "float32"),  # 5 % faster is within MARGIN: the exact one stays
+    ({"float32": Probe(SLOW, EXACT, 2), "bfloat16": Probe(FAST / 2, 0.05, 5), "float16": Probe(FAST, ROUNDED, 5)},
+     "float16"),  # the fastest errs by 5 %: not exact enough
+    ({"float32": Probe(FAST, EXACT, 5), "bfloat16": Probe(SLOW, ROUNDED, 2), "float16": Probe(SLOW, ROUNDED, 2)},
+     "float32"),  # no native bfloat16, no fast float16 (a float matmul on some CPUs)
+    ({"float32": Probe(SLOW, float("inf"), 2), "bfloat16": Probe(FAST, ROUNDED, 5)}, "bfloat16"),
+])
+def test_the_fastest_exact_enough_dtype_is_chosen(probes, expected):
+    assert choose(probes) == expected
+
+
+def test_no_exact_enough_dtype_is_an_error():
+    with pytest.raises(RuntimeError, match="no activation dtype"):
+        choose({"float32": Probe(FAST, 1.0, 5), "bfloat16": Probe(FAST, float("nan"), 5)})
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty $PRIMA_HOME, measure() counted, and no choice remembered in this process."""
+    monkeypatch.setenv("PRIMA_HOME", str(tmp_path))
+    calls = []
+
+    def measured():
+        calls.append(1)
+        return {"choice": {"float": "float32", "int8": "float16", "int4": "bfloat16"}, "probes": {}}
+
+    monkeypatch.setattr(dtype_choice, "measure", measured)
+    machine_choice.cache_clear()
+    yield tmp_path, calls
+    machine_choice.cache_clear()
+
+
+def test_the_choice_is_measured_once_per_machine_and_cached(fresh, monkeypatch):
+    home, calls = fresh
+    assert compute_dtype("int4") == "bfloat16" and compute_dtype("int8") == "float16" and calls == [1]
+    machine_choice.cache_clear()  # another process on this machine reads the file
+    assert compute_dtype("int4") == "bfloat16" and calls == [1]
+    machine_choice.cache_clear()
+    monkeypatch.setattr(dtype_choice, "machine_key", lambda: "another machine")  # e.g. ATEN_CPU_CAPABILITY set
+    assert compute_dtype("int4") == "bfloat16" and calls == [1, 1]
+    doc = json.loads((home / dtype_choice.CACHE_NAME).read_text())
+    assert doc["format"] == dtype_choice.FORMAT and len(doc["machines"]) == 2
+
+
+def test_float_stores_and_asked_dtypes_are_not_measured(fresh):
+    _, calls = fresh
+    assert compute_dtype("float32") == compute_dtype("bfloat16") == compute_dtype("float16") == "float32"
+    assert compute_dtype("int4", "float32") == "float32"
+    assert calls == []
+
+
+@pytest.mark.parametrize("fmt", ["float", "int8", "int4"])
+def test_the_probes_are_exact_here(fmt):
+    """float32 is exact on every format (to rounding); the quantized formats' choice is within MAX_ERROR."""
+    probes = probe_format(fmt)
+    assert probes["float32"].error < 1e-5
+    assert all(p.seconds > 0 and p.rounds >= 2 for p in probes.values())
+    if fmt != "float":
+        assert probes[choose(probes)].error <= MAX_ERROR
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 emulation is x86's")
+def test_an_avx2_machine_has_no_native_bfloat16():
+    """Under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (what an AVX2 CPU's kernels are) native bfloat16 says
+    no, whatever this CPU's flags, and the machine key differs from this one's, so its choice is its own."""
+    code = "from nodes.engine.dtype_choice import machine_key, native_bfloat16; print(native_bfloat16(), machine_key())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    native, key = out.stdout.split(" ", 1)
+    assert native == "False" and " AVX2 " in key and "onednn-int8-exact=False" in key, out.stderr[-2000:]
