@@ -99,7 +99,7 @@ def _launch(target: Target, model: Path, local: int, base_port: int, sizes: list
     from prima_rpc.app import local_ring
 
     if serve is not None:
-        local_ring.free_ports(1, serve)  # the HTTP port too, before anything starts
+        local_ring.free_ports(1, serve, "--serve (the HTTP port)")  # the HTTP port too, before anything starts
     started = local_ring.launch(model, local, base_port, token=target.token)
     target = replace(target, node=started.addresses[0])
     try:
@@ -174,8 +174,10 @@ def _start_server(target: Target, directory: Path, port: int) -> None:
     import os
     import urllib.request
 
+    from prima_rpc.app import local_ring
     from prima_rpc.app.local_ring import LaunchError, LocalRing, Recorded, last_line
 
+    local_ring.free_ports(1, port, "--serve (the HTTP port)")
     recorded = Recorded.read(directory)
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: target.token} if target.token
                                                                      else {})
