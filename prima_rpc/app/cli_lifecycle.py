@@ -51,9 +51,9 @@ def up(ctx: typer.Context, local: int = typer.Option(3, "--local", help="nodes t
     if serve is not None and not serving:
         _start_server(target, directory, serve)
     if prompt:
-        print(f"you> {prompt}\nmodel> ", end="", flush=True)
+        print(f"you> {prompt}", flush=True)
         try:
-            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True))
+            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True, prefix="model> "))
         except PrimaError as exc:
             print()
             fail(f"{rpc_message(exc.code, exc.message)} (logs in {directory})")
