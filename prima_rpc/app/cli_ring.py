@@ -13,7 +13,7 @@ import typer
 from prima_rpc.app import cli_args, ring
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
-from prima_rpc.app.progress import LazyBar, bar
+from prima_rpc.app.progress import LazyBar, bar, mib, summary
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import Finished, Prefill, PrimaClient, PrimaError, Token
 from prima_rpc.control import Control
@@ -157,9 +157,9 @@ def _plan_windows(target: Target, plan_file: Path | None):
         except (OSError, json.JSONDecodeError) as exc:
             fail(f"cannot read plan {plan_file}: {exc}")
     else:
-        from prima_rpc.app.live_plan import plan_live
+        from prima_rpc.app.live_plan import plan_live_shown
 
-        result = plan_live(target.node, target.token, "halda", refresh=False)
+        result = plan_live_shown(target.node, target.token, "halda", refresh=False)
     if "infeasible" in result:
         fail(f"the plan is infeasible: {result['infeasible']}")
     for d in result.get("devices", []):  # nodes without the model fetch their layers first
@@ -189,6 +189,7 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
     """ring.start from the --node with a progress bar of loading (and fetching) windows; a one-line error."""
     loaded: dict[str, tuple[int, int]] = {}
     fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
+    started = time.monotonic()
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
             if update.fetch and update.total_bytes:
@@ -210,6 +211,8 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
     for address, f in fetched.items():
         print(f"fetched {_rate(address, *f)}", file=sys.stderr)
+    summary(f"loaded {sum(1 for w in sizes if w)} windows of {sum(sizes)} layers "
+            f"({mib(sum(t for _, t in loaded.values()))}) in {time.monotonic() - started:.1f} s")
     return nodes
 
 
