@@ -47,6 +47,15 @@ class Finished:
     request_id: str
     drafted: int = 0  # speculative decoding: tokens drafted, and those the target model accepted
     accepted: int = 0
+    max_tokens: int = 0  # what it could emit: its max_tokens capped to what the context leaves (0: an old head)
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A long prompt's progress through the ring (stream(..., prefill=True) only): done of total tokens."""
+
+    done: int
+    total: int
 
 
 CANCEL_S = 5.0  # the head answers Cancel from memory
@@ -85,18 +94,21 @@ class PrimaClient:
         default). Arguments out of range: PrimaError INVALID_ARGUMENT here, before anything is sent."""
         return self.stream(_request(prompt, messages, **fields))
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[Token | Finished]:
-        """Token events as the head produces them, then one Finished; PrimaError on failure."""
+    async def stream(self, request: GenerateRequest, prefill: bool = False) -> AsyncIterator[Token | Finished]:
+        """Token events as the head produces them, then one Finished; PrimaError on failure. prefill: a long
+        prompt's Prefill events before its tokens too."""
         call = self._inference.Generate(request.to_wire(), metadata=self._metadata, timeout=self.timeout)
         try:
             async for event in call:
                 if event.HasField("token"):
                     t = event.token
                     yield Token(t.token_id, t.text, t.index, t.elapsed_ms)
-                else:
+                elif event.HasField("finished"):
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
-                                   f.request_id, f.drafted, f.accepted)
+                                   f.request_id, f.drafted, f.accepted, f.max_tokens)
+                elif event.HasField("prefill") and prefill:
+                    yield Prefill(event.prefill.done, event.prefill.total)
         except grpc.aio.AioRpcError as exc:
             raise PrimaError(exc.code(), self._explain(exc)) from None
         finally:

@@ -58,6 +58,10 @@ def test_up_records_refuses_a_second_ring_and_down_stops_the_survivors(tiny_stor
     assert f"logs in {run}" in first.stdout
     started = pids(run)
     assert set(started) == {"node0", "node1", "node2"}
+    assert first.stdout.count("down --local") == 1 and "-m prima_rpc.app.cli chat" in first.stdout  # as it runs
+    found = ctl("status", "--json", env=env)  # no --node: the one local ring under $PRIMA_HOME/run
+    assert found.returncode == 0, found.stderr
+    assert [n["address"] for n in json.loads(found.stdout)["nodes"]] == [f"127.0.0.1:{base + i}" for i in range(3)]
     assert json.loads((run / "ring.json").read_text())["addresses"] == [f"127.0.0.1:{base + i}" for i in range(3)]
 
     second = ctl(*up, env=env, timeout=60)

@@ -1,15 +1,18 @@
 """The web page in a real headless browser: Debian's chromium driven by playwright, on a real 3-node ring of
 SmolLM2 behind `prima-ctl serve --token`: the page asks for the token, shows three nodes, streams "Paris",
-keeps the history, and stops an answer.
+keeps the history, and stops an answer; it speaks to a household (what each device does, the speed in words a
+second, the numbers one click away) and fits a phone 390 px wide.
 
 CI installs the browser with `apt-get install -y chromium`; playwright (a test extra) only drives it.
-$PRIMA_CHROMIUM names another chromium binary."""
+$PRIMA_CHROMIUM names another chromium binary; $PRIMA_SCREENSHOTS a folder for the phone-width screenshot
+(docs/page-phone.png is made so: PRIMA_SCREENSHOTS=docs)."""
 
 import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,9 +52,9 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
-def page(browser, page_url):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+@pytest.fixture(params=[{"width": 1280, "height": 900}])
+def page(browser, page_url, request):
+    context = browser.new_context(viewport=request.param)
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -77,10 +80,19 @@ def test_asks_for_the_token_shows_three_nodes_and_streams_paris(page, rings):
     expect(nodes).to_have_count(3, timeout=10_000)
     expect(page.locator("#token-form")).to_be_hidden()
     addresses = rings(3).addresses
+    for i, does in enumerate(["answers questions", "helps with part of the model", "helps with part of the model"]):
+        expect(nodes.nth(i).locator(".does")).to_have_text(does)  # in words; the numbers are hidden
+        expect(nodes.nth(i).locator(".stats")).to_be_hidden()
+    expect(page.locator("#plan")).to_be_hidden()
+    page.click("#tech-toggle")  # the technical view, one click away
     for i, (address, role) in enumerate(zip(addresses, ["head", "worker", "worker"])):
         expect(nodes.nth(i).locator(".address")).to_have_text(address)
         expect(nodes.nth(i).locator(".role")).to_have_text(role)
+        expect(nodes.nth(i).locator(".stats")).to_contain_text("stall")
     expect(nodes.nth(0).locator(".windows")).to_have_text("layers [20,30)")
+    expect(page.locator("#plan")).to_be_visible()
+    page.click("#tech-toggle")
+    expect(nodes.nth(0).locator(".windows")).to_be_hidden()
 
     # Every change of the answer's text, as the browser renders it: a streamed answer has many.
     page.evaluate("""() => {
@@ -96,6 +108,9 @@ def test_asks_for_the_token_shows_three_nodes_and_streams_paris(page, rings):
     answer = page.locator(".msg.assistant .text")
     expect(answer).to_contain_text("Paris", timeout=60_000)
     expect(page.locator(".msg.assistant .note")).to_contain_text("tokens in", timeout=60_000)  # finished
+    expect(page.locator(".msg.assistant .note")).to_contain_text("words a second")
+    expect(page.locator("#speed")).to_contain_text("Answers come at about", timeout=10_000)
+    expect(page.locator("#speed")).to_contain_text("words a second")
     seen = page.evaluate("window.seen")
     assert len(seen) >= 3 and seen[-1] == answer.text_content(), seen  # it grew token by token
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), seen
@@ -135,3 +150,31 @@ def test_history_goes_with_the_next_question_and_stop_ends_an_answer(page, rings
     assert [m["role"] for m in sent[1]["messages"]] == ["user", "assistant", "user"]
     assert sent[1]["messages"][1]["content"] == first
     assert [m["content"] for m in sent[2]["messages"]][2:] == [sent[1]["messages"][2]["content"], kept, "Thanks!"]
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.mark.parametrize("page", [PHONE], indirect=True)
+def test_a_phone_sees_the_whole_placeholder_and_no_sideways_scrolling(page, tmp_path):
+    from playwright.sync_api import expect
+
+    expect(page.locator("#nodes > li")).to_have_count(3, timeout=10_000)
+    fits = page.evaluate("""() => {
+        const box = document.getElementById('prompt');
+        const style = getComputedStyle(box);
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = `${style.fontSize} ${style.fontFamily}`;
+        const room = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        return {text: ctx.measureText(box.placeholder).width, room};
+    }""")
+    assert 0 < fits["text"] <= fits["room"], fits  # the placeholder is not cut off
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]  # nothing sticks out
+    page.fill("#prompt", QUESTION)
+    page.press("#prompt", "Enter")
+    expect(page.locator(".msg.assistant .note")).to_contain_text("tokens in", timeout=60_000)
+    expect(page.locator("#speed")).to_contain_text("words a second", timeout=10_000)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    folder = Path(os.environ.get("PRIMA_SCREENSHOTS") or tmp_path)
+    page.screenshot(path=str(folder / "page-phone.png"), full_page=True)
+    assert (folder / "page-phone.png").stat().st_size > 10_000

@@ -41,6 +41,14 @@ class TokenOut:
     index: int
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A long prompt's progress: `done` of its `total` tokens have gone through every layer."""
+
+    done: int
+    total: int
+
+
 class Generation:
     def __init__(self, prompt_ids: list[int], params: GenerateParams, codec: TextCodec,
                  eos_ids: tuple[int, ...], max_seq: int, spec: Speculator | None = None):

@@ -93,10 +93,15 @@ def token_event(token_id: int, text: str, index: int, elapsed_ms: float) -> pb.G
     return pb.GenerateEvent(token=pb.TokenEvent(token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms))
 
 
+def prefill_event(done: int, total: int) -> pb.GenerateEvent:
+    return pb.GenerateEvent(prefill=pb.PrefillProgress(done=done, total=total))
+
+
 def finished(finish_reason: str, prompt_tokens: int, completion_tokens: int, request_id: str, ttft_ms: float,
-             tpot_ms: float, drafted: int = 0, accepted: int = 0) -> pb.Finished:
+             tpot_ms: float, drafted: int = 0, accepted: int = 0, max_tokens: int = 0) -> pb.Finished:
     return pb.Finished(finish_reason=finish_reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                       request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, drafted=drafted, accepted=accepted)
+                       request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, drafted=drafted, accepted=accepted,
+                       max_tokens=max_tokens)
 
 
 def finished_event(done: pb.Finished) -> pb.GenerateEvent:

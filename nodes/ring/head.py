@@ -13,7 +13,7 @@ from nodes.generation import head_step
 from nodes.generation.draft import DraftModel, load_draft
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import Speculator
-from nodes.generation.state import GenerateParams, Generation, TokenOut
+from nodes.generation.state import GenerateParams, Generation, Prefilled, TokenOut
 from nodes.ring import frames
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
@@ -45,8 +45,8 @@ class Head:
     # ------------------------------------------------------------------ requests
 
     async def generate(self, prompt_ids: list[int], params: GenerateParams,
-                       request_id: str) -> AsyncIterator[TokenOut | Generation]:
-        """Token events of one request, then the finished Generation itself."""
+                       request_id: str) -> AsyncIterator[TokenOut | Prefilled | Generation]:
+        """Token events of one request (a long prompt's progress before them), then the finished Generation."""
         self.requests.check_new(request_id)
         node = self.node
         drafter = None
@@ -65,7 +65,10 @@ class Head:
                     if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
-                    hidden = await self._round_trip(req, request_id, ids + draft, pos, gen.capacity, len(draft) + 1)
+                    async for done, hidden in self._trip(req, request_id, ids + draft, pos, gen.capacity,
+                                                         len(draft) + 1):
+                        if hidden is None:  # a prefill chunk of a long prompt went round
+                            yield Prefilled(done, len(ids))
                 except RingChanged:
                     await self._replay(req, request_id, gen)
                     continue
@@ -90,6 +93,12 @@ class Head:
                           capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
         that goes round the ring in a batch with the other requests' steps (nodes/ring/steps.py)."""
+        steps = [hidden async for _, hidden in self._trip(req, request_id, ids, pos, capacity, rows)]
+        return steps[-1]
+
+    async def _trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
+                    rows: int = 0) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
+        """_round_trip chunk by chunk: (tokens done, None) after each chunk but the last, then (all, hidden)."""
         timeout = self.node.cfg.step_timeout
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
@@ -105,7 +114,8 @@ class Head:
                                     f"no answer from the ring within {timeout:.0f} s (a node may be down)") from None
             finally:
                 self.steps.back(request_id)
-        return hidden
+            done = min(offset + PREFILL_CHUNK, len(ids))
+            yield done, hidden if done == len(ids) else None
 
     async def _draft_model(self) -> ReferenceModel:
         """The head's draft model, loaded on first use (prima-node --draft DIR); shared by its requests."""

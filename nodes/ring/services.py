@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from nodes.engine.prefetch import MAX_BUFFER_LAYERS
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.speculate import speculate_params
-from nodes.generation.state import Generation, generate_params
+from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
 from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, metrics
@@ -192,6 +192,8 @@ class InferenceService(rpc.InferenceServicer):
                     finished = _finished(out, request_id, start, stamps)
                     metrics.observe_finished(finished)
                     yield frames.finished_event(finished)
+                elif isinstance(out, Prefilled):
+                    yield frames.prefill_event(out.done, out.total)
                 else:
                     stamps.append(time.perf_counter())
                     metrics.observe_token()
@@ -219,4 +221,4 @@ def _finished(gen: Generation, request_id: str, start: float, stamps: list[float
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
     return frames.finished(gen.finish_reason, len(gen.prompt_ids), len(gen.tokens), request_id,
                            (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3,
-                           gen.spec.drafted, gen.spec.accepted)
+                           gen.spec.drafted, gen.spec.accepted, gen.max_tokens)

@@ -21,11 +21,12 @@ COMMANDS = {
 @app.callback()
 def main(ctx: typer.Context,
          node: str = typer.Option(None, "--node", show_default=False,
-                                  help=f"HOST:PORT of any node of the ring (default: {cli_args.DEFAULT_NODE})"),
+                                  help="HOST:PORT of any node of the ring (default: the local ring's head if one "
+                                       f"is up, else {cli_args.DEFAULT_NODE})"),
          token_file: Path = typer.Option(None, "--token-file", metavar="PATH", show_default=False,
                                          help="a file holding the cluster secret (default: $PRIMA_TOKEN); "
                                               "never on the command line, where ps shows it")):
-    ctx.obj = cli_args.target(node, token_file)
+    ctx.obj = cli_args.target(node, token_file, ctx.invoked_subcommand)
 
 
 for name, command in COMMANDS.items():

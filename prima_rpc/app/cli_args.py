@@ -20,13 +20,33 @@ class Target:
     node_given: bool = False
 
 
-def target(node: str | None, token_file: Path | None) -> Target:
-    """--node and --token-file, read once by prima-ctl's callback."""
+def target(node: str | None, token_file: Path | None, command: str | None = None) -> Target:
+    """--node and --token-file, read once by prima-ctl's callback; without --node, the local ring `command`
+    would talk to (see default_node)."""
     try:
         token = read_token(token_file)
     except ValueError as exc:
         fail(str(exc))
-    return Target(address(node or DEFAULT_NODE, "--node"), token, node is not None)
+    local = None if node is not None else default_node(command)
+    return Target(address(node or local or DEFAULT_NODE, "--node"), token, node is not None)
+
+
+RING_COMMANDS = ("start", "status", "generate", "chat", "plan", "serve")  # they talk to a node; down may
+
+
+def default_node(command: str | None) -> str | None:
+    """The head of the one local ring up under $PRIMA_HOME/run/ (None: there is none, or `command` talks to no
+    node); with several, a one-line error naming them, as --node must choose."""
+    if command not in (*RING_COMMANDS, "down"):
+        return None
+    from prima_rpc.app.local_ring import recorded_rings
+
+    heads = [r.addresses[0] for r in recorded_rings() if r.addresses and r.alive()]
+    if len(heads) == 1:
+        return heads[0]
+    if len(heads) > 1 and command != "down":  # down --local stops them all; down alone falls back to DEFAULT_NODE
+        fail(f"{len(heads)} local rings are up (heads {', '.join(heads)}); choose one with --node HOST:PORT")
+    return None
 
 
 def address(text: str, what: str) -> str:

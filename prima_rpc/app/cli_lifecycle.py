@@ -13,7 +13,7 @@ from prima_rpc.app import cli_args, ring
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
 from prima_rpc.app.cli_ring import assign_windows, reach, stream
-from prima_rpc.app.progress import bar
+from prima_rpc.app.progress import bar, mib, summary
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.channel import TOKEN_ENV
 from prima_rpc.client import PrimaError
@@ -37,10 +37,7 @@ def up(ctx: typer.Context, local: int = typer.Option(3, "--local", help="nodes t
 
     sizes = _up_args(local, base_port, windows, serve, prompt)
     if model is None:
-        from tools.importers import DEFAULT_DTYPE, ensure_default_store
-
-        with bar("importing SmolLM2 (once)") as progress:
-            model = ensure_default_store(progress=progress, dtype=DEFAULT_DTYPE)
+        model = _default_model()
     cli_args.store(model)
     running = local_ring.Recorded.read(local_ring.run_dir(base_port))
     alive = running.alive() if running else {}
@@ -51,16 +48,51 @@ def up(ctx: typer.Context, local: int = typer.Option(3, "--local", help="nodes t
     if serve is not None and not serving:
         _start_server(target, directory, serve)
     if prompt:
-        print(f"you> {prompt}\nmodel> ", end="", flush=True)
+        print(f"you> {prompt}", flush=True)
         try:
-            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True))
+            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True, prefix="model> "))
         except PrimaError as exc:
             print()
             fail(f"{rpc_message(exc.code, exc.message)} (logs in {directory})")
         print()
     if serve is not None:
         print(f"web page: http://127.0.0.1:{serve}/    OpenAI API: http://127.0.0.1:{serve}/v1")
-    print(f"chat: prima-ctl --node {target.node} chat    stop: prima-ctl down --local")
+    ctl = _ctl_command()
+    from prima_rpc.app.local_ring import recorded_rings
+
+    heads = [r.addresses[0] for r in recorded_rings() if r.alive()]
+    node = "" if heads == [target.node] else f" --node {target.node}"  # without --node: the one local ring
+    print(f"chat: {ctl}{node} chat    the ring: {ctl}{node} status    stop: {ctl} down --local")
+
+
+def _ctl_command() -> str:
+    """prima-ctl as this shell can run it: by name when PATH finds this very one, else by its path
+    (.venv/bin/prima-ctl, as make run starts it)."""
+    import os
+    import shutil
+
+    me = sys.argv[0] if os.path.basename(sys.argv[0]) == "prima-ctl" else ""
+    if not me:  # python -m prima_rpc.app.cli
+        return f"{sys.executable} -m prima_rpc.app.cli"
+    found = shutil.which("prima-ctl")
+    if found and os.path.realpath(found) == os.path.realpath(me):
+        return "prima-ctl"
+    return me if os.sep in me else os.path.join(".", me)
+
+
+def _default_model() -> Path:
+    """SmolLM2, imported into $PRIMA_HOME/models the first time (with a bar and a summary line)."""
+    from tools.importers import DEFAULT_DTYPE, default_store_dir, ensure_default_store
+
+    if (default_store_dir(DEFAULT_DTYPE) / "manifest.json").is_file():
+        return default_store_dir(DEFAULT_DTYPE)
+    started = time.monotonic()
+    summary("importing the default model, SmolLM2-135M-Instruct (once)")
+    with bar("importing SmolLM2 (once)") as progress:
+        model = ensure_default_store(progress=progress, dtype=DEFAULT_DTYPE)
+    size = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+    summary(f"imported SmolLM2 into {model}: {mib(size)} in {time.monotonic() - started:.1f} s")
+    return model
 
 
 def _up_args(local: int, base_port: int, windows: str | None, serve: int | None, prompt: str) -> list[int] | None:
@@ -99,7 +131,7 @@ def _launch(target: Target, model: Path, local: int, base_port: int, sizes: list
     from prima_rpc.app import local_ring
 
     if serve is not None:
-        local_ring.free_ports(1, serve)  # the HTTP port too, before anything starts
+        local_ring.free_ports(1, serve, "--serve (the HTTP port)")  # the HTTP port too, before anything starts
     started = local_ring.launch(model, local, base_port, token=target.token)
     target = replace(target, node=started.addresses[0])
     try:
@@ -174,8 +206,10 @@ def _start_server(target: Target, directory: Path, port: int) -> None:
     import os
     import urllib.request
 
+    from prima_rpc.app import local_ring
     from prima_rpc.app.local_ring import LaunchError, LocalRing, Recorded, last_line
 
+    local_ring.free_ports(1, port, "--serve (the HTTP port)")
     recorded = Recorded.read(directory)
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | ({TOKEN_ENV: target.token} if target.token
                                                                      else {})

@@ -65,10 +65,10 @@ def _solve(target: Target, profiles: Path | None, model: Path | None, strategy: 
         result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation)
         return result, f"{manifest.get('name', model.name)} on {profiles.stem}"
     from prima_rpc.app.cli_ring import reach
-    from prima_rpc.app.live_plan import plan_live
+    from prima_rpc.app.live_plan import plan_live_shown
 
     reach(target)  # unreachable, or the token refused: said before profiling starts
-    return plan_live(target.node, target.token, strategy, refresh, concurrency, speculation), \
+    return plan_live_shown(target.node, target.token, strategy, refresh, concurrency, speculation), \
         f"the ring from {target.node}"
 
 

@@ -13,9 +13,9 @@ import typer
 from prima_rpc.app import cli_args, ring
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
-from prima_rpc.app.progress import bar
+from prima_rpc.app.progress import LazyBar, bar, mib, summary
 from prima_rpc.app.rpc_message import rpc_message
-from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
+from prima_rpc.client import Finished, Prefill, PrimaClient, PrimaError, Token
 from prima_rpc.control import Control
 from prima_rpc.request import GenerateRequest, Message, check_text
 from prima_rpc.v1 import prima_pb2 as pb
@@ -54,7 +54,8 @@ def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: 
     if json_out:
         print(json.dumps({"tokens": tokens, "text": text, "prompt_tokens": done.prompt_tokens,
                           "finish_reason": done.finish_reason, "ttft_ms": done.ttft_ms, "tpot_ms": done.tpot_ms,
-                          "drafted": done.drafted, "accepted": done.accepted}))
+                          "drafted": done.drafted, "accepted": done.accepted, "max_tokens": done.max_tokens}))
+        capped(request, done)
     else:
         print()
 
@@ -73,10 +74,9 @@ def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: f
             print(f"error: {exc}", file=sys.stderr, flush=True)
             failed = True
             continue
-        print("model> ", end="", flush=True)
         asked = replace(history, messages=history.messages + (Message("user", line),))
         try:
-            _, text, _ = asyncio.run(stream(ctx.obj, asked, echo=True))
+            _, text, _ = asyncio.run(stream(ctx.obj, asked, echo=True, prefix="model> "))
             history = replace(asked, messages=asked.messages + (Message("assistant", text),))
             print()
         except PrimaError as exc:  # the turn is dropped from the history; the chat goes on
@@ -109,20 +109,42 @@ def reach(target: Target) -> pb.NodeInfo:
         fail(rpc_message(exc.code(), exc.details(), target.node))
 
 
-async def stream(target: Target, request: GenerateRequest, echo: bool) -> tuple[list[int], str, Finished]:
-    """(token ids, text, Finished) of one request to the --node; echo: write the text as it comes."""
-    tokens, text, done = [], [], None
-    async with PrimaClient(target.node, target.token) as client:  # PrimaError: the caller says it
-        async for event in client.stream(request):
-            if isinstance(event, Token):
-                tokens.append(event.token_id)
-                text.append(event.text)
-                if echo:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-            elif isinstance(event, Finished):
-                done = event
+async def stream(target: Target, request: GenerateRequest, echo: bool,
+                 prefix: str = "") -> tuple[list[int], str, Finished]:
+    """(token ids, text, Finished) of one request to the --node; echo: write `prefix` and the text as it comes,
+    after a bar of a long prompt's prefill (its tokens through the ring, chunk by chunk) and its summary."""
+    tokens, text, done, total = [], [], None, 0
+    prefill = LazyBar("reading the prompt (tokens)")
+    try:
+        async with PrimaClient(target.node, target.token) as client:  # PrimaError: the caller says it
+            async for event in client.stream(request, prefill=echo):
+                if isinstance(event, Prefill):
+                    prefill(event.done, total := event.total)
+                    continue
+                if echo and not tokens and done is None:  # the first answer: the prompt is read
+                    prefill.end(lambda s: f"read the prompt: {total:,} tokens in {s:.1f} s")
+                    sys.stdout.write(prefix)
+                if isinstance(event, Token):
+                    tokens.append(event.token_id)
+                    text.append(event.text)
+                    if echo:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                elif isinstance(event, Finished):
+                    done = event
+    finally:
+        prefill.end(lambda s: f"stopped reading the prompt after {s:.1f} s")
+    if echo and done is not None:
+        capped(request, done)
     return tokens, "".join(text), done
+
+
+def capped(request: GenerateRequest, done: Finished) -> None:
+    """Say when the head cut max_tokens to what the context leaves (and the answer ran into that limit)."""
+    if 0 < done.max_tokens < request.max_tokens:
+        print(f"\nnote: max_tokens {request.max_tokens:,} was capped to {done.max_tokens:,}, what the model's "
+              f"context leaves after the {done.prompt_tokens:,}-token prompt"
+              + (" (finish_reason: length)" if done.finish_reason == "length" else ""), file=sys.stderr, flush=True)
 
 
 def _plan_windows(target: Target, plan_file: Path | None):
@@ -135,9 +157,9 @@ def _plan_windows(target: Target, plan_file: Path | None):
         except (OSError, json.JSONDecodeError) as exc:
             fail(f"cannot read plan {plan_file}: {exc}")
     else:
-        from prima_rpc.app.live_plan import plan_live
+        from prima_rpc.app.live_plan import plan_live_shown
 
-        result = plan_live(target.node, target.token, "halda", refresh=False)
+        result = plan_live_shown(target.node, target.token, "halda", refresh=False)
     if "infeasible" in result:
         fail(f"the plan is infeasible: {result['infeasible']}")
     for d in result.get("devices", []):  # nodes without the model fetch their layers first
@@ -167,6 +189,7 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
     """ring.start from the --node with a progress bar of loading (and fetching) windows; a one-line error."""
     loaded: dict[str, tuple[int, int]] = {}
     fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
+    started = time.monotonic()
     with bar("loading windows") as progress:
         def report(address: str, update) -> None:
             if update.fetch and update.total_bytes:
@@ -188,6 +211,8 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
     for address, f in fetched.items():
         print(f"fetched {_rate(address, *f)}", file=sys.stderr)
+    summary(f"loaded {sum(1 for w in sizes if w)} windows of {sum(sizes)} layers "
+            f"({mib(sum(t for _, t in loaded.values()))}) in {time.monotonic() - started:.1f} s")
     return nodes
 
 

@@ -9,13 +9,15 @@ import typer
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
 from prima_rpc.app.cli_ring import reach
-from prima_rpc.request import MAX_TOKENS
+from prima_rpc.request import MAX_TOKENS, TEMPERATURE
 
 
 def serve(ctx: typer.Context,
           host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0: every interface)"),
           port: int = typer.Option(8000, help="HTTP port (0: any free port)"),
-          max_tokens: int = typer.Option(1024, help="max_tokens for requests that give none")):
+          max_tokens: int = typer.Option(1024, help="max_tokens for requests that give none"),
+          temperature: float = typer.Option(0.0, help="temperature for requests that give none (0: greedy, as the "
+                                                      "page and the CLI; OpenAI's is 1)")):
     """Serve /v1/chat/completions, /v1/completions and /v1/models over HTTP, forwarding to the head.
 
     With a token ($PRIMA_TOKEN or --token-file), clients must send it as their API key (Authorization: Bearer
@@ -25,6 +27,8 @@ def serve(ctx: typer.Context,
 
     if not 1 <= max_tokens <= MAX_TOKENS[1]:
         fail(f"--max-tokens must be in [1, {MAX_TOKENS[1]}], got {max_tokens}")
+    if not TEMPERATURE[0] <= temperature <= TEMPERATURE[1]:
+        fail(f"--temperature must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}], got {temperature:g}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0-65535, got {port}")
     target: Target = ctx.obj
@@ -33,7 +37,8 @@ def serve(ctx: typer.Context,
         print(f"warning: {target.node} is a {info.role} node, not a head; requests fail until the ring is "
               "started (prima-ctl start)", file=sys.stderr)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # as prima-node does
-    config = openai_api.ApiConfig(head=target.node, token=target.token, default_max_tokens=max_tokens)
+    config = openai_api.ApiConfig(head=target.node, token=target.token, default_max_tokens=max_tokens,
+                                     default_temperature=temperature)
 
     def ready(url: str) -> None:
         print(f"serving {info.model_name or 'the ring'} from head {target.node} at {url} "

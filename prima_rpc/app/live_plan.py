@@ -1,6 +1,7 @@
 """Plan for the live ring: profile every node (one at a time), then solve with the head's manifest."""
 
 import json
+from collections.abc import Callable
 
 import grpc
 
@@ -13,12 +14,15 @@ from solver.model_profile import ModelProfile
 from solver.strategies import plan_for
 
 
-def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[dict, dict]:
-    """({"devices": [...], "_holds_model": [bool, ...]} in ring order named by address, the head's manifest)."""
+def profile_ring(head: str, token: str | None, refresh: bool = False,
+                 progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[dict, dict]:
+    """({"devices": [...], "_holds_model": [bool, ...]} in ring order named by address, the head's manifest);
+    progress(devices profiled, devices)."""
     nodes = ring.walk(head, token)
     devices, manifest, held = [], "", []
     # Sequentially: profiles taken in parallel on shared cores would measure each other.
     for i, (address, _) in enumerate(nodes):
+        progress(i, len(nodes))
         try:
             with Control(address, token) as peer:
                 reply = peer.profile(refresh)
@@ -29,14 +33,16 @@ def profile_ring(head: str, token: str | None, refresh: bool = False) -> tuple[d
         devices.append(device)
         manifest = manifest or (reply.manifest if i == 0 else "")
         held.append(bool(manifest) and reply.manifest == manifest)
+    progress(len(nodes), len(nodes))
     if not manifest:
         raise ring.RingError(f"the head {head} has no model to plan for (start it with --model)")
     return {"devices": devices, "_holds_model": held}, json.loads(manifest)
 
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-              concurrency: int = 1, speculation: tuple[int, float] | None = None) -> dict:
-    profiles, manifest = profile_ring(head, token, refresh)
+              concurrency: int = 1, speculation: tuple[int, float] | None = None,
+              progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+    profiles, manifest = profile_ring(head, token, refresh, progress)
     devices = devices_from_json(profiles)
     # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
     result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS, concurrency=concurrency,
@@ -44,4 +50,23 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
     if "devices" in result:  # nodes without the model fetch their layers from the head first
         add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
+    return result
+
+
+def plan_live_shown(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
+                    concurrency: int = 1, speculation: tuple[int, float] | None = None) -> dict:
+    """plan_live with a bar of the devices profiled (a first profile takes a minute) and a summary line."""
+    import time
+
+    from prima_rpc.app.progress import bar, summary
+
+    started, count = time.monotonic(), [0]
+
+    def report(done: int, total: int) -> None:
+        count[0] = total
+        progress(done, total, f"profiling device {min(done + 1, total)} of {total}")
+
+    with bar("profiling the devices") as progress:
+        result = plan_live(head, token, strategy, refresh, concurrency, speculation, report)
+    summary(f"profiled {count[0]} devices and solved the plan in {time.monotonic() - started:.1f} s")
     return result

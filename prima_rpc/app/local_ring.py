@@ -140,9 +140,10 @@ def recorded_rings() -> list[Recorded]:
     return [r for r in found if r is not None]
 
 
-def free_ports(n: int, base: int = 0) -> list[int]:
+def free_ports(n: int, base: int = 0, option: str = "--base-port") -> list[int]:
     """Ports base, base+1, ..., base+n-1, or (base 0) any n the kernel offers. Probed with SO_REUSEADDR,
-    as gRPC binds, so a port that only lingers in TIME_WAIT after a ring stopped counts as free."""
+    as gRPC binds, so a port that only lingers in TIME_WAIT after a ring stopped counts as free. `option`: the
+    one that chooses these ports, named when one is taken."""
     ports: list[int] = []
     socks = []
     try:
@@ -153,8 +154,8 @@ def free_ports(n: int, base: int = 0) -> list[int]:
             try:
                 s.bind(("127.0.0.1", base + i if base else 0))
             except OSError as exc:
-                raise LaunchError(f"port {base + i} is in use ({exc.strerror}); choose other ports with "
-                                  "--base-port") from None
+                raise LaunchError(f"port {base + i} is in use ({exc.strerror}); choose "
+                                  f"{'another' if n == 1 else 'other ports'} with {option}") from None
             ports.append(s.getsockname()[1])
     finally:
         for s in socks:

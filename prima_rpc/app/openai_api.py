@@ -32,6 +32,7 @@ class ApiConfig:
     head: str  # HOST:PORT of the ring's head
     token: str | None = None  # the cluster secret: required as the Bearer key, passed on to the head
     default_max_tokens: int = 1024  # for requests without max_tokens (the head reserves KV for all of them)
+    default_temperature: float = 0.0  # for requests without one: greedy (docs/http-api.md says why)
 
 
 def model_id(name: str) -> str:
@@ -119,7 +120,7 @@ class Api:
             body = json.loads(await request.read())
         except ValueError as exc:
             raise ApiError(400, f"We could not parse the JSON body of your request: {exc}.") from None
-        call = parse_request(body, chat, self.config.default_max_tokens)
+        call = parse_request(body, chat, self.config.default_max_tokens, self.config.default_temperature)
         completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         model = await self.model_name()
         bound = log.bind(request_id=completion_id, path=request.path, stream=call.stream)

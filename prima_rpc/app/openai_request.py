@@ -189,7 +189,7 @@ def _answer_shape(body) -> tuple[str | None, bool, bool]:
     return model, stream, bool(options and options.get("include_usage"))
 
 
-def _generate_request(body: dict, chat: bool, default_max_tokens: int) -> GenerateRequest:
+def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_temperature: float) -> GenerateRequest:
     """The body's generate fields, type-checked here and range-checked by GenerateRequest (ApiError naming the
     body's parameter)."""
     max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -205,7 +205,7 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int) -> Genera
         request = GenerateRequest(
             prompt=prompt, messages=messages, raw=not chat,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-            temperature=_number(body, "temperature", 1.0),  # OpenAI's default is 1: sampling
+            temperature=_number(body, "temperature", default_temperature),  # OpenAI's is 1; ours: serve's
             top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k") or 0,
             seed=None if seed is None else seed % 2**64, stop=_stop(body),
             speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0)
@@ -220,11 +220,11 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int) -> Genera
     return replace(request, temperature=0.0) if request.top_p == 0.0 else request
 
 
-def parse_request(body, chat: bool, default_max_tokens: int) -> GenerateCall:
+def parse_request(body, chat: bool, default_max_tokens: int, default_temperature: float = 0.0) -> GenerateCall:
     """Validate a decoded JSON body of /v1/chat/completions (chat) or /v1/completions; ApiError(400) says why not."""
     model, stream, include_usage = _answer_shape(body)
-    return GenerateCall(chat=chat, request=_generate_request(body, chat, default_max_tokens), stream=stream,
-                        include_usage=include_usage, model=model)
+    return GenerateCall(chat=chat, request=_generate_request(body, chat, default_max_tokens, default_temperature),
+                        stream=stream, include_usage=include_usage, model=model)
 
 
 # ---------------------------------------------------------------- answers: events -> OpenAI objects

@@ -348,7 +348,7 @@ class TokenEvent(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., elapsed_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id", "drafted", "accepted")
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id", "drafted", "accepted", "max_tokens")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +357,7 @@ class Finished(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
@@ -365,15 +366,26 @@ class Finished(_message.Message):
     request_id: str
     drafted: int
     accepted: int
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., request_id: _Optional[str] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ...) -> None: ...
+    max_tokens: int
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., request_id: _Optional[str] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class PrefillProgress(_message.Message):
+    __slots__ = ("done", "total")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    done: int
+    total: int
+    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
-    __slots__ = ("token", "finished")
+    __slots__ = ("token", "finished", "prefill")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
     token: TokenEvent
     finished: Finished
-    def __init__(self, token: _Optional[_Union[TokenEvent, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+    prefill: PrefillProgress
+    def __init__(self, token: _Optional[_Union[TokenEvent, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., prefill: _Optional[_Union[PrefillProgress, _Mapping]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

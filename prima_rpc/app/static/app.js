@@ -7,6 +7,8 @@ const TOKEN_KEY = "prima-token";
 const HISTORY_KEY = "prima-chat";
 const POLL_MS = 2000;
 const MAX_TOKENS = 256; // and greedy sampling: as `prima-ctl chat` answers
+const WORDS_PER_TOKEN = 0.75; // English text: about 4 words in 3 tokens
+const TECH_KEY = "prima-technical";
 
 let history = JSON.parse(sessionStorage.getItem(HISTORY_KEY) || "[]"); // the messages list sent each turn
 let answering = null; // the AbortController of the answer streaming now
@@ -138,7 +140,9 @@ async function ask(prompt) {
       }
     }
     const elapsed = (performance.now() - started) / 1000;
-    note(reply, `${tokens ?? received} tokens in ${elapsed.toFixed(1)} s${cut ? ", cut at the token limit" : ""}`);
+    const rate = received > 1 ? `, ${wordsASecond((last - first) / (received - 1))}` : "";
+    note(reply, `${tokens ?? received} tokens in ${elapsed.toFixed(1)} s${rate}` +
+      `${cut ? ", cut at the token limit" : ""}`);
     if (received > 1) {
       answerTpot = (last - first) / (received - 1);
       measured(headTpot);
@@ -212,16 +216,30 @@ function layerMap(windows, nLayers) {
   return map;
 }
 
+function wordsASecond(msPerToken) {
+  const words = (1000 / msPerToken) * WORDS_PER_TOKEN;
+  return `about ${words >= 10 ? words.toFixed(0) : words.toFixed(1)} words a second`;
+}
+
+function duty(node) {
+  // What a device does, in the household's words (the role and the layers are the technical view's).
+  if (node.state === "lost") return "not answering: is it switched on?";
+  if (node.state && node.state !== "up") return "getting ready";
+  if (node.role === "head") return "answers questions";
+  if (node.windows.length) return "helps with part of the model";
+  return "not needed now";
+}
+
 function nodeItem(node, nLayers) {
   const li = el("li", `node ${node.role}${node.error || node.state === "lost" ? " failed" : ""}`);
   const head = el("div", "node-head");
-  head.append(el("strong", "", node.name || node.address), el("span", `role ${node.role}`, node.role));
-  if (node.state && node.state !== "up") head.append(el("span", "role state", node.state));
-  li.append(head, el("div", "address muted", node.address));
+  head.append(el("strong", "", node.name || node.address), el("span", `role tech ${node.role}`, node.role));
+  if (node.state && node.state !== "up") head.append(el("span", "role state tech", node.state));
+  li.append(head, el("p", "does", duty(node)), el("div", "address muted tech", node.address));
   const ranges = node.windows.map(([a, b]) => `[${a},${b})`).join(" ");
-  li.append(el("div", "windows", ranges ? `layers ${ranges}` : "no layers"));
+  li.append(el("div", "windows tech", ranges ? `layers ${ranges}` : "no layers"));
   if (nLayers) li.append(layerMap(node.windows, nLayers));
-  const stats = el("dl", "stats");
+  const stats = el("dl", "stats tech");
   const rows = [["weights", mib(node.resident_bytes)], ["RSS", mib(node.rss_bytes)],
     ["compute", seconds(node.compute_s)], ["stall", seconds(node.stall_s)], ["link", seconds(node.link_s)],
     ["frames", String(node.frames)]];
@@ -254,9 +272,14 @@ async function pollRing() {
   $("ring-error").hidden = !ring.error;
   $("ring-error").textContent = ring.error || "";
   $("ring-time").textContent = `live · ${new Date(ring.time * 1000).toLocaleTimeString()}`;
-  $("status").textContent = `${ring.nodes.length} node${ring.nodes.length === 1 ? "" : "s"} · head ${ring.head}`;
+  $("status").textContent = `${ring.nodes.length} device${ring.nodes.length === 1 ? "" : "s"}` +
+    (document.body.classList.contains("technical") ? ` · head ${ring.head}` : "");
   const head = ring.nodes[0];
-  measured(head && head.role === "head" && head.last_token_ms > 0 ? head.last_token_ms : null);
+  const ms = head && head.role === "head" && head.last_token_ms > 0 ? head.last_token_ms : null;
+  const helping = ring.nodes.filter((n) => n.windows.length && n.state !== "lost").length;
+  $("speed").textContent = (ms === null ? "No answer yet: ask something. " : `Answers come at ${wordsASecond(ms)}. `) +
+    `${helping} of ${ring.nodes.length} device${ring.nodes.length === 1 ? "" : "s"} work on each answer.`;
+  measured(ms);
 }
 
 // ------------------------------------------------------------------ the plan
@@ -312,6 +335,15 @@ async function loadModel() {
   }
 }
 
+function technical(on) {
+  document.body.classList.toggle("technical", on);
+  $("tech-toggle").setAttribute("aria-pressed", String(on));
+  $("tech-toggle").textContent = on ? "Plain view" : "Technical view";
+  sessionStorage.setItem(TECH_KEY, on ? "1" : "");
+}
+
+$("tech-toggle").addEventListener("click", () => technical(!document.body.classList.contains("technical")));
+
 function refresh() {
   loadModel();
   pollRing();
@@ -319,5 +351,6 @@ function refresh() {
 }
 
 for (const message of history) bubble(message.role, message.content);
+technical(Boolean(sessionStorage.getItem(TECH_KEY)));
 refresh();
 setInterval(() => document.hidden || pollRing(), POLL_MS);
