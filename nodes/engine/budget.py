@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nodes.engine.fused import STREAM_UNITS, head_bytes, kv_bytes, stream_parts
+from nodes.engine.fused import STREAM_UNITS, head_bytes, kv_bytes, layer_bytes, stream_parts
 from nodes.engine.prefetch import KV_RESERVE_TOKENS, MemoryPlan, parts_bytes, plan_memory
 from nodes.engine.quant import Format
-from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.manifest import ModelConfig, StoreError
 from prima_rpc.spec.windows import Windows
 
 
@@ -26,8 +26,23 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
     fixed = head_mem + kv_bytes(cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    if cfg.moe:
+        return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
     units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
     small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
     return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
+
+
+def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Format | None, budget: int,
+                 prefetch: bool, fixed: int, head_mem: int) -> ShardBudget:
+    """A mixture of experts' layers, each whole (dense part and every expert) resident; a budget that cannot hold
+    them is refused (its experts do not stream yet)."""
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": layer_bytes(cfg, dtype, fmt)}, 0,
+                      fixed)
+    if budget and plan.weight_bytes + fixed > budget:
+        raise StoreError(f"the memory budget ({budget >> 20} MiB) cannot hold this node's {len(order)} mixture-of-"
+                         f"experts layers ({(plan.weight_bytes + fixed) >> 20} MiB with the head and KV reserve): "
+                         "their experts cannot stream from disk yet; raise --mem-budget or give it fewer layers")
+    return ShardBudget(plan, budget - plan.weight_bytes - head_mem if budget else None)

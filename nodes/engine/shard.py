@@ -52,7 +52,7 @@ class Shard:
         planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer)
         self.plan: MemoryPlan = planned.plan
         self.kv_room = planned.kv_room  # None: no budget
-        reporting = ReportingStore(store, shard_units(windows), progress)
+        reporting = ReportingStore(store, shard_units(windows, cfg.n_experts), progress)
         self.head: OutputHead | None = load_head(reporting, cfg, dtype, fmt) if windows.head else None
         self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt) if self.plan.streamed else None
         self.layers, self.small, self.kept = load_layers(reporting, self.plan, cfg, dtype, fmt, self.prefetcher)
