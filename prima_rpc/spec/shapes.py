@@ -17,6 +17,16 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-gemma3": ModelConfig("gemma3", 64, 128, 6, 4, 2, 16, 320, 512, 1e-6, 1e6, tie_embeddings=True,
                                sliding_window=8, local_layers=(0, 1, 2, 3, 4), local_rope_theta=10000.0,
                                query_scale=16.0),
+    # Mixtures of experts (their config.json): Qwen3-30B-A3B (128 experts, 8 a token), Mixtral 8x7B (8, 2 a token)
+    "qwen3-30b-a3b": ModelConfig("qwen3moe", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 1e-6, 1e6, n_experts=128,
+                                 n_experts_used=8, moe_intermediate=768, norm_topk_prob=True),
+    "mixtral-8x7b": ModelConfig("mixtral", 4096, 14336, 32, 32, 8, 128, 32000, 32768, 1e-5, 1e6, n_experts=8,
+                                n_experts_used=2, moe_intermediate=14336, norm_topk_prob=True),
+    # Tiny mixtures for tests: six layers (a 3-node ring goes round twice), 8 experts, 2 a token
+    "tiny-qwen3moe": ModelConfig("qwen3moe", 64, 160, 6, 4, 2, 16, 320, 512, 1e-6, 1e6, n_experts=8,
+                                 n_experts_used=2, moe_intermediate=32, norm_topk_prob=True),
+    "tiny-qwen2moe": ModelConfig("qwen2moe", 64, 160, 6, 4, 2, 16, 320, 512, 1e-6, 1e6, qkv_bias=True, n_experts=8,
+                                 n_experts_used=2, moe_intermediate=32, shared_intermediate=96),
     # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
     "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
 }
