@@ -66,9 +66,9 @@ def test_router_weights_follow_the_config(store):
         torch.testing.assert_close(weights, probs.topk(moe.top_k).values)
 
 
-def test_a_budget_below_the_experts_is_refused_clearly(store):
+def test_a_budget_below_the_dense_parts_and_top_k_experts_is_refused_clearly(store):
     s = LayerStore(store)
-    with pytest.raises(StoreError, match="experts cannot stream from disk yet"):
+    with pytest.raises(StoreError, match=r"6 mixture-of-experts layers. dense parts and 2 experts"):
         Shard(s, Windows(((0, 6),), 6, True), torch.float32, budget=1 << 20)
 
 

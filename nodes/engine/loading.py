@@ -71,11 +71,12 @@ def load_head(store: Store, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | 
     return OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt, **head_numerics(cfg))
 
 
-def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None) -> Layer:
+def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
+                  experts: list[int] | None = None) -> Layer:
     """Layer i whole: float matrices read straight into their fused buffers, quantized ones as the kernel's
-    weights made from the stored tensors."""
+    weights made from the stored tensors (a mixture: with the experts `experts`, None: all)."""
     if cfg.moe:
-        return read_layer(store, i, cfg, dtype, fmt)
+        return read_layer(store, i, cfg, dtype, fmt, experts)
     if fmt is None:
         layer = empty_layer(cfg, dtype)
         store.read_into(f"layer.{i}", layer_targets(layer, cfg))
@@ -125,14 +126,14 @@ class LayerWeights(NamedTuple):
 
 
 def load_layers(store: Store, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
-                prefetcher: Prefetcher | None) -> LayerWeights:
-    """The plan's layers in visit order: resident ones whole, streamed ones what stays of them (reading through
-    the prefetcher's buffer before it starts)."""
+                prefetcher: Prefetcher | None, experts: list[int] | None = None) -> LayerWeights:
+    """The plan's layers in visit order: resident ones whole (a mixture's with the experts `experts`, None: all),
+    streamed ones what stays of them (reading through the prefetcher's buffer before it starts)."""
     out = LayerWeights({}, {}, {})
     streamed = dict(plan.streamed)
     for i in plan.order:
         if i in plan.resident:
-            out.resident[i] = load_resident(store, i, cfg, dtype, fmt)
+            out.resident[i] = load_resident(store, i, cfg, dtype, fmt, experts)
         else:
             out.small[i], out.kept[i] = load_streamed(store, i, cfg, dtype, fmt, streamed[i], prefetcher.scratch)
     return out
