@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from prima_rpc.spec.manifest import ARCHITECTURES, DTYPES, FileEntry, Manifest, ModelConfig, StoreError
-from prima_rpc.spec.shapes import layer_flops, layer_params, matrix_params, matrix_shapes
+from prima_rpc.spec.manifest import ARCHITECTURES, DTYPES, MOE_FIELDS, FileEntry, Manifest, ModelConfig, StoreError
+from prima_rpc.spec.shapes import expert_params, layer_flops, layer_params, matrix_params, matrix_shapes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 2, "int4": 2}  # KV elements: quantized stores
 # compute (and cache) in bfloat16
@@ -31,6 +31,7 @@ class ModelProfile:
     embed_bytes: int  # embedding file
     head_bytes: int  # final norm + output projection file
     qkv_bias: bool = False
+    moe: tuple = ()  # a mixture of experts: ModelConfig's MOE_FIELDS values (layer_bytes then include its experts)
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -62,7 +63,7 @@ class ModelProfile:
         """The shape as the nodes hold it (prima_rpc.spec.shapes computes from it)."""
         return ModelConfig(self.architecture, self.hidden, self.intermediate, self.n_layers, self.n_heads,
                            self.n_kv_heads, self.head_dim, self.vocab, self.max_seq_len, qkv_bias=self.qkv_bias,
-                           tie_embeddings=self.tie_embeddings)
+                           tie_embeddings=self.tie_embeddings, **dict(zip(MOE_FIELDS, self.moe, strict=False)))
 
     @cached_property
     def layer_params(self) -> int:
@@ -74,7 +75,7 @@ class ModelProfile:
         the attention stage of the round's first layer (its reads wait for it to free the buffer) and
         the down projection of the last (computed after its read); nodes.engine.model.STAGES."""
         m = {unit: a * b for unit, (a, b) in matrix_shapes(self.config).items()}
-        return (m["wqkv"] + m["wo"] + m["w_down"]) / matrix_params(self.config)
+        return (m["wqkv"] + m["wo"] + m.get("w_down", 0)) / matrix_params(self.config)
 
     @cached_property
     def layer_flops(self) -> int:
@@ -119,7 +120,9 @@ class ModelProfile:
         c = manifest.config
         return cls(c.architecture, c.hidden, c.intermediate, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                    c.vocab, c.max_seq_len, manifest.dtype, manifest.bits_per_weight, c.tie_embeddings,
-                   tuple(f.bytes for f in manifest.layers), manifest.embed.bytes, manifest.head.bytes, c.qkv_bias)
+                   tuple(f.bytes + sum(e.bytes for e in (manifest.experts[i] if c.moe else ()))
+                         for i, f in enumerate(manifest.layers)),  # a mixture's layer: its dense part and experts
+                   manifest.embed.bytes, manifest.head.bytes, c.qkv_bias, moe_values(c))
 
     @classmethod
     def from_json(cls, data: dict) -> ModelProfile:
@@ -136,12 +139,13 @@ class ModelProfile:
         """Shape-only profile: matrices at bits_per_weight / 8 bytes a weight, norms and biases in float32,
         as a manifest-only store would list them."""
         matrices = matrix_params(cfg)
-        layer = int(matrices * bits_per_weight / 8) + (layer_params(cfg) - matrices) * 4
+        layer = int((matrices + cfg.n_experts * expert_params(cfg)) * bits_per_weight / 8)
+        layer += (layer_params(cfg) - matrices) * 4
         embed = int(cfg.vocab * cfg.hidden * bits_per_weight / 8)
         head = cfg.hidden * 4 + (0 if cfg.tie_embeddings else embed)
         return cls(cfg.architecture, cfg.hidden, cfg.intermediate, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                    cfg.head_dim, cfg.vocab, cfg.max_seq_len, dtype, bits_per_weight, cfg.tie_embeddings,
-                   (layer,) * cfg.n_layers, embed, head, cfg.qkv_bias)
+                   (layer,) * cfg.n_layers, embed, head, cfg.qkv_bias, moe_values(cfg))
 
     @classmethod
     def from_dims(cls, *, hidden: int, intermediate: int, n_layers: int, n_heads: int, n_kv_heads: int,
@@ -164,3 +168,8 @@ class ModelProfile:
             layers=tuple(entry(f"layer_{i:03d}.safetensors", b) for i, b in enumerate(self.layer_bytes)),
             head=entry("head.safetensors", self.head_bytes), manifest_only=True,
         ).to_json()
+
+
+def moe_values(cfg: ModelConfig) -> tuple:
+    """ModelProfile.moe of a shape (empty: dense)."""
+    return tuple(getattr(cfg, k) for k in MOE_FIELDS) if cfg.moe else ()

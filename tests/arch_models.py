@@ -26,6 +26,18 @@ FAMILIES = {
                            image_size=56, patch_size=14),
         mm_tokens_per_image=4, image_token_index=49150, boi_token_index=49149, eoi_token_index=49148)),
 }
+# Mixtures of experts: eight experts, two a token, narrower than the dense MLP (as in the real ones); Qwen3-MoE
+# renormalises its top-k as Qwen3-30B-A3B does, Qwen2-MoE does not and adds a shared expert, Mixtral always does.
+MOE_FAMILIES = {
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, rope_theta=1e6,
+        head_dim=32)),
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=96,
+        norm_topk_prob=False)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2,
+                                                            intermediate_size=32, rope_theta=1e6)),
+}
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, vocab_size=49152, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
              eos_token_id=2, initializer_range=0.3)
@@ -33,7 +45,7 @@ SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 
 def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors)."""
-    config_cls, model_cls, extra = FAMILIES[family]
+    config_cls, model_cls, extra = {**FAMILIES, **MOE_FAMILIES}[family]
     if family == "gemma3-vision":
         # transformers' image-text Gemma 3 never soft-caps logits (real configs set no cap)
         text = {**SHAPE, **FAMILIES["gemma3"][2], "final_logit_softcapping": None, "rope_parameters": {

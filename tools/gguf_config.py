@@ -5,8 +5,9 @@ from pathlib import Path
 from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
 
 from prima_rpc.spec.manifest import ModelConfig, StoreError
+from tools.gguf_moe import MOE_ARCHS, family, moe_fields
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")  # llama.cpp's general.architecture names
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", *MOE_ARCHS)  # llama.cpp's general.architecture names
 UNSUPPORTED_TENSORS = {  # tensors whose maths the engine lacks: refused rather than silently ignored
     TENSOR_NAMES[MODEL_TENSOR.ROPE_FACTORS_LONG]: "long-context rope factors (Phi-3 longrope)",
     TENSOR_NAMES[MODEL_TENSOR.ROPE_FACTORS_SHORT]: "long-context rope factors (Phi-3 longrope)",
@@ -80,12 +81,12 @@ def read_config(reader: GGUFReader, src: Path) -> ModelConfig:
         raise StoreError(f"{src}: GGUF file lacks tensor 'token_embd.weight'")
     n_layers, head_dim = int(key(Keys.LLM.BLOCK_COUNT)), int(key(Keys.Attention.KEY_LENGTH, hidden // heads))
     return ModelConfig(
-        architecture=arch, hidden=hidden, intermediate=int(key(Keys.LLM.FEED_FORWARD_LENGTH)),
+        architecture=family(reader, arch), hidden=hidden, intermediate=int(key(Keys.LLM.FEED_FORWARD_LENGTH)),
         n_layers=n_layers, n_heads=heads, n_kv_heads=int(key(Keys.Attention.HEAD_COUNT_KV, heads)),
         head_dim=head_dim, vocab=int(embed.shape[1]), max_seq_len=int(key(Keys.LLM.CONTEXT_LENGTH, 4096)),
         norm_eps=float(key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
         rope_theta=float(key(Keys.Rope.FREQ_BASE, 10000.0)), rope_scaling=rope_scaling(reader, src, arch, head_dim),
         qkv_bias=any(t.name.endswith("attn_q.bias") for t in reader.tensors),
         tie_embeddings=tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.OUTPUT]}.weight") is None,
-        **local_attention(reader, arch, n_layers, hidden, heads, head_dim),
+        **local_attention(reader, arch, n_layers, hidden, heads, head_dim), **moe_fields(reader, arch, key),
     )

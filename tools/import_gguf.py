@@ -10,9 +10,10 @@ from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from nodes.engine.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
-from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
+from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes
+from tools import gguf_moe
 from tools.gguf_config import field, read_config
 from tools.gguf_tokenizer import build_tokenizer
 from tools.store_writer import StoreWriter
@@ -114,8 +115,9 @@ def matrix_parts(g: GgufTensors, i: int) -> dict[str, list[str]]:
         return [f"blk.{i}.{GGUF_NAME[p]}.weight" for p in parts]
 
     fused_qkv, has_gate = f"blk.{i}.{QKV}.weight" in g.tensors, f"blk.{i}.{GGUF_NAME['w_gate']}.weight" in g.tensors
+    mlp = {"w_gate_up": names("w_gate", "w_up") if has_gate else names("w_up"), "w_down": names("w_down")}
     return {"wqkv": [f"blk.{i}.{QKV}.weight"] if fused_qkv else names("wq", "wk", "wv"), "wo": names("wo"),
-            "w_gate_up": names("w_gate", "w_up") if has_gate else names("w_up"), "w_down": names("w_down")}
+            **({} if g.cfg.moe else mlp)}  # a mixture's: tools/gguf_moe.py
 
 
 def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
@@ -126,6 +128,8 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
         unit[f"{name}.weight"] = g.get(f"blk.{i}.{GGUF_NAME[name]}.weight")
     if g.cfg.qkv_bias:
         unit.update({f"{p}.bias": g.get(f"blk.{i}.{GGUF_NAME[p]}.bias") for p in ("wq", "wk", "wv")})
+    if g.cfg.moe:
+        unit.update(gguf_moe.dense_tensors(g, i))
     for fused, parts in matrix_parts(g, i).items():
         heads = [g.heads(p.split(".")[2]) for p in parts]
         if g.fmt:
@@ -189,6 +193,10 @@ def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool
         w.write_unit("embed", *embed_unit(g))
         for i in range(cfg.n_layers):
             w.write_unit(f"layer.{i}", layer_unit(g, i))
+            if cfg.moe:
+                gguf_moe.add_expert_slices(g, i)
+                for e in range(cfg.n_experts):
+                    w.write_unit(expert_unit(i, e), gguf_moe.expert_tensors(g, i, e))
             progress(i + 1, cfg.n_layers)
         w.write_unit("head", *head_unit(g))
         w.add_file("tokenizer.json", tokenizer_json(reader))

@@ -11,12 +11,15 @@ from tokenizers import Tokenizer
 
 from nodes.engine.quant import Format, writing_format
 from prima_rpc.spec.arch import ARCHS
-from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError
+from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import layer_shapes, unit_shapes
+from tools import hf_moe
+from tools.hf_moe import moe_fields
 from tools.store_writer import StoreWriter, quantize_unit
 
 HF_CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-         "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3"}
+         "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3",
+         "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "mixtral"}
 # Image-text checkpoints whose text model is one of those: its config (text_config) and its tensors' prefixes,
 # transformers 5's and 4's, taken for a causal LM's ("model.", "lm_head.")
 MULTIMODAL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
@@ -26,12 +29,12 @@ ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # HF's hidden_
 DEFAULT_ACT = {"gemma3": "gelu_pytorch_tanh"}  # what transformers assumes when config.json says nothing
 # HF name inside model.layers.{i} -> store names (see import_gguf.LAYER_NAMES); a fused matrix (Phi-3) names its
 # parts in row order. HF's q/k rows are already in rotate-half order, so unlike GGUF nothing is permuted.
-MATRICES = {
+ATTENTION = {
     "self_attn.q_proj.weight": ("wq.weight",), "self_attn.k_proj.weight": ("wk.weight",),
     "self_attn.v_proj.weight": ("wv.weight",), "self_attn.o_proj.weight": ("wo.weight",),
-    "mlp.gate_proj.weight": ("w_gate.weight",), "mlp.up_proj.weight": ("w_up.weight",),
-    "mlp.down_proj.weight": ("w_down.weight",),
 }
+MATRICES = {**ATTENTION, "mlp.gate_proj.weight": ("w_gate.weight",), "mlp.up_proj.weight": ("w_up.weight",),
+            "mlp.down_proj.weight": ("w_down.weight",)}  # a mixture's MLP: tools/hf_moe.py
 FUSED_MATRICES = {
     "self_attn.qkv_proj.weight": ("wq.weight", "wk.weight", "wv.weight"), "self_attn.o_proj.weight": ("wo.weight",),
     "mlp.gate_up_proj.weight": ("w_gate.weight", "w_up.weight"), "mlp.down_proj.weight": ("w_down.weight",),
@@ -119,7 +122,8 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
         theta, scaling = rope(hf)
         max_seq = int(hf.get("max_position_embeddings", 4096))
         # Sliding-window attention equals full attention on sequences no longer than the window.
-        window = hf.get("sliding_window") if arch in ("mistral", "phi3") or hf.get("use_sliding_window") else None
+        windowed = arch in ("mistral", "phi3", "mixtral") or hf.get("use_sliding_window")
+        window = hf.get("sliding_window") if windowed else None
         return ModelConfig(
             architecture=arch, hidden=hidden, intermediate=int(hf["intermediate_size"]),
             n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
@@ -129,7 +133,7 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
             qkv_bias=any(f"model.layers.0.{n}" in tensors for n in BIASES),
             tie_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in tensors)),
-            **local_attention(hf, arch),
+            **local_attention(hf, arch), **moe_fields(hf, arch),
         )
     except KeyError as exc:
         raise StoreError(f"config.json lacks {exc}") from None
@@ -274,10 +278,11 @@ def layer_names(cfg: ModelConfig, where: dict[str, Path]) -> dict[str, tuple[str
     if bad:
         raise StoreError(f"tensor {bad!r}: output/MLP biases are not supported")
     fused = "model.layers.0.self_attn.qkv_proj.weight" in where  # Phi-3
-    names = {**(FUSED_MATRICES if fused else MATRICES), **(POST_NORMS if cfg.arch.post_norms else NORMS)}
+    matrices = {**ATTENTION, **hf_moe.DENSE[cfg.architecture]} if cfg.moe else FUSED_MATRICES if fused else MATRICES
+    names = {**matrices, **(POST_NORMS if cfg.arch.post_norms else NORMS)}
     names.update({**(BIASES if cfg.qkv_bias else {}), **(QK_NORMS if cfg.arch.qk_norm else {})})
     needed = [p + n for p in prefix for n in names] + ["model.embed_tokens.weight", "model.norm.weight"]
-    needed += [] if cfg.tie_embeddings else ["lm_head.weight"]
+    needed += ([] if cfg.tie_embeddings else ["lm_head.weight"]) + (hf_moe.needed(cfg, where) if cfg.moe else [])
     missing = next((n for n in needed if n not in where), None)
     if missing:
         raise StoreError(f"checkpoint lacks tensor {missing!r}")
@@ -321,6 +326,8 @@ def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, names: dict[st
     write("embed", {"embed.weight": shards.get("model.embed_tokens.weight", shapes["embed"]["embed.weight"], dtype)})
     for i in range(cfg.n_layers):
         write(f"layer.{i}", {n: t.contiguous() for n, t in read_layer(shards, i, cfg, names, dtype).items()})
+        for e in range(cfg.n_experts):
+            write(expert_unit(i, e), hf_moe.read_expert(shards, cfg, i, e, dtype))
         progress(i + 1, cfg.n_layers)
     norm = shards.get("model.norm.weight", shapes["head"]["norm.weight"], dtype)
     head = {"norm.weight": norm_values("norm.weight", norm, cfg)}

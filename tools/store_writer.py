@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import save
 
 from nodes.engine.quant import BITS, Format
-from prima_rpc.spec.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError
+from prima_rpc.spec.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError, expert_unit
 
 # A quantized store's matrices: fused as the model multiplies by them, from a float unit's tensors (in order).
 FUSED = {"wqkv": ("wq", "wk", "wv"), "wo": ("wo",), "w_gate_up": ("w_gate", "w_up"), "w_down": ("w_down",),
-         "embed": ("embed",), "output": ("output",)}
+         "ws_gate_up": ("ws_gate", "ws_up"), "ws_down": ("ws_down",), "embed": ("embed",), "output": ("output",)}
 
 UNIT_FILES = {"embed": "embed.safetensors", "head": "head.safetensors"}
 
@@ -27,9 +27,10 @@ def outer_format(fmt: Format) -> Format:
 
 
 def quantize_unit(tensors: dict[str, torch.Tensor], fmt: Format) -> tuple[dict[str, torch.Tensor], str]:
-    """A float unit's tensors as a quantized store holds them (matrices fused and quantized, norms and biases
-    float32), and the unit's format."""
-    out = {k: v.float() for k, v in tensors.items() if "norm" in k or k.endswith(".bias")}
+    """A float unit's tensors as a quantized store holds them (matrices fused and quantized; norms, biases and a
+    mixture's router and shared-expert gate float32), and the unit's format."""
+    matrices = {f"{p}.weight" for parts in FUSED.values() for p in parts}
+    out = {k: v.float() for k, v in tensors.items() if k not in matrices}
     used = fmt
     for fused, parts in FUSED.items():
         if f"{parts[0]}.weight" in tensors:
@@ -42,7 +43,9 @@ def quantize_unit(tensors: dict[str, torch.Tensor], fmt: Format) -> tuple[dict[s
 def unit_file(unit: str) -> str:
     if unit in UNIT_FILES:
         return UNIT_FILES[unit]
-    return f"layer_{int(unit.split('.')[1]):03d}.safetensors"
+    parts = unit.split(".")  # layer.{i}, or layer.{i}.expert.{e} (manifest.expert_unit)
+    expert = f"_expert_{int(parts[3]):03d}" if len(parts) == 4 else ""
+    return f"layer_{int(parts[1]):03d}{expert}.safetensors"
 
 
 class StoreWriter:
@@ -89,13 +92,15 @@ class StoreWriter:
         try:
             layers = tuple(entries[f"layer.{i}"] for i in range(config.n_layers))
             embed, head = entries["embed"], entries["head"]
+            experts = tuple(tuple(entries[expert_unit(i, e)] for e in range(config.n_experts))
+                            for i in range(config.n_layers)) if config.moe else ()
         except KeyError as exc:
             raise StoreError(f"store is incomplete: unit {exc} was never written") from None
         if bits_per_weight is None:
             bits_per_weight = BITS.get(dtype) or torch.finfo(getattr(torch, dtype)).bits
         bits = bits_per_weight
         manifest = Manifest(name=name, config=config, dtype=dtype, bits_per_weight=bits, embed=embed,
-                            layers=layers, head=head, manifest_only=manifest_only, **extra)
+                            layers=layers, head=head, experts=experts, manifest_only=manifest_only, **extra)
         self.add_file(MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
         self.out.parent.mkdir(parents=True, exist_ok=True)
         old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")

@@ -11,7 +11,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 
 from nodes.engine.quant import BITS, GROUP, Format, writing_format
 from prima_rpc.spec.manifest import DTYPES, FileEntry, ModelConfig, StoreError
-from prima_rpc.spec.shapes import PRESETS, layer_shapes, matrix_shapes, unit_shapes
+from prima_rpc.spec.shapes import PRESETS, expert_matrix_shapes, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file
 
 CHAT_TEMPLATE = (
@@ -30,6 +30,9 @@ def byte_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     return tok
+
+
+FLOAT_MATRICES = ("router.weight", "shared_gate.weight")  # quantized stores keep them float32 (store_writer)
 
 
 def random_unit(shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -51,8 +54,10 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
     fill=False: values left as they come (for sizes only)."""
     g = torch.Generator().manual_seed(seed)
     randint = (lambda lo, hi, shape, dtype, generator: torch.empty(shape, dtype=dtype)) if not fill else torch.randint
-    tensors = layer_shapes(cfg) if unit.startswith("layer.") else unit_shapes(cfg)[unit]
-    if unit.startswith("layer."):
+    tensors = unit_shapes(cfg)[unit]
+    if ".expert." in unit:
+        shapes = expert_matrix_shapes(cfg)  # an expert's fused matrices
+    elif unit.startswith("layer."):
         shapes = matrix_shapes(cfg)  # quantized layers hold fused matrices
     else:
         shapes = {name.removesuffix(".weight"): s for name, s in tensors.items() if len(s) == 2}
@@ -68,6 +73,8 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
     for name, shape in tensors.items():  # norms (ones) and biases, in float32
         if len(shape) == 1:
             out[name] = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=g) * 0.02
+        elif name in FLOAT_MATRICES:  # a mixture's router and shared-expert gate stay float
+            out[name] = torch.randn(shape, generator=g) / shape[-1] ** 0.5
     return out
 
 
@@ -94,7 +101,7 @@ def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits
     sizes: dict[str, int] = {}  # a quantized manifest-only store: the files' real sizes (every layer alike)
     with StoreWriter(out, overwrite=overwrite) as w:
         for n, (unit, shapes) in enumerate(units.items()):
-            kind = unit.split(".")[0]
+            kind = "expert" if ".expert." in unit else unit.split(".")[0]
             if manifest_only and fmt and bits_per_weight is None:
                 if kind not in sizes:
                     sizes[kind] = len(save(random_quantized(unit, cfg, fmt, 0, fill=False)))

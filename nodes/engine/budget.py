@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nodes.engine.fused import STREAM_UNITS, head_bytes, kv_bytes, stream_parts
+from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes, layer_bytes, stream_parts
 from nodes.engine.prefetch import KV_RESERVE_TOKENS, MemoryPlan, parts_bytes, plan_memory
 from nodes.engine.quant import Format
-from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.manifest import ModelConfig, StoreError
 from prima_rpc.spec.windows import Windows
 
 
@@ -16,6 +16,7 @@ class ShardBudget:
     plan: MemoryPlan
     # KV caches get what the budget leaves after weights and head (at least the reserve); None: no budget
     kv_room: int | None
+    expert_room: int | None = None  # a mixture whose experts do not all fit: bytes of its expert cache
 
 
 def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Format | None,
@@ -26,8 +27,30 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
     fixed = head_mem + kv_bytes(cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    if cfg.moe:
+        return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
     units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
     small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
     return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
+
+
+def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Format | None, budget: int,
+                 prefetch: bool, fixed: int, head_mem: int) -> ShardBudget:
+    """A mixture of experts' layers: dense parts always resident; every expert too where the budget holds them,
+    else as many as a cache of the rest holds (nodes/engine/expert_cache.py), at least one step's top-k."""
+    layer = layer_bytes(cfg, dtype, fmt)
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": layer}, 0, fixed)
+    if not budget or plan.weight_bytes + fixed <= budget:
+        return ShardBudget(plan, budget - plan.weight_bytes - head_mem if budget else None)
+    one = expert_bytes(cfg, dtype, fmt)
+    dense = layer - cfg.n_experts * one
+    room = budget - fixed - dense * len(order)
+    if room < cfg.n_experts_used * one:
+        raise StoreError(f"the memory budget ({budget >> 20} MiB) cannot hold this node's {len(order)} mixture-of-"
+                         f"experts layers' dense parts and {cfg.n_experts_used} experts "
+                         f"({(fixed + dense * len(order) + cfg.n_experts_used * one) >> 20} MiB with the head and KV "
+                         "reserve): raise --mem-budget or give it fewer layers")
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": dense}, 0, fixed)
+    return ShardBudget(plan, budget - plan.weight_bytes - room - head_mem, expert_room=room)

@@ -5,7 +5,15 @@ import torch
 from nodes.engine.model import SMALL, Layer, Weight
 from nodes.engine.quant import Format
 from prima_rpc.spec.manifest import ModelConfig
-from prima_rpc.spec.shapes import FUSED, fused_rows, layer_params, layer_shapes, matrix_params, matrix_shapes
+from prima_rpc.spec.shapes import (
+    FUSED,
+    expert_matrix_shapes,
+    fused_rows,
+    layer_params,
+    layer_shapes,
+    matrix_params,
+    matrix_shapes,
+)
 
 
 def empty_layer(cfg: ModelConfig, dtype: torch.dtype) -> Layer:
@@ -80,8 +88,14 @@ def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
-    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases
-    return small + sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases (and a mixture's router)
+    matrices = sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
+    return small + matrices + cfg.n_experts * expert_bytes(cfg, dtype, fmt)
+
+
+def expert_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
+    """Memory of one expert of a mixture (0: a dense model)."""
+    return sum(matrix_bytes(s, fmt, dtype) for s in expert_matrix_shapes(cfg).values()) if cfg.moe else 0
 
 
 def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:

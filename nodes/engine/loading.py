@@ -15,17 +15,18 @@ from nodes.engine.fused import (
     part_weight,
     small_targets,
 )
-from nodes.engine.model import Layer, OutputHead, Weight, head_numerics
+from nodes.engine.model import Layer, OutputHead, Weight, expert, head_numerics, mixture
 from nodes.engine.prefetch import MemoryPlan, Prefetcher
 from nodes.engine.quant import Format
 from nodes.engine.store import LayerStore
-from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.manifest import ModelConfig, expert_unit
 from prima_rpc.spec.windows import Windows
 
 
-def shard_units(windows: Windows) -> list[str]:
-    """The units a shard of these windows loads, in the order it loads them."""
-    return (["embed", "head"] if windows.head else []) + [f"layer.{i}" for i in sorted(windows.layers())]
+def shard_units(windows: Windows, n_experts: int = 0) -> list[str]:
+    """The units a shard of these windows loads, in the order it loads them (n_experts: each layer's experts)."""
+    layers = [[expert_unit(i, e) for e in range(n_experts)] + [f"layer.{i}"] for i in sorted(windows.layers())]
+    return (["embed", "head"] if windows.head else []) + [u for units in layers for u in units]
 
 
 class ReportingStore:
@@ -70,14 +71,29 @@ def load_head(store: Store, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | 
     return OutputHead.from_units(embed, head, dtype, cfg.tie_embeddings, fmt, **head_numerics(cfg))
 
 
-def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None) -> Layer:
+def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
+                  experts: list[int] | None = None) -> Layer:
     """Layer i whole: float matrices read straight into their fused buffers, quantized ones as the kernel's
-    weights made from the stored tensors."""
+    weights made from the stored tensors (a mixture: with the experts `experts`, None: all)."""
+    if cfg.moe:
+        return read_layer(store, i, cfg, dtype, fmt, experts)
     if fmt is None:
         layer = empty_layer(cfg, dtype)
         store.read_into(f"layer.{i}", layer_targets(layer, cfg))
         return layer
     return Layer.from_unit(store.new_tensors(f"layer.{i}", None), dtype, fmt)
+
+
+def read_layer(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
+               experts: list[int] | None = None) -> Layer:
+    """Layer i from its unit's tensors as stored: Layer.from_unit's, with a mixture's experts (`experts`; None:
+    all) read from their own units."""
+    unit = store.new_tensors(f"layer.{i}", None)
+    if not cfg.moe:
+        return Layer.from_unit(unit, dtype, fmt)
+    held = {e: expert(store.new_tensors(expert_unit(i, e), None), dtype, fmt)
+            for e in (range(cfg.n_experts) if experts is None else experts)}
+    return Layer.from_unit(unit, dtype, fmt, moe=lambda t: mixture(t, held, dtype, fmt, cfg))
 
 
 def load_streamed(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
@@ -110,14 +126,14 @@ class LayerWeights(NamedTuple):
 
 
 def load_layers(store: Store, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
-                prefetcher: Prefetcher | None) -> LayerWeights:
-    """The plan's layers in visit order: resident ones whole, streamed ones what stays of them (reading through
-    the prefetcher's buffer before it starts)."""
+                prefetcher: Prefetcher | None, experts: list[int] | None = None) -> LayerWeights:
+    """The plan's layers in visit order: resident ones whole (a mixture's with the experts `experts`, None: all),
+    streamed ones what stays of them (reading through the prefetcher's buffer before it starts)."""
     out = LayerWeights({}, {}, {})
     streamed = dict(plan.streamed)
     for i in plan.order:
         if i in plan.resident:
-            out.resident[i] = load_resident(store, i, cfg, dtype, fmt)
+            out.resident[i] = load_resident(store, i, cfg, dtype, fmt, experts)
         else:
             out.small[i], out.kept[i] = load_streamed(store, i, cfg, dtype, fmt, streamed[i], prefetcher.scratch)
     return out

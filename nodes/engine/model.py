@@ -1,15 +1,18 @@
 """Llama-family decoder math, written once and run over any layer range [start, stop)."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from nodes.engine.moe import Expert, MoE, moe_mlp
 from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
 from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig
+from prima_rpc.spec.shapes import FUSED, SHARED_FUSED
 
 Weight = torch.Tensor | Int4 | Int8  # a matrix [N, K]: float, or quantized (engine/quant.py); used through linear()
 
@@ -27,6 +30,28 @@ def matrix(t: dict[str, torch.Tensor], name: str, dtype: torch.dtype, fmt: Forma
     return (Format("int8") if q.dtype == torch.int8 else fmt).weight(q, t[f"{name}.scales"], dtype)
 
 
+def fuse_float(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A float unit's tensors plus its fused matrices (FUSED, SHARED_FUSED) that it holds the parts of."""
+    fused = {**FUSED, **SHARED_FUSED}
+    return dict(t, **{f"{name}.weight": torch.cat([t[f"{p}.weight"] for p in parts]) if len(parts) > 1
+                      else t[f"{parts[0]}.weight"] for name, parts in fused.items() if f"{parts[0]}.weight" in t})
+
+
+def expert(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None, prefix: str = "w") -> Expert:
+    """An expert from its unit's tensors (prefix "ws": the shared expert, in its layer's unit)."""
+    t = fuse_float(t) if fmt is None else t
+    return Expert(matrix(t, f"{prefix}_gate_up", dtype, fmt), matrix(t, f"{prefix}_down", dtype, fmt))
+
+
+def mixture(t: dict[str, torch.Tensor], experts: dict[int, Expert], dtype: torch.dtype, fmt: Format | None,
+            cfg: ModelConfig) -> MoE:
+    """A layer's mixture from its unit's tensors (router, shared expert) and its experts."""
+    shared = "ws_down.weight" in t or "ws_down.qweight" in t
+    return MoE(router=t["router.weight"].float(), experts=experts, top_k=cfg.n_experts_used,
+               norm_topk=cfg.norm_topk_prob, shared=expert(t, dtype, fmt, "ws") if shared else None,
+               shared_gate=t["shared_gate.weight"].to(dtype) if shared else None)
+
+
 SMALL = ("attn_norm", "ffn_norm", "bqkv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # always resident
 
 
@@ -39,34 +64,35 @@ class Layer:
     bqkv: torch.Tensor | None  # [(nh + 2 nkv) * hd] (Qwen2)
     wo: Weight  # [H, nh * hd]
     ffn_norm: torch.Tensor  # [H]
-    w_gate_up: Weight  # [2 I, H]
-    w_down: Weight  # [H, I]
+    w_gate_up: Weight | None  # [2 I, H] (None: the MLP is a mixture of experts, `moe`)
+    w_down: Weight | None  # [H, I]
     q_norm: torch.Tensor | None = None  # [hd] (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None  # [hd]
     post_attn_norm: torch.Tensor | None = None  # [H] (Gemma 3)
     post_ffn_norm: torch.Tensor | None = None  # [H]
+    moe: MoE | None = None  # a mixture of experts' MLP (nodes/engine/moe.py)
 
     @staticmethod
-    def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None) -> "Layer":
-        """From a unit file's tensors: float stores hold q/k/v and gate/up apart, quantized ones fused."""
+    def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None,
+                  moe: Callable[[dict[str, torch.Tensor]], MoE] | None = None) -> "Layer":
+        """From a unit file's tensors: float stores hold q/k/v and gate/up apart, quantized ones fused; a mixture of
+        experts' layer gets its MLP from moe(tensors) (`mixture` of its experts)."""
         bias = None
         if "wq.bias" in t:
             bias = torch.cat([t["wq.bias"], t["wk.bias"], t["wv.bias"]]).to(dtype)
-        if fmt is None:
-            t = dict(t, **{"wqkv.weight": torch.cat([t["wq.weight"], t["wk.weight"], t["wv.weight"]]),
-                           "w_gate_up.weight": torch.cat([t["w_gate.weight"], t["w_up.weight"]])})
+        t = fuse_float(t) if fmt is None else t
         norms = {n: t[f"{n}.weight"].to(dtype) for n in SMALL if f"{n}.weight" in t}
-        return Layer(
-            wqkv=matrix(t, "wqkv", dtype, fmt), bqkv=bias, wo=matrix(t, "wo", dtype, fmt),
-            w_gate_up=matrix(t, "w_gate_up", dtype, fmt), w_down=matrix(t, "w_down", dtype, fmt), **norms,
-        )
+        mlp = dict(moe=moe(t)) if moe else dict(w_gate_up=matrix(t, "w_gate_up", dtype, fmt),
+                                                 w_down=matrix(t, "w_down", dtype, fmt))
+        return Layer(wqkv=matrix(t, "wqkv", dtype, fmt), bqkv=bias, wo=matrix(t, "wo", dtype, fmt),
+                     **{"w_gate_up": None, "w_down": None, **mlp}, **norms)
 
     def small(self) -> dict[str, torch.Tensor | None]:
         """Norms and biases by SMALL name (what a streamed layer keeps resident)."""
         return {n: getattr(self, n) for n in SMALL}
 
     def nbytes(self) -> int:
-        parts = [self.wqkv, self.wo, self.w_gate_up, self.w_down]
+        parts = [self.wqkv, self.wo] + ([self.w_gate_up, self.w_down] if self.moe is None else self.moe.weights())
         return sum(nbytes(p) for p in parts + [t for t in self.small().values() if t is not None])
 
 
@@ -187,6 +213,8 @@ class Segment:
 def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """x: [sum T, H], the segments' rows in order; rope: this layer's (Rope.layer)."""
     h = attention_stage(x, layer.small(), layer.wqkv, layer.wo, segs, cfg, rope)
+    if layer.moe is not None:
+        return moe_stage(h, layer.ffn_norm, layer.moe, cfg)
     a = gate_up_stage(h, layer.ffn_norm, layer.w_gate_up, cfg)
     return down_stage(h, a, layer.w_down, layer.post_ffn_norm, cfg.norm_eps)
 
@@ -241,6 +269,11 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
     gate, up = linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
     return ACTIVATIONS[cfg.arch.act](gate) * up
+
+
+def moe_stage(h: torch.Tensor, ffn_norm: torch.Tensor, moe: MoE, cfg: ModelConfig) -> torch.Tensor:
+    """A mixture of experts in place of the gated MLP (gate_up_stage, down_stage)."""
+    return h + moe_mlp(rms_norm(h, ffn_norm, cfg.norm_eps), moe, ACTIVATIONS[cfg.arch.act])
 
 
 def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: Weight, post_norm: torch.Tensor | None = None,

@@ -14,6 +14,7 @@ import structlog
 import torch
 
 from nodes.engine.budget import shard_budget
+from nodes.engine.expert_cache import ExpertCache
 from nodes.engine.fused import STREAM_UNITS, kv_bytes
 from nodes.engine.loading import ReportingStore, load_head, load_layers, shard_units
 from nodes.engine.model import (
@@ -52,10 +53,15 @@ class Shard:
         planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer)
         self.plan: MemoryPlan = planned.plan
         self.kv_room = planned.kv_room  # None: no budget
-        reporting = ReportingStore(store, shard_units(windows), progress)
+        reporting = ReportingStore(store, shard_units(windows, cfg.n_experts), progress)
         self.head: OutputHead | None = load_head(reporting, cfg, dtype, fmt) if windows.head else None
         self.prefetcher = Prefetcher(store, self.plan, cfg, dtype, fmt) if self.plan.streamed else None
-        self.layers, self.small, self.kept = load_layers(reporting, self.plan, cfg, dtype, fmt, self.prefetcher)
+        cached = planned.expert_room is not None  # a mixture whose experts do not all fit: cache them
+        self.layers, self.small, self.kept = load_layers(reporting, self.plan, cfg, dtype, fmt, self.prefetcher,
+                                                         [] if cached else None)
+        self.experts = ExpertCache(store, cfg, dtype, fmt, planned.expert_room, self.plan.order) if cached else None
+        for i, layer in self.layers.items() if cached else ():
+            layer.moe.experts = self.experts.source(i)
         if self.prefetcher:
             self.prefetcher.start()
         self.rope = Rope(cfg, cfg.max_seq_len, dtype)
@@ -88,6 +94,8 @@ class Shard:
                        for t in parts.values() if t is not None)
         if self.prefetcher:
             weights += self.prefetcher.buffer.numel()
+        if self.experts is not None:
+            weights += self.experts.held_bytes
         if self.head is not None:
             weights += sum(nbytes(t) for t in {id(t): t for t in
                            (self.head.embed, self.head.norm, self.head.output)}.values())

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from nodes.engine.dtype_choice import compute_dtype
-from nodes.engine.model import KVCache, Layer, OutputHead, Rope, head_numerics, run_layers
+from nodes.engine.loading import read_layer
+from nodes.engine.model import KVCache, OutputHead, Rope, head_numerics, run_layers
 from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from nodes.generation.speculate import Speculator
@@ -24,7 +25,7 @@ class ReferenceModel:
         fmt = weight_format(m)
         self.head = OutputHead.from_units(self.store.load("embed"), self.store.load("head"), dtype,
                                           self.cfg.tie_embeddings, fmt, **head_numerics(self.cfg))
-        self.layers = {i: Layer.from_unit(self.store.load(f"layer.{i}"), dtype, fmt) for i in range(self.cfg.n_layers)}
+        self.layers = {i: read_layer(self.store, i, self.cfg, dtype, fmt) for i in range(self.cfg.n_layers)}
         self.rope = Rope(self.cfg, self.cfg.max_seq_len, dtype)
         self.codec = TextCodec(m, self.store.tokenizer_path())
 

@@ -14,6 +14,7 @@ class Arch:
     norm_offset: float = 0.0  # checkpoint norms hold w - offset; the store holds w (Gemma's (1 + w)), added on import
     embed_scale: bool = False  # embeddings times sqrt(hidden) (Gemma)
     gguf_permuted_qk: bool = False  # llama.cpp permuted q/k rows for its interleaved RoPE (undone on import)
+    moe: bool = False  # every layer's MLP is a mixture of experts (nodes/engine/moe.py; ModelConfig's numbers)
 
 
 ARCHS = {a.name: a for a in (
@@ -22,5 +23,8 @@ ARCHS = {a.name: a for a in (
     Arch("qwen2"),
     Arch("qwen3", qk_norm=True),
     Arch("phi3"),  # fused qkv and gate_up in the checkpoint: split on import
+    Arch("qwen2moe", moe=True),  # with a shared expert beside the routed ones
+    Arch("qwen3moe", qk_norm=True, moe=True),
+    Arch("mixtral", gguf_permuted_qk=True, moe=True),
     Arch("gemma3", act="gelu_tanh", qk_norm=True, post_norms=True, norm_offset=1.0, embed_scale=True),
 )}

@@ -10,6 +10,7 @@ from prima_rpc.spec.arch import ARCHS, Arch
 FORMAT = "prima-store/1"
 MANIFEST = "manifest.json"
 ARCHITECTURES = tuple(ARCHS)
+MOE_FIELDS = ("n_experts", "n_experts_used", "moe_intermediate", "shared_intermediate", "norm_topk_prob")
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/engine/quant.py
 
 
@@ -51,10 +52,22 @@ class ModelConfig:
     local_rope_theta: float | None = None
     query_scale: float | None = None
     logit_softcap: float | None = None
+    # Mixtures of experts (Arch.moe): each layer's MLP is n_experts experts of width moe_intermediate, of which a
+    # softmax router picks n_experts_used a token (their weights renormalised to sum 1 when norm_topk_prob),
+    # beside a shared expert of width shared_intermediate scaled by a sigmoid gate (Qwen2-MoE; 0: none).
+    n_experts: int = 0
+    n_experts_used: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    norm_topk_prob: bool = False
 
     @property
     def arch(self) -> Arch:
         return ARCHS[self.architecture]
+
+    @property
+    def moe(self) -> bool:
+        return self.n_experts > 0
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -79,6 +92,7 @@ class Manifest:
     embed: FileEntry
     layers: tuple[FileEntry, ...]
     head: FileEntry
+    experts: tuple[tuple[FileEntry, ...], ...] = ()  # mixtures of experts: [layer][expert] units (expert_unit)
     tokenizer: str | None = None  # tokenizer.json (Hugging Face tokenizers format)
     chat_template: str | None = None
     bos_token_id: int | None = None
@@ -90,6 +104,7 @@ class Manifest:
 
     def to_json(self) -> dict:
         cfg = asdict(self.config)
+        moe = {k: cfg.pop(k) for k in MOE_FIELDS}
         dims = {k: cfg.pop(k) for k in ("hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads",
                                          "head_dim", "vocab", "max_seq_len")}
         return {
@@ -103,6 +118,7 @@ class Manifest:
             "tie_embeddings": cfg.pop("tie_embeddings"),
             # what is left: the Gemma-style attention fields, written only when some are set (old stores unchanged)
             **({"attention": cfg} if any(v not in (None, ()) for v in cfg.values()) else {}),
+            **({"moe": moe} if moe["n_experts"] else {}),  # dense stores unchanged
             "dtype": self.dtype,
             "bits_per_weight": self.bits_per_weight,
             "manifest_only": self.manifest_only,
@@ -115,6 +131,7 @@ class Manifest:
                 "embed": asdict(self.embed),
                 "layers": [asdict(f) for f in self.layers],
                 "head": asdict(self.head),
+                **({"experts": [[asdict(f) for f in layer] for layer in self.experts]} if self.experts else {}),
             },
             **({"quant": self.quant} if self.quant else {}),
             **({"extra": self.extra} if self.extra else {}),
@@ -130,17 +147,21 @@ class Manifest:
                 architecture=data["architecture"], **dims, norm_eps=float(data["norm_eps"]),
                 rope_theta=float(rope["theta"]), rope_scaling=rope.get("scaling"),
                 qkv_bias=bool(data["qkv_bias"]), tie_embeddings=bool(data["tie_embeddings"]),
-                **attention_fields(data.get("attention", {})),
+                **attention_fields(data.get("attention", {})), **data.get("moe", {}),
             )
             layers = tuple(FileEntry(**f) for f in files["layers"])
             if len(layers) != config.n_layers:
                 raise StoreError(f"manifest lists {len(layers)} layer files for {config.n_layers} layers")
+            experts = tuple(tuple(FileEntry(**f) for f in layer) for layer in files.get("experts", ()))
+            if [len(e) for e in experts] != ([config.n_experts] * config.n_layers if config.moe else []):
+                raise StoreError(f"manifest lists expert files {[len(e) for e in experts]} for {config.n_layers} "
+                                 f"layers of {config.n_experts} experts")
             if data["dtype"] not in DTYPES:
                 raise StoreError(f"unsupported weight dtype {data['dtype']!r}; supported: {DTYPES}")
             return Manifest(
                 name=data["name"], config=config, dtype=data["dtype"],
                 bits_per_weight=float(data["bits_per_weight"]),
-                embed=FileEntry(**files["embed"]), layers=layers, head=FileEntry(**files["head"]),
+                embed=FileEntry(**files["embed"]), layers=layers, head=FileEntry(**files["head"]), experts=experts,
                 tokenizer=data.get("tokenizer"), chat_template=data.get("chat_template"),
                 bos_token_id=data.get("bos_token_id"), eos_token_ids=tuple(data.get("eos_token_ids", ())),
                 add_bos=bool(data.get("add_bos", False)), manifest_only=bool(data.get("manifest_only", False)),
@@ -150,10 +171,17 @@ class Manifest:
             raise StoreError(f"malformed manifest: missing or wrong field {exc}") from None
 
     def units(self) -> dict[str, FileEntry]:
-        """Every weight unit by name: 'embed', 'layer.0' .. 'layer.{L-1}', 'head'."""
+        """Every weight unit by name: 'embed', 'layer.0' .. 'layer.{L-1}', 'head', and each expert of a mixture
+        of experts (expert_unit)."""
         named = {"embed": self.embed, "head": self.head}
         named.update({f"layer.{i}": f for i, f in enumerate(self.layers)})
+        named.update({expert_unit(i, e): f for i, layer in enumerate(self.experts) for e, f in enumerate(layer)})
         return named
+
+
+def expert_unit(layer: int, expert: int) -> str:
+    """The unit name of one expert of a layer's mixture: its own file, read, held and fetched alone."""
+    return f"layer.{layer}.expert.{expert}"
 
 
 def attention_fields(attention: dict) -> dict:
