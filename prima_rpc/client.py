@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from prima_rpc.channel import aio_channel, metadata
-from prima_rpc.request import GenerateRequest, Message, RequestError
+from prima_rpc.request import GenerateRequest, Message, RequestError, ToolCall
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -35,6 +35,9 @@ class Token:
     text: str
     index: int
     elapsed_ms: float
+    logprob: float | None = None  # with logprobs asked: log p of this token, and its own text (`text` may hold
+    token: str = ""  # it back, e.g. the start of a tool call)
+    top_logprobs: tuple[tuple[int, str, float], ...] = ()  # (token id, text, log p), likeliest first
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Finished:
     request_id: str
     drafted: int = 0  # speculative decoding: tokens drafted, and those the target model accepted
     accepted: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()  # with finish_reason "tool_calls"
 
 
 CANCEL_S = 5.0  # the head answers Cancel from memory
@@ -92,11 +96,14 @@ class PrimaClient:
             async for event in call:
                 if event.HasField("token"):
                     t = event.token
-                    yield Token(t.token_id, t.text, t.index, t.elapsed_ms)
+                    yield Token(t.token_id, t.text, t.index, t.elapsed_ms,
+                                t.logprob if request.logprobs or request.top_logprobs else None, t.token,
+                                tuple((p.token_id, p.text, p.logprob) for p in t.top_logprobs))
                 else:
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
-                                   f.request_id, f.drafted, f.accepted)
+                                   f.request_id, f.drafted, f.accepted,
+                                   tuple(ToolCall(c.id, c.name, c.arguments) for c in f.tool_calls))
         except grpc.aio.AioRpcError as exc:
             raise PrimaError(exc.code(), self._explain(exc)) from None
         finally:

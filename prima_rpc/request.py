@@ -144,7 +144,7 @@ class GenerateRequest:
             raise RequestError("tools", f"tools: at most {MAX_TOOLS}, got {len(self.tools)}")
         names = [t.name for t in self.tools]
         for i, t in enumerate(self.tools):
-            if not t.name or names.count(t.name) > 1:
+            if not t.name or t.name in names[:i]:
                 raise RequestError(f"tools[{i}]", f"tools[{i}]: each tool needs a name of its own, got {t.name!r}")
             if t.parameters:
                 _check_json_object(f"tools[{i}]", t.parameters)

@@ -90,10 +90,10 @@ def _members(states: Iterable[tuple[str, str]]) -> list[pb.Member]:
 # ---------------------------------------------------------------- Inference
 
 def token_event(token_id: int, text: str, index: int, elapsed_ms: float, logprob: float | None = None,
-                top: list[tuple[int, str, float]] = ()) -> pb.GenerateEvent:
-    """top: (token id, its text, log p) of the likeliest tokens, with logprobs asked."""
+                top: list[tuple[int, str, float]] = (), token: str = "") -> pb.GenerateEvent:
+    """With logprobs asked: top, (token id, its text, log p) of the likeliest tokens; token: this one's text."""
     return pb.GenerateEvent(token=pb.TokenEvent(
-        token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms, logprob=logprob or 0.0,
+        token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms, logprob=logprob or 0.0, token=token,
         top_logprobs=[pb.TopLogprob(token_id=t, text=s, logprob=lp) for t, s, lp in top]))
 
 

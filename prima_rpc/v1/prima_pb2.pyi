@@ -388,20 +388,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., raw: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., speculate: _Optional[str] = ..., draft_tokens: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., response_format: _Optional[str] = ..., json_schema: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("token_id", "text", "index", "elapsed_ms", "logprob", "top_logprobs")
+    __slots__ = ("token_id", "text", "index", "elapsed_ms", "logprob", "top_logprobs", "token")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
     index: int
     elapsed_ms: float
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
-    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+    token: str
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id", "drafted", "accepted", "tool_calls")
