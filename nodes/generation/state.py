@@ -84,11 +84,10 @@ class Generation:
         self.tool_calls: list[ToolCall] = []
         self._tool_text = ""  # with tools: text held back, as it may be (or is: _calling) a tool call
         self._calling = False
-        vocab = vocab or codec.tokenizer.get_vocab_size()
-        self.constraint = Constraint(params.grammar, codec, vocab) if params.grammar else None
-        self.counts = torch.zeros(vocab)  # each token's count among the generated (penalties)
-        self.seen = torch.zeros(vocab, dtype=torch.bool)
-        self.seen[torch.tensor(self.prompt_ids)] = True
+        self.constraint = Constraint(params.grammar, codec, vocab or codec.tokenizer.get_vocab_size()) \
+            if params.grammar else None
+        self.counts: torch.Tensor | None = None  # with penalties: each token's count among the generated [V]
+        self.seen: torch.Tensor | None = None  # and whether it is in the prompt or generated, bool [V]
 
     @property
     def done(self) -> bool:
@@ -115,6 +114,11 @@ class Generation:
         """Sample from the last position's logits [V] (after penalties and the grammar's mask) and advance."""
         p = self.params
         if not p.penalties.off:
+            if self.counts is None:  # sized by the logits: the model's vocabulary may pass the tokenizer's
+                self.counts = torch.zeros(logits.numel())
+                self.counts.index_add_(0, torch.tensor(self.tokens, dtype=torch.long), torch.ones(len(self.tokens)))
+                self.seen = torch.zeros(logits.numel(), dtype=torch.bool)
+                self.seen[torch.tensor(self.prompt_ids + self.tokens)] = True
             logits = penalize(logits, self.counts, self.seen, p.penalties)
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
@@ -142,8 +146,9 @@ class Generation:
     def _push(self, token: int) -> TokenOut:
         assert not self.done, "generation already finished"
         self.tokens.append(token)
-        self.counts[token] += 1
-        self.seen[token] = True
+        if self.counts is not None:
+            self.counts[token] += 1
+            self.seen[token] = True
         if token in self.eos_ids:
             piece = self._flush()
             self.finish_reason = "stop"
