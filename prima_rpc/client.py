@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from prima_rpc.channel import aio_channel, metadata
-from prima_rpc.request import GenerateRequest, Message, RequestError
+from prima_rpc.request import GenerateRequest, Message, RequestError, ToolCall
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -35,6 +35,9 @@ class Token:
     text: str
     index: int
     elapsed_ms: float
+    logprob: float | None = None  # with logprobs asked: log p of this token, and its own text (`text` may hold
+    token: str = ""  # it back, e.g. the start of a tool call)
+    top_logprobs: tuple[tuple[int, str, float], ...] = ()  # (token id, text, log p), likeliest first
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Finished:
     drafted: int = 0  # speculative decoding: tokens drafted, and those the target model accepted
     accepted: int = 0
     max_tokens: int = 0  # what it could emit: its max_tokens capped to what the context leaves (0: an old head)
+    tool_calls: tuple[ToolCall, ...] = ()  # with finish_reason "tool_calls"
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,14 @@ class PrimaClient:
             async for event in call:
                 if event.HasField("token"):
                     t = event.token
-                    yield Token(t.token_id, t.text, t.index, t.elapsed_ms)
+                    yield Token(t.token_id, t.text, t.index, t.elapsed_ms,
+                                t.logprob if request.logprobs or request.top_logprobs else None, t.token,
+                                tuple((p.token_id, p.text, p.logprob) for p in t.top_logprobs))
                 elif event.HasField("finished"):
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
-                                   f.request_id, f.drafted, f.accepted, f.max_tokens)
+                                   f.request_id, f.drafted, f.accepted, f.max_tokens,
+                                   tuple(ToolCall(c.id, c.name, c.arguments) for c in f.tool_calls))
                 elif event.HasField("prefill") and prefill:
                     yield Prefill(event.prefill.done, event.prefill.total)
         except grpc.aio.AioRpcError as exc:

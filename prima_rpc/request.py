@@ -4,6 +4,7 @@ The CLI, the Python client and the HTTP API build a GenerateRequest (a dialect i
 own field names and error shape onto it); an out-of-range field raises RequestError before anything is sent.
 """
 
+import json
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,6 +20,12 @@ SEED = (0, 2**64 - 1)  # uint64 on the wire
 MAX_STOP = 16  # stop strings per request (the head's limit)
 SPECULATE = ("off", "ngram", "draft")  # speculative decoding: none, prompt lookup, the head's draft model
 DRAFT_TOKENS = (1, 16)  # the most tokens drafted per trip
+PENALTY = (-2.0, 2.0)  # presence and frequency penalties: OpenAI's range
+REPETITION_PENALTY = (0.0, 10.0)  # CTRL's divisor; 1 (or 0 on the wire): off; 0 itself is refused
+TOP_LOGPROBS = (0, 20)  # OpenAI's most alternatives per position
+RESPONSE_FORMATS = ("", "text", "json_object", "json_schema")
+TOOL_CHOICES = ("", "auto", "none", "required")  # or the name of one of the tools
+MAX_TOOLS = 128
 
 
 class RequestError(ValueError):
@@ -49,9 +56,24 @@ def check_speculate(speculate: str, draft_tokens: int) -> None:
         _check_range("draft_tokens", draft_tokens, DRAFT_TOKENS)
 
 
+class ToolCall(NamedTuple):
+    id: str
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class Tool(NamedTuple):
+    name: str
+    description: str = ""
+    parameters: str = ""  # JSON text of a JSON Schema ("": any object)
+
+
 class Message(NamedTuple):
-    role: str  # "system", "user", "assistant" (the chat template decides what else it takes)
+    role: str  # "system", "user", "assistant", "tool" (the chat template decides what else it takes)
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls, in a history
+    tool_call_id: str = ""  # role "tool": the call answered
+    name: str = ""  # role "tool": the function that answered
 
 
 @dataclass(frozen=True)
@@ -70,10 +92,20 @@ class GenerateRequest:
     speculate: str = ""  # "off" | "ngram" | "draft" ("": the head's default)
     draft_tokens: int = 0  # the most tokens drafted per trip (0: the head's default)
     request_id: str = ""  # "": the head makes one
+    presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times its count so far
+    repetition_penalty: float = 1.0  # CTRL's: logits of tokens seen (prompt too) divided (or times, if < 0) by it
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per position (with logprobs)
+    response_format: str = ""  # "" | "text": free; "json_object" | "json_schema": the output is that JSON
+    json_schema: str = ""  # JSON text, with response_format "json_schema"
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = ""  # "" or "auto": the model decides; "none"; "required"; or one tool's name
 
     def __post_init__(self):
         object.__setattr__(self, "messages", tuple(self.messages))  # frozen: lists given become tuples
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "tools", tuple(self.tools))
         _check_text("prompt", self.prompt, "the prompt")
         for i, m in enumerate(self.messages):
             _check_text(f"messages[{i}]", m.content, "a message")
@@ -88,22 +120,93 @@ class GenerateRequest:
         for i, s in enumerate(self.stop):
             _check_text(f"stop[{i}]", s, "a stop string")
         check_speculate(self.speculate, self.draft_tokens)
+        self._check_sampling()
+        self._check_output()
+
+    def _check_sampling(self) -> None:
+        _check_range("presence_penalty", self.presence_penalty, PENALTY)
+        _check_range("frequency_penalty", self.frequency_penalty, PENALTY)
+        _check_range("repetition_penalty", self.repetition_penalty, REPETITION_PENALTY)
+        if self.repetition_penalty == 0.0:
+            raise RequestError("repetition_penalty", "repetition_penalty must be > 0 (1: off), got 0")
+        _check_range("top_logprobs", self.top_logprobs, TOP_LOGPROBS)
+
+    def _check_output(self) -> None:
+        """The response format and the tools: known names, schemas that are JSON objects."""
+        if self.response_format not in RESPONSE_FORMATS:
+            raise RequestError("response_format", f"response_format must be one of text, json_object, json_schema, "
+                                                  f"got {self.response_format!r}")
+        if (self.response_format == "json_schema") != bool(self.json_schema):
+            raise RequestError("json_schema", "a json_schema goes with response_format json_schema, and only there")
+        if self.json_schema:
+            _check_json_object("json_schema", self.json_schema)
+        if len(self.tools) > MAX_TOOLS:
+            raise RequestError("tools", f"tools: at most {MAX_TOOLS}, got {len(self.tools)}")
+        names = [t.name for t in self.tools]
+        for i, t in enumerate(self.tools):
+            if not t.name or t.name in names[:i]:
+                raise RequestError(f"tools[{i}]", f"tools[{i}]: each tool needs a name of its own, got {t.name!r}")
+            if t.parameters:
+                _check_json_object(f"tools[{i}]", t.parameters)
+        if self.tool_choice not in TOOL_CHOICES and self.tool_choice not in names:
+            raise RequestError("tool_choice", f"tool_choice must be auto, none, required or the name of a tool, "
+                                              f"got {self.tool_choice!r}")
+        if self.tool_choice == "required" and not self.tools:
+            raise RequestError("tool_choice", "tool_choice required needs tools")
+        if self.response_format in ("json_object", "json_schema") and self.forced_tool:
+            raise RequestError("response_format", "a JSON response format cannot go with a forced tool call")
+        for i, m in enumerate(self.messages):
+            for c in m.tool_calls:
+                _check_json_object(f"messages[{i}]", c.arguments or "{}")
+
+    @property
+    def forced_tool(self) -> bool:
+        """Whether the model must call a tool (tool_choice required, or one named)."""
+        return bool(self.tools) and self.tool_choice not in ("", "auto", "none")
 
     def to_wire(self) -> pb.GenerateRequest:
         return pb.GenerateRequest(
-            prompt=self.prompt, messages=[pb.ChatMessage(role=m.role, content=m.content) for m in self.messages],
+            prompt=self.prompt, messages=[_message_to_wire(m) for m in self.messages],
             raw=self.raw, max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, seed=self.seed, stop=list(self.stop), request_id=self.request_id,
-            speculate=self.speculate, draft_tokens=self.draft_tokens)
+            speculate=self.speculate, draft_tokens=self.draft_tokens, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logprobs=self.logprobs, top_logprobs=self.top_logprobs, response_format=self.response_format,
+            json_schema=self.json_schema, tool_choice=self.tool_choice,
+            tools=[pb.Tool(name=t.name, description=t.description, parameters=t.parameters) for t in self.tools])
 
     @classmethod
     def from_wire(cls, msg: pb.GenerateRequest) -> "GenerateRequest":
         """The request a peer sent; RequestError for what is out of range."""
-        return cls(prompt=msg.prompt, messages=tuple(Message(m.role, m.content) for m in msg.messages), raw=msg.raw,
+        return cls(prompt=msg.prompt, messages=tuple(_message_from_wire(m) for m in msg.messages), raw=msg.raw,
                    max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
                    top_p=msg.top_p or 1.0,  # on the wire 0 means off
                    seed=msg.seed if msg.HasField("seed") else None, stop=tuple(msg.stop),
-                   speculate=msg.speculate, draft_tokens=msg.draft_tokens, request_id=msg.request_id)
+                   speculate=msg.speculate, draft_tokens=msg.draft_tokens, request_id=msg.request_id,
+                   presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
+                   repetition_penalty=msg.repetition_penalty or 1.0, logprobs=msg.logprobs,
+                   top_logprobs=msg.top_logprobs, response_format=msg.response_format, json_schema=msg.json_schema,
+                   tools=tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
+                   tool_choice=msg.tool_choice)
+
+
+def _message_to_wire(m: Message) -> pb.ChatMessage:
+    return pb.ChatMessage(role=m.role, content=m.content, tool_call_id=m.tool_call_id, name=m.name,
+                          tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls])
+
+
+def _message_from_wire(m: pb.ChatMessage) -> Message:
+    return Message(m.role, m.content, tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                   m.tool_call_id, m.name)
+
+
+def _check_json_object(field: str, text: str) -> None:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise RequestError(field, f"{field}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RequestError(field, f"{field}: a JSON object is expected, got {text[:40]}")
 
 
 def _is_int(value) -> bool:

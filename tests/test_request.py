@@ -57,5 +57,5 @@ def test_the_wire_reads_top_p_0_as_off_and_refuses_what_the_head_would():
 
 def test_lists_given_become_tuples():
     request = GenerateRequest("hi", stop=["a"], messages=[Message("user", "x")])
-    assert request.stop == ("a",) and request.messages == (("user", "x"),)
+    assert request.stop == ("a",) and request.messages == (Message("user", "x"),)
     hash(request)

@@ -58,7 +58,7 @@ class ReferenceModel:
                      spec: Speculator | None = None) -> Iterator[TokenOut]:
         """spec: pass one to read its drafted / accepted counts afterwards."""
         gen = Generation(prompt_ids, params, self.codec, self.store.manifest.eos_token_ids, self.cfg.max_seq_len,
-                         spec)
+                         spec, self.cfg.vocab)
         cache = self.new_cache(gen.capacity)
         while not gen.done:
             ids, pos = gen.pending()

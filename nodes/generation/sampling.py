@@ -78,3 +78,32 @@ class Sampler:
             return out
         out.append(self(logits[len(draft)]))
         return out
+
+
+@dataclass(frozen=True)
+class Penalties:
+    presence: float = 0.0  # OpenAI's: minus this for every token generated at least once
+    frequency: float = 0.0  # OpenAI's: minus this times the token's count among the generated
+    repetition: float = 1.0  # CTRL's: a seen token's (prompt too) logit divided by it if positive, else times it
+
+    @property
+    def off(self) -> bool:
+        return self.presence == 0.0 and self.frequency == 0.0 and self.repetition == 1.0
+
+
+def penalize(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, p: Penalties) -> torch.Tensor:
+    """logits [V] after the penalties; counts [V]: each token's count among the generated; seen bool [V]: in the
+    prompt or generated."""
+    if p.repetition != 1.0:
+        logits = torch.where(seen, torch.where(logits > 0, logits / p.repetition, logits * p.repetition), logits)
+    return logits - p.frequency * counts - p.presence * (counts > 0).float()
+
+
+def logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """(log p of `token`, the `top` likeliest tokens and theirs, likeliest first) under softmax(logits [V]): the
+    distribution after penalties and grammar, at temperature 1 (so greedy picks the first of the top)."""
+    lp = torch.log_softmax(logits.float(), -1)
+    if not top:
+        return float(lp[token]), []
+    values, ids = torch.topk(lp, min(top, lp.numel()))
+    return float(lp[token]), [(int(i), float(v)) for i, v in zip(ids, values) if v > float("-inf")]

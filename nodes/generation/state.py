@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nodes.generation.sampling import Sampler, SamplingParams
+from nodes.generation import tool_calls
+from nodes.generation.constrain import Constraint, grammar
+from nodes.generation.sampling import Penalties, Sampler, SamplingParams, logprobs, penalize
 from nodes.generation.speculate import SpeculateParams, Speculator
 from nodes.generation.text import PromptError, StreamDecoder, TextCodec
-from prima_rpc.request import GenerateRequest
+from prima_rpc.request import GenerateRequest, ToolCall
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,16 @@ class GenerateParams:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     speculate: SpeculateParams = SpeculateParams()
+    penalties: Penalties = Penalties()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    grammar: str | None = None  # llguidance's grammar the output follows (nodes/generation/constrain.py)
+    tools: bool = False  # parse tool calls out of the answer
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether each token's logits depend on the tokens before it in this request (so no drafts verified)."""
+        return self.grammar is not None or not self.penalties.off or self.logprobs
 
     def __post_init__(self):
         if self.max_tokens <= 0:
@@ -27,11 +39,17 @@ class GenerateParams:
             raise ValueError("stop strings must be non-empty, at most 16")
 
 
-def generate_params(request: GenerateRequest, speculate: SpeculateParams) -> GenerateParams:
+def generate_params(request: GenerateRequest, speculate: SpeculateParams,
+                    family: str = tool_calls.GENERIC) -> GenerateParams:
     """A checked request's generation parameters (its ranges were checked when it was made); `speculate` is
-    the caller's choice of default (the head's: prompt lookup; the reference's: as asked)."""
-    return GenerateParams(max_tokens=request.max_tokens, stop=request.stop, speculate=speculate,
-                          sampling=SamplingParams(request.temperature, request.top_k, request.top_p, request.seed))
+    the caller's choice of default (the head's: prompt lookup; the reference's: as asked); `family`: the
+    model's tool-call markup (tool_calls.family of its chat template)."""
+    return GenerateParams(
+        max_tokens=request.max_tokens, stop=request.stop, speculate=speculate,
+        sampling=SamplingParams(request.temperature, request.top_k, request.top_p, request.seed),
+        penalties=Penalties(request.presence_penalty, request.frequency_penalty, request.repetition_penalty),
+        logprobs=request.logprobs or request.top_logprobs > 0, top_logprobs=request.top_logprobs,
+        grammar=grammar(request, family), tools=bool(request.tools) and request.tool_choice != "none")
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,8 @@ class TokenOut:
     token_id: int
     text: str  # text this token adds (may be empty: partial character, held stop prefix, EOS)
     index: int
+    logprob: float | None = None  # with logprobs: log p of this token
+    top: tuple[tuple[int, float], ...] = ()  # with top_logprobs: (token, log p), likeliest first
 
 
 @dataclass(frozen=True)
@@ -51,7 +71,8 @@ class Prefilled:
 
 class Generation:
     def __init__(self, prompt_ids: list[int], params: GenerateParams, codec: TextCodec,
-                 eos_ids: tuple[int, ...], max_seq: int, spec: Speculator | None = None):
+                 eos_ids: tuple[int, ...], max_seq: int, spec: Speculator | None = None, vocab: int = 0):
+        """vocab: the model's (its logits' length; 0: the tokenizer's)."""
         if not prompt_ids:
             raise PromptError("the prompt is empty")
         if len(prompt_ids) >= max_seq:
@@ -68,6 +89,13 @@ class Generation:
         self.text = ""
         self._held = ""  # text that may be the start of a stop string
         self.finish_reason: str | None = None
+        self.tool_calls: list[ToolCall] = []
+        self._tool_text = ""  # with tools: text held back, as it may be (or is: _calling) a tool call
+        self._calling = False
+        self.constraint = Constraint(params.grammar, codec, vocab or codec.tokenizer.get_vocab_size()) \
+            if params.grammar else None
+        self.counts: torch.Tensor | None = None  # with penalties: each token's count among the generated [V]
+        self.seen: torch.Tensor | None = None  # and whether it is in the prompt or generated, bool [V]
 
     @property
     def done(self) -> bool:
@@ -86,11 +114,30 @@ class Generation:
 
     def draft(self) -> list[int]:
         """Tokens to verify after pending()'s in the same forward (none when speculation is off or finds none)."""
+        if self.params.shapes_logits:
+            return []
         return self.spec.draft(self.prompt_ids + self.tokens, self.draft_room())
 
     def accept(self, logits: torch.Tensor) -> TokenOut:
-        """Sample from the last position's logits [V] and advance."""
-        return self._push(self.sampler(logits))
+        """Sample from the last position's logits [V] (after penalties and the grammar's mask) and advance."""
+        p = self.params
+        if not p.penalties.off:
+            if self.counts is None:  # sized by the logits: the model's vocabulary may pass the tokenizer's
+                self.counts = torch.zeros(logits.numel())
+                self.counts.index_add_(0, torch.tensor(self.tokens, dtype=torch.long), torch.ones(len(self.tokens)))
+                self.seen = torch.zeros(logits.numel(), dtype=torch.bool)
+                self.seen[torch.tensor(self.prompt_ids + self.tokens)] = True
+            logits = penalize(logits, self.counts, self.seen, p.penalties)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+        token = self.sampler(logits)
+        if self.constraint is not None and token not in self.eos_ids:
+            self.constraint.advance(token)
+        out = self._push(token)
+        if p.logprobs:
+            lp, top = logprobs(logits, token, p.top_logprobs)
+            out = TokenOut(out.token_id, out.text, out.index, lp, tuple(top))
+        return out
 
     def accept_draft(self, logits: torch.Tensor, draft: list[int]) -> list[TokenOut]:
         """Verify `draft` against logits [len(draft) + 1, V] of pending() + draft; emit the accepted prefix and
@@ -107,6 +154,9 @@ class Generation:
     def _push(self, token: int) -> TokenOut:
         assert not self.done, "generation already finished"
         self.tokens.append(token)
+        if self.counts is not None:
+            self.counts[token] += 1
+            self.seen[token] = True
         if token in self.eos_ids:
             piece = self._flush()
             self.finish_reason = "stop"
@@ -115,8 +165,31 @@ class Generation:
             if not self.done and len(self.tokens) >= self.max_tokens:
                 piece += self._flush()
                 self.finish_reason = "length"
+        if self.params.tools:
+            piece = self._hold_calls(piece)
         self.text += piece
         return TokenOut(token, piece, len(self.tokens) - 1)
+
+    def _hold_calls(self, piece: str) -> str:
+        """Text up to where a tool call may begin; from there on held, and at the end parsed into tool_calls
+        (finish_reason "tool_calls") or, if it holds none, handed out after all."""
+        buf, out = (self._tool_text or "") + piece, ""
+        if not self._calling:
+            answer = self.text + buf
+            at = max(tool_calls.opens_call(answer), len(self.text))
+            if at < len(answer):
+                self._calling, out, buf = True, answer[len(self.text):at], answer[at:]
+            else:  # hold what may be the start of a call's markup
+                keep = tool_calls.partial_marker(answer)
+                out, buf = buf[:len(buf) - keep], buf[len(buf) - keep:]
+        self._tool_text = buf
+        if not self.done:
+            return out
+        self._tool_text = ""
+        content, calls = tool_calls.parse(buf) if self._calling else (buf, [])
+        if calls:
+            self.tool_calls, self.finish_reason = calls, "tool_calls"
+        return out + content
 
     def _flush(self) -> str:
         held, self._held = self._held, ""

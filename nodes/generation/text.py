@@ -8,6 +8,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from nodes.generation import tool_calls
+from prima_rpc.request import GenerateRequest
 from prima_rpc.spec.manifest import Manifest, StoreError
 
 
@@ -34,17 +36,24 @@ class TextCodec:
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         self.template = env.from_string(manifest.chat_template) if manifest.chat_template else None
 
-    def chat_prompt(self, messages: list[dict]) -> str:
+    @property
+    def tool_family(self) -> str:
+        """The tool-call markup of this model's chat template (nodes/generation/tool_calls.py)."""
+        return tool_calls.family(self.manifest.chat_template)
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """messages as transformers passes them (tool calls and results included); tools: OpenAI's JSON, for
+        templates that render them."""
         if self.template is None:
             raise PromptError("this model has no chat template; send a raw prompt")
         for m in messages:
-            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise PromptError(f"bad chat message {str(m)[:80]}: role system|user|assistant and text content")
+            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content"), str):
+                raise PromptError(f"bad chat message {str(m)[:80]}: role system|user|assistant|tool and text content")
         bos = self.token_text(self.manifest.bos_token_id)
         eos = self.token_text(self.manifest.eos_token_ids[0] if self.manifest.eos_token_ids else None)
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True,
-                                        bos_token=bos, eos_token=eos)
+            return self.template.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos,
+                                        **({"tools": tools} if tools else {}))
         except TemplateError as exc:
             raise PromptError(f"chat template failed: {exc}") from None
 
@@ -69,6 +78,21 @@ class TextCodec:
         else:
             text = prompt if raw else self.chat_prompt([{"role": "user", "content": prompt}])
         return self.encode(text)
+
+    def request_ids(self, request: GenerateRequest) -> list[int]:
+        """A request's prompt tokens: its chat (with its tools, through the template where it renders them, else
+        in the generic prompt of tool_calls.py) or its prompt."""
+        tools = request.tools if request.tool_choice != "none" else ()
+        if not request.messages and not tools:
+            return self.prompt_ids(request.prompt, raw=request.raw)
+        if request.raw:
+            raise PromptError("tools need the chat template; raw prompts cannot carry them")
+        messages = request.messages or (tool_calls.Message("user", request.prompt),)
+        native = tool_calls.speaks_tools(self.manifest.chat_template)
+        chat = tool_calls.template_messages(messages, tools, native)
+        if not chat:
+            raise PromptError("the prompt is empty")
+        return self.encode(self.chat_prompt(chat, tool_calls.openai_tools(tools) if native and tools else None))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -89,8 +89,12 @@ def _members(states: Iterable[tuple[str, str]]) -> list[pb.Member]:
 
 # ---------------------------------------------------------------- Inference
 
-def token_event(token_id: int, text: str, index: int, elapsed_ms: float) -> pb.GenerateEvent:
-    return pb.GenerateEvent(token=pb.TokenEvent(token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms))
+def token_event(token_id: int, text: str, index: int, elapsed_ms: float, logprob: float | None = None,
+                top: list[tuple[int, str, float]] = (), token: str = "") -> pb.GenerateEvent:
+    """With logprobs asked: top, (token id, its text, log p) of the likeliest tokens; token: this one's text."""
+    return pb.GenerateEvent(token=pb.TokenEvent(
+        token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms, logprob=logprob or 0.0, token=token,
+        top_logprobs=[pb.TopLogprob(token_id=t, text=s, logprob=lp) for t, s, lp in top]))
 
 
 def prefill_event(done: int, total: int) -> pb.GenerateEvent:
@@ -98,10 +102,12 @@ def prefill_event(done: int, total: int) -> pb.GenerateEvent:
 
 
 def finished(finish_reason: str, prompt_tokens: int, completion_tokens: int, request_id: str, ttft_ms: float,
-             tpot_ms: float, drafted: int = 0, accepted: int = 0, max_tokens: int = 0) -> pb.Finished:
+             tpot_ms: float, drafted: int = 0, accepted: int = 0, max_tokens: int = 0, tool_calls=()) -> pb.Finished:
+    """tool_calls: ToolCall (id, name, arguments) the model made, with finish_reason "tool_calls"."""
     return pb.Finished(finish_reason=finish_reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                        request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, drafted=drafted, accepted=accepted,
-                       max_tokens=max_tokens)
+                       max_tokens=max_tokens,
+                       tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in tool_calls])
 
 
 def finished_event(done: pb.Finished) -> pb.GenerateEvent:

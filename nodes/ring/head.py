@@ -53,7 +53,7 @@ class Head:
         if params.speculate.mode == "draft" and node.cfg.draft is not None:
             drafter = DraftModel(await self._draft_model())
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
-                         node.store.config.max_seq_len, Speculator(params.speculate, drafter))
+                         node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
         req = self.requests.add(request_id)
         self.steps.join(request_id)
         try:

@@ -175,15 +175,15 @@ class InferenceService(rpc.InferenceServicer):
         node = self.node
         try:
             asked = GenerateRequest.from_wire(request)  # RequestError (a ValueError) names the field out of range
-            params = generate_params(asked, speculate_params(asked.speculate, asked.draft_tokens))
             chars = len(request.prompt) + sum(len(m.content) + len(m.role) for m in request.messages)
             if chars > MAX_PROMPT_CHARS or len(request.request_id) > 128:
                 raise ValueError(f"prompt over {MAX_PROMPT_CHARS} characters or request_id over 128")
             head = node.head
             if head is None or node.text is None:
                 raise Rejected(Code.FAILED_PRECONDITION, f"this node is a {node.role}, not the ring's head")
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            prompt_ids = node.text.prompt_ids(request.prompt, messages or None, request.raw)
+            speculate = speculate_params(asked.speculate, asked.draft_tokens)
+            params = generate_params(asked, speculate, node.text.tool_family)
+            prompt_ids = node.text.request_ids(asked)
             request_id = request.request_id or uuid.uuid4().hex
             start = time.perf_counter()
             stamps = []
@@ -197,7 +197,9 @@ class InferenceService(rpc.InferenceServicer):
                 else:
                     stamps.append(time.perf_counter())
                     metrics.observe_token()
-                    yield frames.token_event(out.token_id, out.text, out.index, (stamps[-1] - start) * 1e3)
+                    yield frames.token_event(out.token_id, out.text, out.index, (stamps[-1] - start) * 1e3,
+                                             out.logprob, [(t, node.text.decode([t]), lp) for t, lp in out.top],
+                                             node.text.decode([out.token_id]) if out.logprob is not None else "")
         except Rejected as exc:
             metrics.observe_error(exc.code)
             await abort(context, exc.code, str(exc))
@@ -221,4 +223,4 @@ def _finished(gen: Generation, request_id: str, start: float, stamps: list[float
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
     return frames.finished(gen.finish_reason, len(gen.prompt_ids), len(gen.tokens), request_id,
                            (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3,
-                           gen.spec.drafted, gen.spec.accepted, gen.max_tokens)
+                           gen.spec.drafted, gen.spec.accepted, gen.max_tokens, gen.tool_calls)

@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from prima_rpc.app import web_page
+from prima_rpc.app.openai_choices import Answer, chunk_choice, merged, seeded, whole_choice
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
 from prima_rpc.control import AioControl
@@ -40,20 +41,11 @@ def model_id(name: str) -> str:
     return "-".join(name.split()) or "none"
 
 
-def usage(done: Finished) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "drafted": done.drafted, "accepted": done.accepted}
-
-
-def choice(call: GenerateCall, text: str | None, finish_reason: str | None, chunk: bool) -> dict:
-    if not call.chat:
-        body = {"text": text or ""}
-    elif chunk:
-        body = {"delta": {"content": text} if text is not None else {}}
-    else:
-        body = {"message": {"role": "assistant", "content": text}}
-    return {"index": 0, **body, "logprobs": None, "finish_reason": finish_reason}
+def usage(done: list[Finished]) -> dict:
+    """Of all the choices: the prompt counted once (OpenAI's way), the completions added up."""
+    prompt, completion = done[0].prompt_tokens, sum(d.completion_tokens for d in done)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "drafted": sum(d.drafted for d in done), "accepted": sum(d.accepted for d in done)}
 
 
 def envelope(call: GenerateCall, completion_id: str, created: int, model: str, choices: list[dict],
@@ -124,59 +116,67 @@ class Api:
         completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         model = await self.model_name()
         bound = log.bind(request_id=completion_id, path=request.path, stream=call.stream)
+        requests = [seeded(replace(call.request, request_id=f"{completion_id}-{i}" if call.n > 1 else completion_id),
+                           i) for i in range(call.n)]
+        logprobs = call.request.logprobs or call.request.top_logprobs > 0
         try:
             # aclosing: a disconnect (the handler is cancelled) or a failed write closes the generator at
-            # once, and its `finally` cancels the gRPC call, so the head releases the request.
-            async with contextlib.aclosing(self.client.stream(replace(call.request,
-                                                                      request_id=completion_id))) as events:
+            # once, and its `finally` cancels the gRPC calls, so the head releases the requests.
+            async with contextlib.aclosing(merged(requests, self.client.stream)) as events:
                 if call.stream:
-                    return await self._stream(request, call, completion_id, model, events, bound)
-                text, done = [], None
-                async for event in events:
+                    return await self._stream(request, call, completion_id, model, events, bound, logprobs)
+                answers = [Answer() for _ in requests]
+                async for i, event in events:
                     if isinstance(event, Token):
-                        text.append(event.text)
+                        answers[i].tokens.append(event)
                     else:
-                        done = event
+                        answers[i].done = event
         except (asyncio.CancelledError, ConnectionResetError):
             bound.info("client disconnected; request cancelled")
             raise
         except PrimaError as exc:
             bound.warning("request failed", code=exc.code.name, message=exc.message)
             raise ApiError.from_grpc(exc) from None
+        done = [a.done for a in answers]
         bound.info("completed", **usage(done))
         answer = envelope(call, completion_id, int(time.time()), model,
-                          [choice(call, "".join(text), done.finish_reason, chunk=False)], chunk=False)
+                          [whole_choice(call.chat, i, a, logprobs) for i, a in enumerate(answers)], chunk=False)
         return web.json_response({**answer, "usage": usage(done)})
 
     async def _stream(self, request: web.Request, call: GenerateCall, completion_id: str, model: str, events,
-                      bound) -> web.StreamResponse:
+                      bound, logprobs: bool) -> web.StreamResponse:
         """Server-sent events; the HTTP status is sent with the first event, so failures before it keep theirs."""
-        created, response, done = int(time.time()), None, None
+        created, response, done = int(time.time()), None, {}
+        offsets = [0] * call.n  # completions' text offsets, per choice
 
-        def chunk(text: str | None, finish_reason: str | None = None) -> dict:
-            obj = envelope(call, completion_id, created, model, [choice(call, text, finish_reason, chunk=True)],
-                           chunk=True)
+        def chunk(choice: dict) -> dict:
+            obj = envelope(call, completion_id, created, model, [choice], chunk=True)
             return {**obj, "usage": None} if call.include_usage else obj
 
         try:
-            async for event in events:
+            async for i, event in events:
                 if response is None:
                     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                     await response.prepare(request)
                     if call.chat:
-                        first = chunk("")
-                        first["choices"][0]["delta"]["role"] = "assistant"
-                        await response.write(sse(first))
+                        for j in range(call.n):
+                            await response.write(sse(chunk({"index": j, "delta": {"role": "assistant", "content": ""},
+                                                            "logprobs": None, "finish_reason": None})))
                 if isinstance(event, Token):
-                    if event.text:
-                        await response.write(sse(chunk(event.text)))
+                    if event.text or logprobs:
+                        await response.write(sse(chunk(chunk_choice(call.chat, i, event, None, logprobs,
+                                                                    offsets[i]))))
+                        offsets[i] += len(event.text)
                 else:
-                    done = event
-                    await response.write(sse(chunk(None if call.chat else "", event.finish_reason)))
-                    if call.include_usage:
-                        final = envelope(call, completion_id, created, model, [], chunk=True)
-                        await response.write(sse({**final, "usage": usage(event)}))
+                    done[i] = event
+                    if call.chat and event.tool_calls:  # the calls, then the end, as OpenAI sends them
+                        await response.write(sse(chunk(chunk_choice(call.chat, i, None, event))))
+                        event = replace(event, tool_calls=())
+                    await response.write(sse(chunk(chunk_choice(call.chat, i, None, event))))
+            if call.include_usage and done:
+                final = envelope(call, completion_id, created, model, [], chunk=True)
+                await response.write(sse({**final, "usage": usage(list(done.values()))}))
         except PrimaError as exc:
             if response is None:
                 raise
@@ -184,8 +184,8 @@ class Api:
             await response.write(sse(ApiError.from_grpc(exc).body()))
         await response.write(sse(b"[DONE]"))
         await response.write_eof()
-        if done is not None:
-            bound.info("completed", **usage(done))
+        if done:
+            bound.info("completed", **usage(list(done.values())))
         return response
 
 

@@ -7,15 +7,19 @@ from dataclasses import dataclass, replace
 import grpc
 from aiohttp import web
 
+from prima_rpc.app import openai_tools
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import PrimaError
 from prima_rpc.request import (
     DRAFT_TOKENS,
     MAX_STOP,
     MAX_TOKENS,
+    PENALTY,
+    REPETITION_PENALTY,
     SPECULATE,
     TEMPERATURE,
     TOP_K,
+    TOP_LOGPROBS,
     TOP_P,
     GenerateRequest,
     Message,
@@ -31,13 +35,12 @@ HTTP_STATUS = {
 }  # any other status: 500
 
 MAX_BODY_BYTES = 8 << 20  # the head takes prompts up to 1 Mi characters
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_N = 8  # choices per request: each is its own request on the ring
 # Fields whose effect the ring cannot give, and the values that ask for nothing.
 UNSUPPORTED = {
-    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "tools": (None, []), "functions": (None, []),
-    "tool_choice": (None, "none", "auto"), "logit_bias": (None, {}), "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0), "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "functions": (None, []),
+    "logit_bias": (None, {}),
 }
 
 
@@ -76,6 +79,7 @@ class GenerateCall:
     stream: bool
     include_usage: bool
     model: str | None
+    n: int = 1  # choices: n requests on the ring (seeded seed, seed + 1, ... when a seed is given)
 
 
 # What each GenerateRequest field takes, in OpenAI's words (its ranges: the wire's; negative seeds wrap).
@@ -89,6 +93,12 @@ EXPECTED = {
     "stop": f"a non-empty string or up to {MAX_STOP} of them",
     "speculate": f"one of {', '.join(SPECULATE)}",
     "draft_tokens": f"an integer in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}]",
+    "presence_penalty": f"a number in [{PENALTY[0]:g}, {PENALTY[1]:g}]",
+    "frequency_penalty": f"a number in [{PENALTY[0]:g}, {PENALTY[1]:g}]",
+    "repetition_penalty": f"a number in ({REPETITION_PENALTY[0]:g}, {REPETITION_PENALTY[1]:g}]",
+    "top_logprobs": f"an integer in [{TOP_LOGPROBS[0]}, {TOP_LOGPROBS[1]}]",
+    "logprobs": f"an integer in [{TOP_LOGPROBS[0]}, {TOP_LOGPROBS[1]}] (completions) or a boolean (chat)",
+    "n": f"an integer in [1, {MAX_N}]",
 }
 
 
@@ -143,8 +153,14 @@ def _messages(body: dict) -> tuple[Message, ...]:
         if m.get("role") not in ROLES:
             raise ApiError(400, f"Invalid '{where}.role': expected one of {', '.join(ROLES)}, got "
                            f"{_show(m.get('role'))}.", f"{where}.role", "invalid_value")
-        out.append(Message(ROLES[m["role"]], _text(m.get("content"), f"{where}.content")))
-    return tuple(out)
+        calls = m.get("role") == "assistant" and m.get("tool_calls")
+        content = "" if calls and m.get("content") is None else _text(m.get("content"), f"{where}.content")
+        try:
+            out.append(openai_tools.message(m, ROLES[m["role"]], content, where))
+        except openai_tools.BodyError as exc:
+            raise ApiError(400, str(exc), exc.param, "invalid_value") from None
+    names = {c.id: c.name for m in out for c in m.tool_calls}  # a tool result's function, from its call
+    return tuple(m._replace(name=m.name or names.get(m.tool_call_id, "")) if m.role == "tool" else m for m in out)
 
 
 def _prompt(body: dict) -> str:
@@ -201,6 +217,13 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
     if draft_tokens == 0:  # on the wire 0 asks for the default; in a body it is out of range
         raise _invalid("draft_tokens", "draft_tokens", 0)
     prompt, messages = ("", _messages(body)) if chat else (_prompt(body), ())
+    logprobs, top_logprobs = _logprobs(body, chat)
+    try:
+        tools = openai_tools.tools(body) if chat else ()
+        choice = openai_tools.tool_choice(body) if chat else ""
+        response_format, schema = openai_tools.response_format(body)
+    except openai_tools.BodyError as exc:
+        raise ApiError(400, str(exc), exc.param, "invalid_value") from None
     try:
         request = GenerateRequest(
             prompt=prompt, messages=messages, raw=not chat,
@@ -208,23 +231,51 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
             temperature=_number(body, "temperature", default_temperature),  # OpenAI's is 1; ours: serve's
             top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k") or 0,
             seed=None if seed is None else seed % 2**64, stop=_stop(body),
-            speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0)
+            speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0,
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0), logprobs=logprobs,
+            top_logprobs=top_logprobs, response_format=response_format, json_schema=schema, tools=tools,
+            tool_choice=choice)
     except RequestError as exc:
         field = exc.field.partition("[")[0]
         if exc.field in EXPECTED:  # out of range
             param = max_tokens_name if field == "max_tokens" else field
             raise _invalid(param, field, body.get(param)) from None
-        param = f"{exc.field}.content" if field == "messages" else field  # JSON may carry lone surrogates
+        # JSON may carry lone surrogates (a message's content); a tool is named with its index
+        param = f"{exc.field}.content" if field == "messages" and "UTF-8" in str(exc) else \
+            exc.field if field in ("tools", "messages") else {"json_schema": "response_format"}.get(field, field)
         raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
     # top_p 0 keeps one token; on the wire 0 means off
     return replace(request, temperature=0.0) if request.top_p == 0.0 else request
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[bool, int]:
+    """(logprobs, top_logprobs): chat's boolean and count, or completions' one count."""
+    value = body.get("logprobs")
+    if chat:
+        if value is not None and not isinstance(value, bool):
+            raise _invalid("logprobs", "logprobs", value)
+        top = _integer(body, "top_logprobs") or 0
+        if top and not value:
+            raise ApiError(400, "Invalid 'top_logprobs': it needs logprobs true.", "top_logprobs", "invalid_value")
+        return bool(value), top
+    top = _integer(body, "logprobs", "logprobs")
+    return top is not None, top or 0
+
+
+def _n(body: dict) -> int:
+    n = _integer(body, "n", "n")
+    if n is not None and not 1 <= n <= MAX_N:
+        raise _invalid("n", "n", n)
+    return n or 1
 
 
 def parse_request(body, chat: bool, default_max_tokens: int, default_temperature: float = 0.0) -> GenerateCall:
     """Validate a decoded JSON body of /v1/chat/completions (chat) or /v1/completions; ApiError(400) says why not."""
     model, stream, include_usage = _answer_shape(body)
     return GenerateCall(chat=chat, request=_generate_request(body, chat, default_max_tokens, default_temperature),
-                        stream=stream, include_usage=include_usage, model=model)
+                        stream=stream, include_usage=include_usage, model=model, n=_n(body))
 
 
 # ---------------------------------------------------------------- answers: events -> OpenAI objects
