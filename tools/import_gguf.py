@@ -1,12 +1,14 @@
 """Import a Llama-family GGUF file into a layer store: float (de-quantized with the `gguf` package), or
 quantized, where Q4_0/Q4_1/Q4_K blocks become int4 as they are and other types int8 rows (tools/gguf_types.py)."""
 
+import re
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
+from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from nodes.engine.quant import BITS, GROUP, Format, pack_int4, quantize_int4, writing_format
@@ -109,6 +111,10 @@ def open_gguf(src: Path) -> GGUFReader:
     try:
         return GGUFReader(src)
     except (ValueError, OSError, IndexError, KeyError) as exc:
+        unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(exc))
+        if unknown:  # a newer llama.cpp's type: the reader fails before naming the tensor
+            raise StoreError(f"{src}: a tensor of GGUF type {unknown[1]}, unknown to the gguf package "
+                             f"{version('gguf')} (types known: up to {max(GGMLQuantizationType).value})") from None
         raise StoreError(f"{src}: not a readable GGUF file ({exc})") from None
 
 
