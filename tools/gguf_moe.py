@@ -51,8 +51,9 @@ def dense_tensors(g, i: int) -> dict[str, torch.Tensor]:
     unit["shared_gate.weight"] = g.get(name(MODEL_TENSOR.FFN_GATE_INP_SHEXP, i)).reshape(1, -1)
     parts = {p: name(t, i) for p, t in SHARED.items()}
     if g.fmt:
-        return {**unit, **g.matrix("ws_gate_up", [(parts["ws_gate"], None), (parts["ws_up"], None)], g.fmt),
-                **g.matrix("ws_down", [(parts["ws_down"], None)], g.fmt)}
+        gate_up = [(parts["ws_gate"], None), (parts["ws_up"], None)]
+        return {**unit, **g.matrix("ws_gate_up", gate_up, g.fmt.matrix("ws_gate_up")),
+                **g.matrix("ws_down", [(parts["ws_down"], None)], g.fmt.matrix("ws_down"))}
     return {**unit, **{f"{p}.weight": g.get(n) for p, n in parts.items()}}
 
 
@@ -75,8 +76,9 @@ def expert_tensors(g, i: int, e: int) -> dict[str, torch.Tensor]:
     """Expert e of layer i under the store's names (add_expert_slices first)."""
     parts = {p: slice_name(i, p, e) for p in EXPS}
     if g.fmt:
-        return {**g.matrix("w_gate_up", [(parts["w_gate"], None), (parts["w_up"], None)], g.fmt),
-                **g.matrix("w_down", [(parts["w_down"], None)], g.fmt)}
+        gate_up = [(parts["w_gate"], None), (parts["w_up"], None)]
+        return {**g.matrix("w_gate_up", gate_up, g.fmt.matrix("w_gate_up")),
+                **g.matrix("w_down", [(parts["w_down"], None)], g.fmt.matrix("w_down"))}
     shapes = expert_shapes(g.cfg)
     out = {f"{p}.weight": g.get(n).contiguous() for p, n in parts.items()}
     bad = next((k for k, t in out.items() if tuple(t.shape) != shapes[k]), None)

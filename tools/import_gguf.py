@@ -1,21 +1,24 @@
 """Import a Llama-family GGUF file into a layer store: float (de-quantized with the `gguf` package), or
-quantized, where Q4_0/Q4_1 blocks become int4 exactly and other tensors are quantized (nodes/engine/quant.py)."""
+quantized, where Q4_0/Q4_1/Q4_K blocks become int4 as they are and other types int8 rows (tools/gguf_types.py)."""
 
+import re
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
+from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
-from nodes.engine.quant import GROUP, Format, gguf_q4, pack_int4, quantize_int4, writing_format
+from nodes.engine.quant import BITS, GROUP, Format, pack_int4, quantize_int4, writing_format
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
-from prima_rpc.spec.shapes import layer_shapes
+from prima_rpc.spec.shapes import layer_shapes, matrix_shapes
 from tools import gguf_moe
 from tools.gguf_config import field, read_config
 from tools.gguf_tokenizer import build_tokenizer
+from tools.gguf_types import FLOAT_TYPES, INT4_EXACT, TypeReport, int4_blocks, store_format
 from tools.store_writer import StoreWriter
 
 # llama.cpp's tensors inside blk.{i} -> the store's names.
@@ -28,7 +31,6 @@ LAYER_TENSORS = {
 }
 GGUF_NAME = {store: TENSOR_NAMES[t].removeprefix("blk.{bid}.") for t, store in LAYER_TENSORS.items()}
 QKV = TENSOR_NAMES[MODEL_TENSOR.ATTN_QKV].removeprefix("blk.{bid}.")  # Phi-3: q, k, v fused by rows
-EXACT_INT4 = ("Q4_0", "Q4_1")  # GGUF types whose blocks are the int4 kernel's groups (d, m) as they are
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -39,13 +41,14 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 class GgufTensors:
     """The GGUF file's tensors as a store holds them: de-quantized floats (`dtype`: norms and biases, and every
-    tensor of a float store), or a quantized store's fused matrices (int4 from Q4 blocks exactly); Q/K rows back in
-    rotate-half order."""
+    tensor of a float store), or a quantized store's fused matrices (int4 from Q4 blocks as they are); Q/K rows back
+    in rotate-half order. `report` counts what each GGUF type became."""
 
     def __init__(self, src: Path, reader: GGUFReader, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype):
         self.src, self.cfg, self.fmt, self.dtype = src, cfg, fmt, dtype
         self.tensors = {t.name: t for t in reader.tensors}
         self.permute = cfg.arch.gguf_permuted_qk
+        self.report = TypeReport()
 
     def tensor(self, name: str):
         if name not in self.tensors:
@@ -60,12 +63,21 @@ class GgufTensors:
             raise StoreError(f"{self.src}: tensor {name}: cannot de-quantize {t.tensor_type.name} ({exc})") from None
         return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).to(self.dtype)
 
+    def float_tensor(self, name: str) -> torch.Tensor:
+        """A float store's matrix (counted in the report)."""
+        t = self.tensor(name)
+        self.report.add(t.tensor_type.name, int(t.n_elements), str(self.dtype).removeprefix("torch."))
+        return self.get(name)
+
     def heads(self, gname: str) -> int | None:
         """The heads whose rows llama.cpp permuted for its interleaved RoPE (None: not permuted)."""
         return {"attn_q": self.cfg.n_heads, "attn_k": self.cfg.n_kv_heads}.get(gname) if self.permute else None
 
     def matrix(self, name: str, parts: list[tuple[str, int | None]], fmt: Format) -> dict[str, torch.Tensor]:
         """A quantized store's matrix `name` from GGUF tensors stacked by rows (each unpermuted if asked)."""
+        for g, _ in parts:
+            t = self.tensor(g)
+            self.report.add(t.tensor_type.name, int(t.n_elements), fmt.name)
         if fmt.name == "int4":
             qs, dms = zip(*(self.int4_values(self.tensor(g), h) for g, h in parts))
             return {f"{name}.qweight": pack_int4(torch.cat(qs), fmt.layout), f"{name}.scales": torch.cat(dms, dim=1)}
@@ -77,8 +89,11 @@ class GgufTensors:
         n, k = int(t.shape[1]), int(t.shape[0])
         if k % GROUP:
             raise StoreError(f"{self.src}: tensor {t.name} has rows of {k} values, int4 needs a multiple of {GROUP}")
-        if t.tensor_type.name in EXACT_INT4:
-            q, dm = gguf_q4(t.data, t.tensor_type.name, n, k)
+        if t.tensor_type.name in INT4_EXACT:
+            try:
+                q, dm = int4_blocks(t.tensor_type.name, t.data, n, k)
+            except ValueError as exc:
+                raise StoreError(f"{self.src}: tensor {t.name}: {exc}") from None
         else:
             q, dm = quantize_int4(self.get(t.name))
         if n_heads:
@@ -88,7 +103,7 @@ class GgufTensors:
     def outer(self, name: str) -> Format | None:
         """The embedding's and output's format: int4 only from Q4 blocks; else int8 (measured on SmolLM2's Q8_0
         embedding, which is also its output: int4 groups err by 9 % of its norm and lose "Paris", int8 rows 1.2 %)."""
-        if self.fmt and self.fmt.name == "int4" and self.tensor(name).tensor_type.name not in EXACT_INT4:
+        if self.fmt and self.fmt.name == "int4" and self.tensor(name).tensor_type.name not in INT4_EXACT:
             return Format("int8")
         return self.fmt
 
@@ -97,13 +112,17 @@ def open_gguf(src: Path) -> GGUFReader:
     try:
         return GGUFReader(src)
     except (ValueError, OSError, IndexError, KeyError) as exc:
+        unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(exc))
+        if unknown:  # a newer llama.cpp's type: the reader fails before naming the tensor
+            raise StoreError(f"{src}: a tensor of GGUF type {unknown[1]}, unknown to the gguf package "
+                             f"{version('gguf')} (types known: up to {max(GGMLQuantizationType).value})") from None
         raise StoreError(f"{src}: not a readable GGUF file ({exc})") from None
 
 
 def embed_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
     """The embed unit's tensors and format."""
     if not g.fmt:
-        return {"embed.weight": g.get("token_embd.weight")}, ""
+        return {"embed.weight": g.float_tensor("token_embd.weight")}, ""
     f = g.outer("token_embd.weight")
     return g.matrix("embed", [("token_embd.weight", None)], f), f.name
 
@@ -133,9 +152,10 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
     for fused, parts in matrix_parts(g, i).items():
         heads = [g.heads(p.split(".")[2]) for p in parts]
         if g.fmt:
-            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt))
+            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt.matrix(fused)))
             continue
-        t = torch.cat([unpermute(g.get(p), h) if h else g.get(p) for p, h in zip(parts, heads, strict=True)])
+        t = torch.cat([unpermute(g.float_tensor(p), h) if h else g.float_tensor(p)
+                       for p, h in zip(parts, heads, strict=True)])
         names = [f"{n}.weight" for n in SHAPES_FUSED[fused]]
         rows = [shapes[n][0] for n in names]
         if t.shape[0] != sum(rows):
@@ -149,8 +169,8 @@ def head_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
     head = {"norm.weight": g.get("output_norm.weight")}
     f = g.outer("output.weight") if g.fmt and not g.cfg.tie_embeddings else g.fmt
     if not g.cfg.tie_embeddings:
-        out_w = g.matrix("output", [("output.weight", None)], f) if f else {"output.weight": g.get("output.weight")}
-        head.update(out_w)
+        head.update(g.matrix("output", [("output.weight", None)], f) if f
+                    else {"output.weight": g.float_tensor("output.weight")})
     return head, f.name if f else ""
 
 
@@ -164,31 +184,58 @@ def tokenizer_json(reader: GGUFReader) -> bytes:
     return tok.to_str().encode()
 
 
+def file_dtype(g: GgufTensors) -> tuple[str, tuple[str, ...]]:
+    """The store dtype (and int4's int8 matrices) that keeps the file's types: float32 for a file of float matrices;
+    int4 where every layer's tensors of a matrix are INT4_EXACT, int8 rows for the others (alike in every layer, so
+    that layers stream alike: one Q6_K attn_v makes wqkv int8 everywhere); int8 when no matrix is int4."""
+    kinds: dict[str, set[str]] = {}
+    for i in range(g.cfg.n_layers):
+        for fused, names in matrix_parts(g, i).items():
+            kinds.setdefault(fused, set()).update(g.tensor(n).tensor_type.name for n in names)
+    if all(types <= FLOAT_TYPES.keys() for types in kinds.values()):
+        return "float32", ()
+    int8 = tuple(k for k, types in kinds.items() if any(store_format(t) == "int8" for t in types))
+    return ("int8", ()) if len(int8) == len(kinds) else ("int4", int8)
+
+
 def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str, fmt: Format | None) -> dict:
-    """StoreWriter.finish's fields: name, shape, dtype, tokenizer and its special tokens, quantization."""
+    """StoreWriter.finish's fields: shape, dtype, tokenizer and its special tokens, quantization."""
     eos = int(field(reader, Keys.Tokenizer.EOS_ID))
     eot = reader.fields.get(Keys.Tokenizer.EOT_ID)
     bos = reader.fields.get(Keys.Tokenizer.BOS_ID)
     return dict(
-        name=str(field(reader, Keys.General.NAME, src.stem)), config=cfg, dtype=dtype,
+        config=cfg, dtype=dtype,
         tokenizer="tokenizer.json", chat_template=field(reader, Keys.Tokenizer.CHAT_TEMPLATE, ""),
         bos_token_id=int(bos.contents()) if bos else None,
         # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
         eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
         add_bos=bool(field(reader, Keys.Tokenizer.ADD_BOS, False)),
         quant=fmt.manifest() if fmt else {},
+        bits_per_weight=layer_bits(cfg, fmt) if fmt else None,
     )
 
 
-def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool = False,
-                progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
-    if dtype not in DTYPES:
+def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
+    """Bits per weight of the layers' matrices on disk, each in its format."""
+    shapes = matrix_shapes(cfg)
+    weights = {u: n * k for u, (n, k) in shapes.items()}
+    return sum(BITS[fmt.matrix(u).name] * w for u, w in weights.items()) / sum(weights.values())
+
+
+def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,
+                progress: Callable[[int, int], None] = lambda done, total: None,
+                log: Callable[[str], None] = lambda line: None) -> Path:
+    """dtype None: keep the file's types (file_dtype); name: the store's (None: the directory's); log: one line per
+    GGUF type, what it became."""
+    if dtype is not None and dtype not in DTYPES:
         raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
     reader = open_gguf(src)
     cfg = read_config(reader, src)
-    fmt = writing_format(dtype)
+    g = GgufTensors(src, reader, cfg, None, torch.float32)
+    dtype, int8 = (dtype, ()) if dtype else file_dtype(g)
     # norms and biases of quantized stores: float32
-    g = GgufTensors(src, reader, cfg, fmt, torch.float32 if fmt else getattr(torch, dtype))
+    g.fmt = fmt = writing_format(dtype, int8)
+    g.dtype = torch.float32 if fmt else getattr(torch, dtype)
     with StoreWriter(out, overwrite=overwrite) as w:
         w.write_unit("embed", *embed_unit(g))
         for i in range(cfg.n_layers):
@@ -200,5 +247,7 @@ def import_gguf(src: Path, out: Path, *, dtype: str = "float32", overwrite: bool
             progress(i + 1, cfg.n_layers)
         w.write_unit("head", *head_unit(g))
         w.add_file("tokenizer.json", tokenizer_json(reader))
-        w.finish(**manifest_fields(reader, src, cfg, dtype, fmt))
+        w.finish(name=name or Path(out).resolve().name, **manifest_fields(reader, src, cfg, dtype, fmt))
+    for line in g.report.lines():
+        log(line)
     return out

@@ -336,8 +336,9 @@ def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, names: dict[st
     write("head", head)
 
 
-def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool = False,
+def import_hf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,
               progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    """name: the store's (None: the directory's)."""
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
         raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
@@ -356,6 +357,6 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, overwrite: bool
         with StoreWriter(out, overwrite=overwrite) as w:
             write_units(w, shards, cfg, names, fmt, torch.float32 if fmt else getattr(torch, dtype), progress)
             w.add_file("tokenizer.json", tok_bytes)
-            w.finish(name=src.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
+            w.finish(name=name or out.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
                      chat_template=chat_template(src, tok_cfg), quant=fmt.manifest() if fmt else {}, **special)
     return out

@@ -45,7 +45,7 @@ def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
     shape = matrix_shapes(cfg)[unit]
     if fmt is None:
         return {unit: (dtype, shape)}
-    return {f"{unit}.{part}": spec for part, spec in fmt.parts(shape).items()}
+    return {f"{unit}.{part}": spec for part, spec in fmt.matrix(unit).parts(shape).items()}
 
 
 def part_targets(unit: str, parts: dict[str, torch.Tensor], cfg: ModelConfig,
@@ -58,7 +58,7 @@ def part_weight(unit: str, parts: dict[str, torch.Tensor], fmt: Format | None, d
     """The matrix that `parts` hold, ready for linear()."""
     if fmt is None:
         return parts[unit]
-    return fmt.weight(parts[f"{unit}.qweight"], parts[f"{unit}.scales"], dtype)
+    return fmt.matrix(unit).weight(parts[f"{unit}.qweight"], parts[f"{unit}.scales"], dtype)
 
 
 def empty_parts(unit: str, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -89,13 +89,14 @@ def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
     small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases (and a mixture's router)
-    matrices = sum(matrix_bytes(shape, fmt, dtype) for shape in matrix_shapes(cfg).values())
+    matrices = sum(matrix_bytes(shape, fmt and fmt.matrix(u), dtype) for u, shape in matrix_shapes(cfg).items())
     return small + matrices + cfg.n_experts * expert_bytes(cfg, dtype, fmt)
 
 
 def expert_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one expert of a mixture (0: a dense model)."""
-    return sum(matrix_bytes(s, fmt, dtype) for s in expert_matrix_shapes(cfg).values()) if cfg.moe else 0
+    return sum(matrix_bytes(s, fmt and fmt.matrix(u), dtype) for u, s in expert_matrix_shapes(cfg).items()) \
+        if cfg.moe else 0
 
 
 def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:

@@ -323,6 +323,13 @@ class Format:
 
     name: str  # int4 | int8
     layout: Layout = LAYOUTS[0]  # int4: the packing the files hold (that of the machine that wrote them)
+    # int4 stores: the layer matrices (shapes.FUSED names) held as int8 in every layer, where the source's types
+    # have no int4 form (a GGUF's Q6_K attn_v); the same in every layer, so that layers stream alike
+    int8: tuple[str, ...] = ()
+
+    def matrix(self, name: str) -> "Format":
+        """The format of the layer matrix `name`."""
+        return Format("int8") if name in self.int8 else self
 
     def parts(self, shape: tuple[int, int]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         n, k = shape
@@ -347,7 +354,9 @@ class Format:
         return quantize_int8(w)
 
     def manifest(self) -> dict:
-        return {"group": GROUP, "layout": self.layout.name} if self.name == "int4" else {}
+        if self.name != "int4":
+            return {}
+        return {"group": GROUP, "layout": self.layout.name} | ({"int8_matrices": list(self.int8)} if self.int8 else {})
 
     @staticmethod
     def of(dtype: str, quant: dict | None) -> "Format | None":
@@ -358,13 +367,14 @@ class Format:
         if dtype == "int4":
             if quant.get("group", GROUP) != GROUP:
                 raise ValueError(f"int4 groups of {quant.get('group')} are not supported (only {GROUP})")
-            return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)))
+            return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)),
+                          tuple(quant.get("int8_matrices", ())))
         return Format("int8")
 
 
-def writing_format(dtype: str) -> "Format | None":
-    """The format a new store of `dtype` is written in on this machine."""
-    return Format(dtype, machine_layout()) if dtype == "int4" else Format.of(dtype, None)
+def writing_format(dtype: str, int8: tuple[str, ...] = ()) -> "Format | None":
+    """The format a new store of `dtype` is written in on this machine (int4: `int8` matrices aside)."""
+    return Format(dtype, machine_layout(), int8) if dtype == "int4" else Format.of(dtype, None)
 
 
 def weight_format(manifest: Manifest, unit: str | None = None) -> Format | None:

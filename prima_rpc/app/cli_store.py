@@ -12,7 +12,10 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
             out: Path = typer.Argument(None, help="the store directory to create"),
             default: bool = typer.Option(False, "--default", help="import SmolLM2 into $PRIMA_HOME/models"),
             dtype: str = typer.Option(None, help="weight dtype of the store: float32, bfloat16, float16, int8 or int4 "
-                                                 "(GGUF Q4_0/Q4_1 blocks become int4 exactly; --default alone: int4)"),
+                                                 "(default: a GGUF stays quantized, Q4_0/Q4_1/Q4_K blocks as int4 and "
+                                                 "other types as int8; --default alone: int4)"),
+            name: str = typer.Option(None, help="the model's name in status, the page and /v1/models "
+                                                "(default: OUT's directory name)"),
             overwrite: bool = typer.Option(False, help="replace an existing store")):
     """Import a GGUF file or a Hugging Face directory into a per-layer store."""
     if default:
@@ -29,8 +32,8 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
     from tools.importers import import_model
 
     with bar(f"importing {src.name}") as progress:
-        import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress)
-    print(out)
+        done = import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress, name=name)
+    print("\n".join([*done.types, done.summary, str(out)]))
 
 
 def synth(out: Path = typer.Argument(..., help="the store directory to create"),

@@ -1,0 +1,241 @@
+"""GGUF types kept in quantized stores: Q4_K blocks as int4 groups (within float16's rounding of their scale
+products), the other types as int8 rows, a mixed file's matrices in the format its types need, alike in every layer
+so that such a store streams and splits like any other; the CLI's per-type lines, summary line and store name."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from nodes.engine.model import Layer
+from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, weight_format
+from nodes.engine.shard import Shard
+from nodes.engine.store import LayerStore
+from nodes.generation.reference import ReferenceModel
+from prima_rpc.spec.manifest import StoreError
+from prima_rpc.spec.windows import Windows
+from tests.ctl import ctl_here
+from tests.shards import ring_step
+from tools.bench.make_gguf import TOKENIZER_KEYS, random_blocks
+from tools.default_model import default_gguf
+from tools.gguf_types import int4_blocks, q4k_int4
+from tools.import_gguf import import_gguf, unpermute
+
+Q = GGMLQuantizationType
+U = 2.0 ** -24  # float32's unit round-off
+
+
+def q4k_blocks(rng: np.random.Generator, n: int, k: int, tiny: bool = False) -> np.ndarray:
+    """Random Q4_K super-blocks uint8 [n, k/256 * 144]: float16 d and dmin (some below float16's normal range
+    with `tiny`), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles."""
+    b = n * k // 256
+    low = 1e-7 if tiny else 1e-4
+    d = rng.uniform(low, 1e-3, (b, 1)).astype(np.float16).view(np.uint8)
+    dmin = rng.uniform(low, 4e-3, (b, 1)).astype(np.float16).view(np.uint8)
+    rest = rng.integers(0, 256, (b, 140), dtype=np.uint8)
+    return np.concatenate([d, dmin, rest], axis=1).reshape(n, -1)
+
+
+def q6k_blocks(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Random Q6_K super-blocks uint8 [n, k/256 * 210]: 128 + 64 bytes of 6-bit values, 16 int8 scales, float16 d."""
+    b = n * k // 256
+    body = rng.integers(0, 256, (b, 192), dtype=np.uint8)
+    scales = rng.integers(-60, 60, (b, 16), dtype=np.int8).view(np.uint8)
+    d = rng.uniform(1e-5, 5e-5, (b, 1)).astype(np.float16).view(np.uint8)
+    return np.concatenate([body, scales, d], axis=1).reshape(n, -1)
+
+
+@pytest.mark.parametrize("tiny", [False, True], ids=["normal", "subnormal-scales"])
+def test_q4k_weights_the_kernel_sees_are_ggufs_within_the_float16_rounding_of_the_scales(tiny):
+    """Q4_K's w = D q - M per sub-block of 32 (D = d sc, M = dmin mn, exact in float32 as gguf computes them) goes
+    to the int4 kernel as scale D16 and zero M16' + 8 D16 (D16, M16' = float16 of D and -M). With float32
+    activations the kernel's weight is fl((q - 8) D16 + fl(M16' + 8 D16)), so it differs from gguf's fl(q D - M)
+    by at most q |D16 - D| + |M16' + M| + u (|zero| + |seen| + |ref|), u = 2^-24: float16 rounds each of D and M
+    once (relative 2^-11; 2^-25 absolute under 2^-14)."""
+    n, k = 96, 512
+    blocks = q4k_blocks(np.random.default_rng(1), n, k, tiny)
+    ref = torch.from_numpy(dequantize(blocks, Q.Q4_K))  # [N, K]
+    q, dm = q4k_int4(blocks, n, k)
+    w = Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+    seen = w.mm(torch.eye(k)).t()  # [N, K]: through the kernel itself
+    assert torch.equal(w.rows(torch.arange(n)), seen)
+    # D and M exactly, from gguf's own de-quantization of two values of each sub-block (q = 0: -M; q = 15 ...)
+    raw = torch.from_numpy(blocks).view(n * k // 256, 144)
+    from gguf.quants import Q4_K
+    sc, mn = (torch.from_numpy(x.astype(np.float32)) for x in Q4_K.get_scale_min(raw[:, 4:16].numpy()))
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()
+    dmin = raw[:, 2:4].contiguous().view(torch.float16).float()
+    exact_d, exact_m = (d * sc).reshape(n, k // 32), (dmin * mn).reshape(n, k // 32)  # [N, G]
+    d16, m16 = dm[..., 0].t().float(), dm[..., 1].t().float()  # [N, G]
+    assert torch.equal(d16, exact_d.half().float()) and torch.equal(m16, (-exact_m).half().float())
+    zero = (m16 + 8 * d16).repeat_interleave(32, dim=1)
+    bound = (q.float() * (d16 - exact_d).abs().repeat_interleave(32, dim=1)
+             + (m16 + exact_m).abs().repeat_interleave(32, dim=1) + U * (zero.abs() + seen.abs() + ref.abs()))
+    err = (seen - ref).abs()
+    assert (err <= bound).all(), (err - bound).max()
+    assert err.max() > 0  # the bound is not vacuous: float16 does round some of these products
+    relative = 2.0 ** -11 * (q.float() * exact_d.repeat_interleave(32, 1) + exact_m.repeat_interleave(32, 1))
+    if not tiny:  # in float16's normal range the rounding is relative
+        assert (err <= relative + U * (zero.abs() + seen.abs() + ref.abs())).all()
+
+
+def test_q4k_rows_must_be_whole_super_blocks():
+    with pytest.raises(ValueError, match="Q4_K rows of 576 values"):
+        int4_blocks("Q4_K", np.zeros((2, 576 // 32 * 18), np.uint8), 2, 576)
+
+
+# ------------------------------------------------------------------ a file of mixed types
+
+H, FF, HEADS, KV, LAYERS = 256, 512, 4, 2, 2
+SHAPES = {"attn_q": (H, H), "attn_k": (KV * H // HEADS, H), "attn_v": (KV * H // HEADS, H), "attn_output": (H, H),
+          "ffn_gate": (FF, H), "ffn_up": (FF, H), "ffn_down": (H, FF)}
+# Q4_K_M's mix on an 8B-like shape: Q4_K, with Q6_K attn_v and ffn_down in some layers, a Q8_0 embedding
+TYPES = {0: {}, 1: {"attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_up": "Q5_0"}}
+
+
+def mixed_gguf(path, types=TYPES, base: str = "Q4_K"):
+    src = GGUFReader(default_gguf())
+    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    w = GGUFWriter(path, "llama")
+    for add, value in (("name", "mixed"), ("block_count", LAYERS), ("embedding_length", H), ("context_length", 256),
+                       ("feed_forward_length", FF), ("head_count", HEADS), ("head_count_kv", KV)):
+        getattr(w, f"add_{add}")(value)
+    for key in TOKENIZER_KEYS:
+        f = src.fields.get(key)
+        if f is not None:
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    rng = np.random.default_rng(0)
+
+    def add(name: str, kind: str, n: int, k: int) -> None:
+        if kind == "Q4_K":
+            w.add_tensor(name, q4k_blocks(rng, n, k), raw_dtype=Q.Q4_K)
+        elif kind == "Q6_K":
+            w.add_tensor(name, q6k_blocks(rng, n, k), raw_dtype=Q.Q6_K)
+        else:
+            w.add_tensor(name, quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, Q[kind]),
+                         raw_dtype=Q[kind])
+
+    w.add_tensor("token_embd.weight", random_blocks(rng, vocab, H, "Q8_0"), raw_dtype=Q.Q8_0)
+    for b in range(LAYERS):
+        w.add_tensor(f"blk.{b}.attn_norm.weight", rng.uniform(0.5, 1.5, H).astype(np.float32))
+        w.add_tensor(f"blk.{b}.ffn_norm.weight", rng.uniform(0.5, 1.5, H).astype(np.float32))
+        for name, (n, k) in SHAPES.items():
+            add(f"blk.{b}.{name}.weight", types[b].get(name, base), n, k)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mixed")
+    path = mixed_gguf(d / "mixed.Q4_K_M.gguf")
+    lines = []
+    store = import_gguf(path, d / "store", log=lines.append)
+    return path, store, lines
+
+
+def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_alike_in_every_layer(mixed):
+    path, store, lines = mixed
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert manifest["dtype"] == "int4" and manifest["name"] == "store"  # the directory's name, not general.name
+    # attn_v (in wqkv), ffn_up (in w_gate_up) and ffn_down are Q6_K / Q5_0 in layer 1: int8 in both layers
+    assert manifest["quant"]["int8_matrices"] == ["wqkv", "w_gate_up", "w_down"]
+    assert manifest["files"]["embed"]["format"] == "int8"
+    assert manifest["bits_per_weight"] == pytest.approx((5 * H * H + 8 * (H * H + 2 * 2 * H * H // 4 + 3 * FF * H))
+                                                        / (2 * H * H + 2 * H * H // 2 + 3 * FF * H))
+    assert lines == ["Q8_0: 1 tensor, 12.6M weights -> int8 rows (nearest)",  # most weights first
+                     "Q4_K: 11 tensors, 0.9M weights -> int4 (its blocks as they are) and int8 rows (nearest)",
+                     "Q6_K: 2 tensors, 0.2M weights -> int8 rows (nearest)",
+                     "Q5_0: 1 tensor, 0.1M weights -> int8 rows (nearest)"]
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    store_ = LayerStore(store)
+    parts = {"wqkv": ["attn_q", "attn_k", "attn_v"], "wo": ["attn_output"], "w_gate_up": ["ffn_gate", "ffn_up"],
+             "w_down": ["ffn_down"]}
+    for i in range(LAYERS):
+        layer = Layer.from_unit(store_.load(f"layer.{i}"), torch.float32, weight_format(store_.manifest))
+        for name, gnames in parts.items():
+            ref = []
+            for g in gnames:
+                t = tensors[f"blk.{i}.{g}.weight"]
+                w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)))
+                ref.append(unpermute(w, {"attn_q": HEADS, "attn_k": KV}[g]) if g in ("attn_q", "attn_k") else w)
+            ref, weight = torch.cat(ref), getattr(layer, name)
+            seen = weight.rows(torch.arange(ref.shape[0]))
+            if isinstance(weight, Int4):  # Q4_K kept: float16 scale products (the test above)
+                assert name == "wo" and ((seen - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
+            else:  # int8 rows: half a step of each row's scale
+                assert isinstance(weight, Int8) and ((seen - ref).abs() <= 0.501 * weight.scale[:, None]).all()
+
+
+@pytest.mark.parametrize("ranges", [[[(0, 2)]], [[(1, 2)], [(0, 1)]]], ids=["1node", "2nodes"])
+def test_a_mixed_store_streams_and_splits_as_its_single_process(mixed, ranges):
+    """Layers stream through a buffer laid out once for every layer: the matrices' formats are alike in each."""
+    store = mixed[1]
+    ref = ReferenceModel(store)
+    shards = [Shard(LayerStore(store), Windows(tuple(r), LAYERS, i == 0), ref.dtype, budget=1)
+              for i, r in enumerate(ranges)]
+    try:
+        ids = ref.codec.prompt_ids("The quick brown fox")
+        cache, pos = ref.new_cache(len(ids) + 4), 0
+        caches = [s.cache_for("r", 0, len(ids) + 4, len(ids)) for s in shards]
+        for _ in range(4):
+            expected = ref.step(ids, pos, cache)
+            assert torch.equal(ring_step(shards, caches, ids, pos), expected)
+            pos, ids = pos + len(ids), [int(expected.argmax())]
+        assert all(s.plan.streamed for s in shards)
+    finally:
+        for s in shards:
+            s.close()
+
+
+def test_dtype_still_overrides_the_files_types(mixed, tmp_path):
+    path = mixed[0]
+    store = import_gguf(path, tmp_path / "i4", dtype="int4", name="forced")
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert manifest["name"] == "forced" and "int8_matrices" not in manifest["quant"]
+    assert all(f["format"] == "int4" for f in manifest["files"]["layers"])
+
+
+@pytest.mark.slow
+def test_a_q4k_file_of_whole_super_blocks_only_is_all_int4(tmp_path):
+    store = import_gguf(mixed_gguf(tmp_path / "q4k.gguf", {0: {}, 1: {}}), tmp_path / "s")
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert manifest["dtype"] == "int4" and "int8_matrices" not in manifest["quant"]
+    assert manifest["bits_per_weight"] == 5.0
+
+
+@pytest.mark.slow  # a process of its own
+def test_import_prints_what_each_type_became_and_one_summary_line(mixed, tmp_path):
+    res = ctl_here("import", str(mixed[0]), str(tmp_path / "kitchen"), "--name", "Kitchen model")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[1].startswith("Q4_K: 11 tensors") and lines[-1] == str(tmp_path / "kitchen")
+    size = sum(f.stat().st_size for f in (tmp_path / "kitchen").iterdir()) / 1e6
+    assert lines[-2].startswith(f"made 'Kitchen model': int4, {size:.1f} MB (")
+    assert lines[-2].endswith(" s") and " bits/weight), in " in lines[-2]
+    assert json.loads((tmp_path / "kitchen" / "manifest.json").read_text())["name"] == "Kitchen model"
+    res = ctl_here("import", str(mixed[0]), str(tmp_path / "pantry"))
+    assert json.loads((tmp_path / "pantry" / "manifest.json").read_text())["name"] == "pantry"
+
+
+def test_a_gguf_of_an_unknown_tensor_type_names_the_file_and_the_type(mixed, tmp_path):
+    """A type code gguf does not know (a newer llama.cpp's): one line naming the file and the code."""
+    data = bytearray(mixed[0].read_bytes())
+    reader = GGUFReader(mixed[0])
+    t = reader.tensors[0]
+    # the tensor info's type field: after its name, n_dims and dims (uint64 each)
+    at = data.index(t.name.encode()) + len(t.name) + 4 + 8 * len(t.shape)
+    assert int.from_bytes(data[at:at + 4], "little") == t.tensor_type
+    data[at:at + 4] = (99).to_bytes(4, "little")
+    bad = tmp_path / "future.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"future\.gguf: a tensor of GGUF type 99, unknown to the gguf package") as err:
+        import_gguf(bad, tmp_path / "out")
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
