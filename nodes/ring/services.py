@@ -185,7 +185,9 @@ class InferenceService(rpc.InferenceServicer):
             request_id = request.request_id or uuid.uuid4().hex
             start = time.perf_counter()
             stamps = []
-            async for out in head.generate(prompt_ids, params, request_id):
+            if len(request.resume_tokens) > node.store.config.max_seq_len:
+                raise ValueError(f"resume_tokens: over the model's context of {node.store.config.max_seq_len}")
+            async for out in head.generate(prompt_ids, params, request_id, list(request.resume_tokens)):
                 if isinstance(out, Generation):
                     finished = _finished(out, request_id, start, stamps)
                     metrics.observe_finished(finished)
