@@ -102,7 +102,8 @@ class ControlService(rpc.ControlServicer):
             try:
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
                                   list(request.ring), buffer, request.head_address, request.max_batch,
-                                  request.micro_batches, predicted)
+                                  request.micro_batches, predicted,
+                                  tuple((r.start, r.stop) for r in request.head_windows), request.standby)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 

@@ -4,6 +4,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from prima_rpc.app.cli_errors import fail
 from prima_rpc.channel import read_token
 from prima_rpc.request import GenerateRequest, check_text
@@ -13,20 +15,40 @@ DEFAULT_NODE = "127.0.0.1:7000"
 
 @dataclass(frozen=True)
 class Target:
-    """The node the ring commands talk to (--node), whether it was given, and the token they present."""
+    """The node the ring commands talk to (--node), whether it was given, and the token they present; `nodes`: every
+    member --node named (A,B,C), which generate, chat and serve fail over along."""
 
     node: str = DEFAULT_NODE
     token: str | None = None
     node_given: bool = False
+    nodes: tuple[str, ...] = ()
 
 
 def target(node: str | None, token_file: Path | None) -> Target:
-    """--node and --token-file, read once by prima-ctl's callback."""
+    """--node (HOST:PORT, or several as A,B,C: the first answering is asked) and --token-file, read once by
+    prima-ctl's callback."""
     try:
         token = read_token(token_file)
     except ValueError as exc:
         fail(str(exc))
-    return Target(address(node or DEFAULT_NODE, "--node"), token, node is not None)
+    nodes = tuple(dict.fromkeys(address(a, "--node") for a in (node or DEFAULT_NODE).split(",")))
+    return Target(_first_answering(nodes, token), token, node is not None, nodes)
+
+
+def _first_answering(nodes: tuple[str, ...], token: str | None) -> str:
+    """Of several --node addresses, the first that answers (a lost head is skipped); one is taken as it is."""
+    if len(nodes) == 1:
+        return nodes[0]
+    from prima_rpc.control import Control, Deadlines
+
+    for node in nodes:
+        try:
+            with Control(node, token, Deadlines(info=2.0)) as peer:
+                peer.info()
+            return node
+        except grpc.RpcError:
+            continue
+    return nodes[0]
 
 
 def address(text: str, what: str) -> str:

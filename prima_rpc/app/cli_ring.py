@@ -112,7 +112,9 @@ def reach(target: Target) -> pb.NodeInfo:
 async def stream(target: Target, request: GenerateRequest, echo: bool) -> tuple[list[int], str, Finished]:
     """(token ids, text, Finished) of one request to the --node; echo: write the text as it comes."""
     tokens, text, done = [], [], None
-    async with PrimaClient(target.node, target.token) as client:  # PrimaError: the caller says it
+    # every --node it was given, the one that answered first first: a lost head's stream resumes on the new one
+    addresses = [target.node, *(a for a in target.nodes if a != target.node)]
+    async with PrimaClient(addresses, target.token) as client:  # PrimaError: the caller says it
         async for event in client.stream(request):
             if isinstance(event, Token):
                 tokens.append(event.token_id)
