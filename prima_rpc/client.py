@@ -100,6 +100,7 @@ class PrimaClient:
         addresses, a lost head (or a member that is not the head) sends the request on to the ring's head."""
         given: list[int] = []  # token ids streamed so far: a resumed request replays them
         deadline = None  # from the first failure: how long the ring may take to fail over
+        found = ""  # the head _find_head found: if it refuses the request too, that is its answer
         while True:
             try:
                 async for event in self._stream_from(self.address, request, given):
@@ -108,13 +109,13 @@ class PrimaClient:
                     yield event
                 return
             except PrimaError as exc:
-                if len(self.addresses) < 2 or exc.code not in RESUMABLE:
+                if len(self.addresses) < 2 or exc.code not in RESUMABLE or \
+                        (self.address == found and exc.code == grpc.StatusCode.FAILED_PRECONDITION):
                     raise
                 deadline = deadline or time.monotonic() + RESUME_S
                 broken, self.address = self.address, await self._find_head(exc, deadline)
-                if broken == self.address and exc.code != grpc.StatusCode.UNAVAILABLE:
-                    raise  # the head itself refused it
-                log.warning("prima: the stream from %s broke (%s); resumed on the head %s after %d tokens",
+                found = self.address
+                log.warning("prima: the request to %s failed (%s); resumed on the head %s after %d tokens",
                             broken, exc, self.address, len(given))
 
     async def _stream_from(self, address: str, request: GenerateRequest,
