@@ -24,6 +24,7 @@ class Deadlines:
     shutdown: float = 5.0
     profile: float = 120.0  # a fresh profile measures compute, memory and disk
     assign: float = 3600.0  # a first start may fetch GBs of weights over a home link before loading them
+    leave: float = 600.0  # the head re-plans without the member: its survivors may load (and fetch) layers
 
 
 def assign_request(ranges: Iterable[tuple[int, int]], n_layers: int, model_id: str, epoch: int, *,
@@ -70,6 +71,11 @@ class _Peer:
         """The node's device profile (JSON) and its model's manifest; refresh: measure again."""
         return self._stub.Profile(pb.ProfileRequest(refresh=refresh), metadata=self._metadata,
                                   timeout=self.deadlines.profile)
+
+    def leave(self, address: str):
+        """(The head) take member `address` out of the ring: re-plan without it, then stop it."""
+        return self._stub.Leave(pb.LeaveRequest(address=address), metadata=self._metadata,
+                                timeout=self.deadlines.leave)
 
     def shutdown(self):
         return self._stub.Shutdown(pb.ShutdownRequest(), metadata=self._metadata, timeout=self.deadlines.shutdown)

@@ -161,6 +161,17 @@ class ControlService(rpc.ControlServicer):
             except (OSError, StoreError) as exc:
                 await abort(context, Code.FAILED_PRECONDITION, f"cannot serve {request.name}: {exc}")
 
+    async def Leave(self, request, context):
+        head = self.node.head
+        if not _is_address(request.address):
+            await abort(context, Code.INVALID_ARGUMENT, f"address must be HOST:PORT, got {request.address[:80]!r}")
+        if head is None:
+            await abort(context, Code.FAILED_PRECONDITION, f"this node is a {self.node.role}, not the ring's head")
+        try:
+            return frames.leave_reply(await head.members.leave(request.address))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+
     async def Shutdown(self, request, context):
         self.stop.set()
         return frames.SHUTDOWN_REPLY

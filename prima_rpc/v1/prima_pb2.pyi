@@ -307,6 +307,18 @@ class ShutdownReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LeaveRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ("ring",)
+    RING_FIELD_NUMBER: _ClassVar[int]
+    ring: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ring: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
     ROLE_FIELD_NUMBER: _ClassVar[int]
