@@ -32,6 +32,7 @@ class ApiConfig:
     head: str  # HOST:PORT of the ring's head
     token: str | None = None  # the cluster secret: required as the Bearer key, passed on to the head
     default_max_tokens: int = 1024  # for requests without max_tokens (the head reserves KV for all of them)
+    members: tuple[str, ...] = ()  # other members (--node A,B,C): a stream the head breaks resumes on the new head
 
 
 def model_id(name: str) -> str:
@@ -78,7 +79,7 @@ class Api:
 
     async def startup(self, app: web.Application) -> None:
         # The aio channels belong to the serving event loop, so they are made on it.
-        self.client = PrimaClient(self.config.head, self.config.token)
+        self.client = PrimaClient([self.config.head, *self.config.members], self.config.token)
         self.head = AioControl(self.config.head, self.config.token)
 
     async def cleanup(self, app: web.Application) -> None:
