@@ -1,5 +1,5 @@
 """The Python client: `async for event in client.generate(...)` (or `client.stream(GenerateRequest(...))`), and a
-sync wrapper.
+sync wrapper. Given several members of the ring, a stream its head breaks is resumed on the new head.
 
     async with PrimaClient("127.0.0.1:7000") as client:
         async for event in client.generate("Hello!", max_tokens=32):
@@ -7,8 +7,10 @@ sync wrapper.
 """
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -63,6 +65,9 @@ class Prefill:
 
 
 CANCEL_S = 5.0  # the head answers Cancel from memory
+RESUME_S = 30.0  # how long a client that knows several members looks for a new head after its head is lost
+RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)  # lost, or not (yet) the head
+log = logging.getLogger(__name__)
 
 
 def _request(prompt: str = "", messages: Iterable[dict] | None = None, **fields) -> GenerateRequest:
@@ -75,11 +80,15 @@ def _request(prompt: str = "", messages: Iterable[dict] | None = None, **fields)
 
 
 class PrimaClient:
-    def __init__(self, address: str, token: str | None = None, timeout: float | None = None):
-        # timeout: a deadline for a whole call (None: the head's per-step deadline still ends a stuck ring)
-        self.address, self.token, self.timeout = address, token, timeout
-        self._channel = aio_channel(address)
-        self._inference = rpc.InferenceStub(self._channel)
+    def __init__(self, address: str | Iterable[str], token: str | None = None, timeout: float | None = None):
+        """address: the head, or several members of the ring (any order): a stream the head breaks is then
+        resumed on the new head, the tokens already given replayed, so the answer goes on as if nothing broke.
+        timeout: a deadline for a whole call (None: the head's per-step deadline still ends a stuck ring)."""
+        self.addresses = [address] if isinstance(address, str) else list(dict.fromkeys(address))
+        if not self.addresses:
+            raise ValueError("PrimaClient needs at least one address")
+        self.address, self.token, self.timeout = self.addresses[0], token, timeout
+        self._channels = {a: aio_channel(a) for a in self.addresses}
         self._metadata = metadata(token)
 
     async def __aenter__(self) -> "PrimaClient":
@@ -89,7 +98,8 @@ class PrimaClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
 
     def generate(self, prompt: str = "", *, messages: Iterable[dict] | None = None,
                  **fields) -> AsyncIterator[Token | Finished]:
@@ -100,8 +110,34 @@ class PrimaClient:
 
     async def stream(self, request: GenerateRequest, prefill: bool = False) -> AsyncIterator[Token | Finished]:
         """Token events as the head produces them, then one Finished; PrimaError on failure. prefill: a long
-        prompt's Prefill events before its tokens too."""
-        call = self._inference.Generate(request.to_wire(), metadata=self._metadata, timeout=self.timeout)
+        prompt's Prefill events before its tokens too. With several addresses, a lost head (or a member that is
+        not the head) sends the request on to the ring's head."""
+        given: list[int] = []  # token ids streamed so far: a resumed request replays them
+        deadline = None  # from the first failure: how long the ring may take to fail over
+        found = ""  # the head _find_head found: if it refuses the request too, that is its answer
+        while True:
+            try:
+                async for event in self._stream_from(self.address, request, given, prefill):
+                    if isinstance(event, Token):
+                        given.append(event.token_id)
+                    yield event
+                return
+            except PrimaError as exc:
+                if len(self.addresses) < 2 or exc.code not in RESUMABLE or \
+                        (self.address == found and exc.code == grpc.StatusCode.FAILED_PRECONDITION):
+                    raise
+                deadline = deadline or time.monotonic() + RESUME_S
+                broken, self.address = self.address, await self._find_head(exc, deadline)
+                found = self.address
+                log.warning("prima: the request to %s failed (%s); resumed on the head %s after %d tokens",
+                            broken, exc, self.address, len(given))
+
+    async def _stream_from(self, address: str, request: GenerateRequest,
+                           given: list[int], prefill: bool) -> AsyncIterator[Token | Finished]:
+        wire = request.to_wire()
+        wire.resume_tokens.extend(given)
+        call = rpc.InferenceStub(self._channels[address]).Generate(wire, metadata=self._metadata,
+                                                                   timeout=self.timeout)
         try:
             async for event in call:
                 if event.HasField("token"):
@@ -117,30 +153,57 @@ class PrimaClient:
                 elif event.HasField("prefill") and prefill:
                     yield Prefill(event.prefill.done, event.prefill.total)
         except grpc.aio.AioRpcError as exc:
-            raise PrimaError(exc.code(), self._explain(exc)) from None
+            raise PrimaError(exc.code(), self._explain(address, exc)) from None
         finally:
             call.cancel()
 
-    def _explain(self, exc: grpc.aio.AioRpcError) -> str:
+    async def _find_head(self, failure: PrimaError, deadline: float) -> str:
+        """The member that is the ring's head now (asked of every known address, then of the heads they name),
+        waited for until `deadline` while the ring fails over; else `failure` is raised."""
+        while time.monotonic() < deadline:
+            named = []
+            for address in self.addresses:
+                info = await self._info(address)
+                if info is not None and info.role == "head" and info.loaded:
+                    return address
+                if info is not None and info.head and info.head not in self.addresses + named:
+                    named.append(info.head)
+            for address in named:
+                self._channels.setdefault(address, aio_channel(address))
+                info = await self._info(address)
+                if info is not None and info.role == "head" and info.loaded:
+                    return address
+            await asyncio.sleep(0.3)
+        raise failure
+
+    async def _info(self, address: str) -> pb.NodeInfo | None:
+        try:
+            return await rpc.ControlStub(self._channels[address]).Info(pb.InfoRequest(), metadata=self._metadata,
+                                                                       timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return None
+
+    def _explain(self, address: str, exc: grpc.aio.AioRpcError) -> str:
         """The node's message; when no node answered, which address could not be reached."""
         details = exc.details() or exc.code().name
         if exc.code() == grpc.StatusCode.UNAVAILABLE and \
-                self._channel.get_state() != grpc.ChannelConnectivity.READY:
-            return f"cannot reach node {self.address}: {details}"
+                self._channels[address].get_state() != grpc.ChannelConnectivity.READY:
+            return f"cannot reach node {address}: {details}"
         if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-            return f"{self.address} refused the token: {details}"
+            return f"{address} refused the token: {details}"
         return details
 
     async def cancel(self, request_id: str) -> bool:
-        reply = await self._inference.Cancel(pb.CancelRequest(request_id=request_id), metadata=self._metadata,
-                                             timeout=CANCEL_S)
+        stub = rpc.InferenceStub(self._channels[self.address])
+        reply = await stub.Cancel(pb.CancelRequest(request_id=request_id), metadata=self._metadata,
+                                  timeout=CANCEL_S)
         return reply.found
 
 
 class SyncClient:
     """The same client for code without an event loop: a background loop thread drives it."""
 
-    def __init__(self, address: str, token: str | None = None, timeout: float | None = None):
+    def __init__(self, address: str | Iterable[str], token: str | None = None, timeout: float | None = None):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="prima-client")
         self._thread.start()

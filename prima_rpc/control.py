@@ -24,21 +24,24 @@ class Deadlines:
     shutdown: float = 5.0
     profile: float = 120.0  # a fresh profile measures compute, memory and disk
     assign: float = 3600.0  # a first start may fetch GBs of weights over a home link before loading them
+    leave: float = 600.0  # the head re-plans without the member: its survivors may load (and fetch) layers
 
 
 def assign_request(ranges: Iterable[tuple[int, int]], n_layers: int, model_id: str, epoch: int, *,
                    head: bool = False, replan: bool = False, ring: Sequence[str] = (), head_address: str = "",
                    buffer_layers: float = 0.0, predicted_ms: float = 0.0, predicted_tpot_ms: float = 0.0,
-                   max_batch: int = 0, micro_batches: int = 0) -> pb.AssignRequest:
+                   max_batch: int = 0, micro_batches: int = 0, head_windows: Iterable[tuple[int, int]] = (),
+                   standby: bool = False) -> pb.AssignRequest:
     """Hold `ranges` ([start, stop) of the model's `n_layers`; none: a relay) under the ring's `epoch`.
 
-    ring: the head's members in ring order, its own address first; the plan's buffer_layers, predictions and
-    batching (0: the node's defaults)."""
+    ring: every member in ring order, the head's address first; the plan's buffer_layers, predictions and
+    batching (0: the node's defaults); (members) the head's windows and whether to keep a standby copy of its units."""
     return pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges], head=head,
                             model_id=model_id, ring_layers=n_layers, epoch=epoch, replan=replan, ring=list(ring),
                             head_address=head_address, stream_buffer_layers=buffer_layers,
                             predicted_ms=predicted_ms, predicted_tpot_ms=predicted_tpot_ms, max_batch=max_batch,
-                            micro_batches=micro_batches)
+                            micro_batches=micro_batches,
+                            head_windows=[pb.LayerRange(start=a, stop=b) for a, b in head_windows], standby=standby)
 
 
 class _Peer:
@@ -68,6 +71,11 @@ class _Peer:
         """The node's device profile (JSON) and its model's manifest; refresh: measure again."""
         return self._stub.Profile(pb.ProfileRequest(refresh=refresh), metadata=self._metadata,
                                   timeout=self.deadlines.profile)
+
+    def leave(self, address: str):
+        """(The head) take member `address` out of the ring: re-plan without it, then stop it."""
+        return self._stub.Leave(pb.LeaveRequest(address=address), metadata=self._metadata,
+                                timeout=self.deadlines.leave)
 
     def shutdown(self):
         return self._stub.Shutdown(pb.ShutdownRequest(), metadata=self._metadata, timeout=self.deadlines.shutdown)

@@ -84,3 +84,14 @@ def test_statuses_round_trip_the_wire(code):
 
 def test_an_unknown_wire_status_reads_unknown():
     assert frames.status_from_wire(99) is grpc.StatusCode.UNKNOWN
+
+
+@pytest.mark.parametrize("copies, expected", [
+    ({A: True, B: True}, A),  # the head's successor first
+    ({A: False, B: True}, B),  # the first with a complete copy of the head's units
+    ({B: True}, B),  # A does not answer
+    ({A: False, B: False}, None),  # nobody can take over
+    ({"h:1": True, B: True}, B),  # the lost head never chooses itself
+])
+def test_new_head_is_the_first_member_in_ring_order_with_a_complete_copy(copies, expected):
+    assert recovery.new_head(("h:1", A, B), "h:1", copies) == expected

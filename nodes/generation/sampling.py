@@ -38,6 +38,12 @@ class Sampler:
             return int(logits.argmax())
         return int(torch.multinomial(self.probs(logits), 1, generator=self.generator))
 
+    def skip(self, vocab: int) -> None:
+        """Advance the generator past one sampled token: multinomial of one draws `vocab` exponentials whatever the
+        probabilities, so a resumed request continues its own sample stream."""
+        if self.params.temperature != 0.0:
+            torch.multinomial(torch.ones(vocab), 1, generator=self.generator)
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution sampling draws from: [V], after temperature, top-k and top-p."""
         p = self.params

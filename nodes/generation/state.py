@@ -151,6 +151,17 @@ class Generation:
         self.spec.update(len(draft), min(len(tokens) - 1, len(outs)))
         return outs
 
+    def resume(self, tokens: list[int], vocab: int) -> None:
+        """Continue after `tokens` that a broken stream already gave (the head failed over): each is taken as if
+        sampled here, and a seeded sampler draws once for each, so it goes on with its own stream (exact when
+        nothing was speculated). ValueError: a token outside the vocabulary, or more than the request may emit."""
+        for token in tokens:
+            if not 0 <= token < vocab or self.done:
+                raise ValueError(f"resume_tokens: {len(tokens)} tokens do not continue this request "
+                                 f"(ids in [0, {vocab}), at most {self.max_tokens}, none after its end)")
+            self.sampler.skip(vocab)
+            self._push(token)
+
     def _push(self, token: int) -> TokenOut:
         assert not self.done, "generation already finished"
         self.tokens.append(token)

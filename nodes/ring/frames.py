@@ -116,3 +116,7 @@ def finished_event(done: pb.Finished) -> pb.GenerateEvent:
 
 def cancel_reply(found: bool) -> pb.CancelReply:
     return pb.CancelReply(found=found)
+
+
+def leave_reply(ring: list[str]) -> pb.LeaveReply:
+    return pb.LeaveReply(ring=ring)

@@ -44,9 +44,10 @@ class Head:
 
     # ------------------------------------------------------------------ requests
 
-    async def generate(self, prompt_ids: list[int], params: GenerateParams,
-                       request_id: str) -> AsyncIterator[TokenOut | Prefilled | Generation]:
-        """Token events of one request (a long prompt's progress before them), then the finished Generation."""
+    async def generate(self, prompt_ids: list[int], params: GenerateParams, request_id: str,
+                       resume: list[int] = ()) -> AsyncIterator[TokenOut | Prefilled | Generation]:
+        """Token events of one request (a long prompt's progress before them), then the finished Generation;
+        resume: tokens it already gave on a head that was lost (they are replayed, not sent again)."""
         self.requests.check_new(request_id)
         node = self.node
         drafter = None
@@ -54,10 +55,13 @@ class Head:
             drafter = DraftModel(await self._draft_model())
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
+        gen.resume(list(resume), node.store.config.vocab)  # ValueError: INVALID_ARGUMENT
         req = self.requests.add(request_id)
         self.steps.join(request_id)
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
+            if gen.tokens:  # resumed: its KV caches are rebuilt from the prompt and the tokens it gave
+                await self._replay(req, request_id, gen)
             while not gen.done:
                 ids, pos = gen.pending()
                 # Speculation: one trip verifies the drafts, as one multi-position frame.

@@ -41,5 +41,6 @@ class NodePort(Protocol):
     async def assign(self, windows: Windows, model_id: str, progress: Callable[..., None], epoch: int = 0,
                      replan: bool = False, ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "",
                      max_batch: int = 0, micro_batches: int = 0,
-                     predicted: tuple[float, float] = (0.0, 0.0)) -> None:
+                     predicted: tuple[float, float] = (0.0, 0.0), head_windows: tuple = (),
+                     standby: bool = False) -> None:
         """Load `windows` (a re-plan: the head's own share of the new ring)."""

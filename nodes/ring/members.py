@@ -106,6 +106,45 @@ class Members:
                 self.members = d.survivors
                 self.requests.fail_all(_unavailable(message))
 
+    async def take_over(self, lost: str, order: tuple[str, ...]) -> None:
+        """This node replaces the lost head: probe the others and re-plan on those that answer. order: the ring
+        after this node, the lost head in its place (where it rejoins when it answers again)."""
+        self.original, self.lost = order, frozenset({lost})
+        others = tuple(a for a in order if a != lost)
+        infos = await asyncio.gather(*(self._info(a) for a in others))
+        self.answers = {a: Probe(i is not None, i is not None and self._holds_model(i)) for a, i in zip(others, infos)}
+        gone = tuple(a for a in others if not self.answers[a].answered)
+        await self._route_around(RouteAround((lost, *gone), tuple(a for a in others if a not in gone)), self.answers)
+
+    async def leave(self, address: str) -> list[str]:
+        """Take a member out of the ring: re-plan without it (waiting requests replay on the new ring), then stop
+        it; it is forgotten (it does not rejoin). Rejected: the head itself, not a member, or no re-plan."""
+        if address == self.head or address == self.node.address:
+            last = not self.members
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{address} is the ring's " + (
+                "last node: nothing to leave to" if last else "head: stop it (prima-ctl down) to fail over, "
+                                                              "or start the ring with another head"))
+        if address not in self.members:
+            raise Rejected(grpc.StatusCode.NOT_FOUND, f"{address} is not a member of this ring: "
+                           + ", ".join([self.head, *self.members]))
+        rest = tuple(a for a in self.members if a != address)
+        infos = await asyncio.gather(*(self._info(a) for a in rest))
+        if any(i is None for i in infos):
+            raise Rejected(grpc.StatusCode.UNAVAILABLE, "a member does not answer; try again once the ring healed")
+        self.node.log.info("a member leaves the ring: re-planning without it", leaving=address)
+        with self.requests.replanning():
+            try:
+                await self._apply({a: Probe(True, self._holds_model(i)) for a, i in zip(rest, infos)})
+            except REPLAN_ERRORS as exc:
+                raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"cannot re-plan without {address}: "
+                                                                     f"{_why(exc)}") from None
+        self.original = tuple(a for a in self.original if a != address)
+        try:
+            await self._control(address).shutdown()
+        except grpc.RpcError as exc:
+            self.node.log.warning("the node that left did not stop", address=address, error=_why(exc))
+        return [self.head, *self.members]
+
     async def _rejoin(self, d: Rejoin, answers: dict[str, Probe]) -> None:
         self.node.log.info("lost nodes are back: re-planning with them", back=list(d.back))
         with self.requests.replanning():
@@ -126,16 +165,18 @@ class Members:
         await node.set_peer(plan.peers[0][1])
 
         max_batch, micro_batches = node.batching  # the plan's batching survives the re-plan
+        ring = [self.head, *members]
 
-        async def assign(address: str, ranges) -> None:
-            req = assign_request(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head,
-                                 max_batch=max_batch, micro_batches=micro_batches)
+        async def assign(address: str, ranges, standby: bool) -> None:
+            req = assign_request(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head, ring=ring,
+                                 max_batch=max_batch, micro_batches=micro_batches, head_windows=plan.ranges[0],
+                                 standby=standby)
             async for _ in self._control(address).assign(req):
                 pass
 
-        remote = [assign(a, r) for a, r in zip(members, plan.ranges[1:])]
+        remote = [assign(a, r, i == 0) for i, (a, r) in enumerate(zip(members, plan.ranges[1:]))]
         head = node.assign(Windows(plan.ranges[0], n_layers, True), model_id, lambda *a: None, epoch=epoch,
-                           replan=True, ring=[self.head, *members], max_batch=max_batch,
+                           replan=True, ring=ring, max_batch=max_batch,
                            micro_batches=micro_batches)
         await asyncio.gather(head, *remote)
         node.log.info("ring re-planned", ranges=[list(r) for r in plan.ranges], epoch=epoch)

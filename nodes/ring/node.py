@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import grpc
-import psutil
 import structlog
 import torch
 
@@ -28,12 +27,13 @@ from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
-from nodes.ring import admit, batching, frames, weights
+from nodes.ring import admit, batching, frames, node_info, weights
 from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.head import Head
+from nodes.ring.head_watch import HeadWatch
 from nodes.ring.inbox import Inbox
 from nodes.ring.link import RingLink
-from nodes.ring.members import PROBE_INTERVAL
+from nodes.ring.standby import Standby
 from nodes.ring.work import CACHE_IDLE_S, MAX_CACHES, QUEUE, Work
 from prima_rpc.spec.windows import Step, Windows
 from prima_rpc.v1 import prima_pb2 as pb
@@ -70,6 +70,8 @@ class Node:
         self.max_batch = cfg.max_batch  # frames one compute takes (the assignment's, else the node's default)
         self.micro_batches = 1  # head: batches of requests in flight round the ring
         self.batching = (0, 0)
+        self.standby = Standby(cfg.cache, cfg.token)  # the head's units on this disk, should the head be lost
+        self.head_watch = HeadWatch(self)
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -81,11 +83,13 @@ class Node:
 
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
                      ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "", max_batch: int = 0,
-                     micro_batches: int = 0, predicted: tuple[float, float] = (0.0, 0.0)) -> None:
+                     micro_batches: int = 0, predicted: tuple[float, float] = (0.0, 0.0),
+                     head_windows: tuple[tuple[int, int], ...] = (), standby: bool = False) -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
-        ring: (head) every member's address in ring order, its own first, watched for failures.
+        ring: every member's address in ring order, the head's first: the head watches them, members fail over
+        along it. head_windows, standby: (members) the head's windows; keep a disk copy of its units.
         buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
         head_address: (members) the ring's head, as the ring dials it.
         max_batch, micro_batches: the plan's batch limit and (head) batches in flight; 0: the node's defaults.
@@ -93,6 +97,7 @@ class Node:
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
+        await self.standby.stop()
         self.fetching = True
         try:
             if not windows.relay:
@@ -116,6 +121,9 @@ class Node:
             if old is not None:
                 await old.close()
             self.head_address = head_address
+        self.standby.set(ring, windows if windows.head else Windows(tuple(head_windows), windows.n_layers, True),
+                         model_id, standby and not windows.head)
+        self.standby.keep(self.store, [a for a in [self.head_address, *ring] if a != self.address], self.log)
         self.predicted = predicted  # what this assignment was planned to cost (a re-plan's has none)
         self.stats.decode_s, self.stats.decode_frames = 0.0, 0  # measured against it from now on
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
@@ -169,30 +177,11 @@ class Node:
         return "fetching" if self.fetching else "up"
 
     def info(self) -> pb.NodeInfo:
-        rss = psutil.Process().memory_info().rss
-        stall = self.stats.stall_s + (self.shard.stall_s if self.shard else 0.0)
-        stats = frames.node_stats(
-            resident_bytes=self.shard.resident_bytes() if self.shard else 0,
-            disk_read_bytes=self.store.bytes_read if self.store else 0,
-            compute_s=self.stats.compute_s - stall, stall_s=stall, link_s=self.stats.link_s, frames=self.stats.frames,
-            last_token_ms=self.stats.last_token_ms, rss_bytes=rss, decode_s=self.stats.decode_s,
-            decode_frames=self.stats.decode_frames,
-            active_requests=len(self.shard.caches) if self.shard else 0,
-            batches=self.stats.batches, batched_frames=self.stats.batched_frames,
-            max_batch_seen=self.stats.max_batch_seen, queue_depth=self.inbox.qsize(),
-            queue_wait_s=self.stats.queue_wait_s, max_batch=self.max_batch)
-        return frames.node_info(
-            stats=stats, windows=self.windows.ranges if self.windows else (),
-            members=self.head.members.states() if self.head else (),
-            name=self.cfg.name or self.address, address=self.address, peer=self.peer, role=self.role,
-            loaded=self.windows is not None, n_layers=self.store.config.n_layers if self.store else 0,
-            model_id=self.store.model_id if self.store else "",
-            model_name=self.store.manifest.name if self.store else "",
-            mem_budget=self.shard.plan.budget if self.shard else self.cfg.mem_budget,
-            node_id=self.node_id, error=self.last_error, epoch=self.epoch, state=self.state, head=self.head_address,
-            cached_units=self.cached_units, fetched_bytes=self.fetched_bytes,
-            predicted_ms=self.predicted[0], predicted_tpot_ms=self.predicted[1],
-            compute_dtype=str(self.shard.dtype).removeprefix("torch.") if self.shard else "")
+        return node_info.info(self)
+
+    def holds_head_copy(self) -> bool:
+        """This node's disk holds the head's units: it can become the head should the head be lost."""
+        return self.standby.holds_copy(self.store)
 
     # ------------------------------------------------------------------ frames in
 
@@ -373,11 +362,11 @@ class Node:
             self.stats.link_s += time.perf_counter() - start
 
     async def _watch_loop(self) -> None:
-        """The head probes its members every second (members.py); other nodes only wait to become it."""
+        """The head probes its members every second (members.py); members probe the head (head_watch.py)."""
         while True:
             head = self.head
             if head is None:
-                await asyncio.sleep(PROBE_INTERVAL)
+                await self.head_watch.round()
             else:
                 await head.members.round()
 

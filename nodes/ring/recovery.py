@@ -101,6 +101,12 @@ def member_states(view: RingView, answers: Mapping[str, Probe]) -> list[tuple[st
     return out
 
 
+def new_head(ring: tuple[str, ...], lost_head: str, copies: Mapping[str, bool]) -> str | None:
+    """Whom the survivors make their head when `lost_head` (ring[0]) is gone: the first member after it in ring
+    order that answers (is in `copies`) with a complete copy of the head's units; None: no member can."""
+    return next((a for a in ring if a != lost_head and copies.get(a, False)), None)
+
+
 @dataclass(frozen=True)
 class Replan:
     """A new ring: who follows whom and which layers each holds (an even split over model holders)."""

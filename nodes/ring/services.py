@@ -102,7 +102,8 @@ class ControlService(rpc.ControlServicer):
             try:
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
                                   list(request.ring), buffer, request.head_address, request.max_batch,
-                                  request.micro_batches, predicted)
+                                  request.micro_batches, predicted,
+                                  tuple((r.start, r.stop) for r in request.head_windows), request.standby)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 
@@ -162,6 +163,17 @@ class ControlService(rpc.ControlServicer):
             except (OSError, StoreError) as exc:
                 await abort(context, Code.FAILED_PRECONDITION, f"cannot serve {request.name}: {exc}")
 
+    async def Leave(self, request, context):
+        head = self.node.head
+        if not _is_address(request.address):
+            await abort(context, Code.INVALID_ARGUMENT, f"address must be HOST:PORT, got {request.address[:80]!r}")
+        if head is None:
+            await abort(context, Code.FAILED_PRECONDITION, f"this node is a {self.node.role}, not the ring's head")
+        try:
+            return frames.leave_reply(await head.members.leave(request.address))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+
     async def Shutdown(self, request, context):
         self.stop.set()
         return frames.SHUTDOWN_REPLY
@@ -187,7 +199,9 @@ class InferenceService(rpc.InferenceServicer):
             request_id = request.request_id or uuid.uuid4().hex
             start = time.perf_counter()
             stamps = []
-            async for out in head.generate(prompt_ids, params, request_id):
+            if len(request.resume_tokens) > node.store.config.max_seq_len:
+                raise ValueError(f"resume_tokens: over the model's context of {node.store.config.max_seq_len}")
+            async for out in head.generate(prompt_ids, params, request_id, list(request.resume_tokens)):
                 if isinstance(out, Generation):
                     finished = _finished(out, request_id, start, stamps)
                     metrics.observe_finished(finished)

@@ -13,7 +13,8 @@ app = Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_hel
 # Every command, in the order `prima-ctl --help` lists them; the ring commands read the Target from ctx.obj.
 COMMANDS = {
     "import": cli_store.import_, "synth": cli_store.synth, "run": cli_run.run,
-    "start": cli_ring.start, "status": cli_status.status, "generate": cli_ring.generate, "chat": cli_ring.chat,
+    "start": cli_ring.start, "leave": cli_ring.leave,
+    "status": cli_status.status, "generate": cli_ring.generate, "chat": cli_ring.chat,
     "up": cli_lifecycle.up, "down": cli_lifecycle.down, "plan": cli_plan.plan, "serve": cli_serve.serve,
 }
 

@@ -4,6 +4,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from prima_rpc.app.cli_errors import fail
 from prima_rpc.channel import read_token
 from prima_rpc.request import GenerateRequest, check_text
@@ -13,25 +15,28 @@ DEFAULT_NODE = "127.0.0.1:7000"
 
 @dataclass(frozen=True)
 class Target:
-    """The node the ring commands talk to (--node), whether it was given, and the token they present."""
+    """The node the ring commands talk to (--node), whether it was given, and the token they present; `nodes`: every
+    member --node named (A,B,C), which generate, chat and serve fail over along."""
 
     node: str = DEFAULT_NODE
     token: str | None = None
     node_given: bool = False
+    nodes: tuple[str, ...] = ()
 
 
 def target(node: str | None, token_file: Path | None, command: str | None = None) -> Target:
-    """--node and --token-file, read once by prima-ctl's callback; without --node, the local ring `command`
-    would talk to (see default_node)."""
+    """--node (HOST:PORT, or several as A,B,C: the first answering is asked) and --token-file, read once by
+    prima-ctl's callback; without --node, the local ring `command` would talk to (see default_node)."""
     try:
         token = read_token(token_file)
     except ValueError as exc:
         fail(str(exc))
     local = None if node is not None else default_node(command)
-    return Target(address(node or local or DEFAULT_NODE, "--node"), token, node is not None)
+    nodes = tuple(dict.fromkeys(address(a, "--node") for a in (node or local or DEFAULT_NODE).split(",")))
+    return Target(_first_answering(nodes, token), token, node is not None, nodes)
 
 
-RING_COMMANDS = ("start", "status", "generate", "chat", "plan", "serve")  # they talk to a node; down may
+RING_COMMANDS = ("start", "status", "generate", "chat", "plan", "serve", "leave")  # they talk to a node; down may
 
 
 def default_node(command: str | None) -> str | None:
@@ -47,6 +52,22 @@ def default_node(command: str | None) -> str | None:
     if len(heads) > 1 and command != "down":  # down --local stops them all; down alone falls back to DEFAULT_NODE
         fail(f"{len(heads)} local rings are up (heads {', '.join(heads)}); choose one with --node HOST:PORT")
     return None
+
+
+def _first_answering(nodes: tuple[str, ...], token: str | None) -> str:
+    """Of several --node addresses, the first that answers (a lost head is skipped); one is taken as it is."""
+    if len(nodes) == 1:
+        return nodes[0]
+    from prima_rpc.control import Control, Deadlines
+
+    for node in nodes:
+        try:
+            with Control(node, token, Deadlines(info=2.0)) as peer:
+                peer.info()
+            return node
+        except grpc.RpcError:
+            continue
+    return nodes[0]
 
 
 def address(text: str, what: str) -> str:

@@ -38,6 +38,23 @@ def start(ctx: typer.Context,
     print(f"ring ready: {len(nodes)} nodes, head {target.node}")
 
 
+def leave(ctx: typer.Context, node: str = typer.Argument(..., help="HOST:PORT of the member that leaves")):
+    """Take a member out of the running ring: the head re-plans without it (requests in flight replay on the new
+    ring, none fails), then stops it. The --node is any member; the head is found through it."""
+    target: Target = ctx.obj
+    node = cli_args.address(node, "NODE")
+    info = reach(target)
+    head = target.node if info.role == "head" else info.head
+    if not head:
+        fail(f"{target.node} is in no started ring (prima-ctl start assigns one)")
+    try:
+        with Control(head, target.token) as peer:
+            left = peer.leave(node)
+    except grpc.RpcError as exc:
+        fail(rpc_message(exc.code(), exc.details(), head))
+    print(f"{node} left the ring and stopped; the ring now: {' -> '.join(left.ring)}")
+
+
 def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: int = typer.Option(128),
              temperature: float = typer.Option(0.0), top_k: int = typer.Option(0),
              top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
@@ -116,7 +133,9 @@ async def stream(target: Target, request: GenerateRequest, echo: bool,
     tokens, text, done, total = [], [], None, 0
     prefill = LazyBar("reading the prompt (tokens)")
     try:
-        async with PrimaClient(target.node, target.token) as client:  # PrimaError: the caller says it
+        # every --node it was given, the one that answered first first: a lost head's stream resumes on the new one
+        addresses = [target.node, *(a for a in target.nodes if a != target.node)]
+        async with PrimaClient(addresses, target.token) as client:  # PrimaError: the caller says it
             async for event in client.stream(request, prefill=echo):
                 if isinstance(event, Prefill):
                     prefill(event.done, total := event.total)

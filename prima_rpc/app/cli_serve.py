@@ -38,7 +38,8 @@ def serve(ctx: typer.Context,
               "started (prima-ctl start)", file=sys.stderr)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))  # as prima-node does
     config = openai_api.ApiConfig(head=target.node, token=target.token, default_max_tokens=max_tokens,
-                                     default_temperature=temperature)
+                                     default_temperature=temperature,
+                                     members=tuple(a for a in target.nodes if a != target.node))
 
     def ready(url: str) -> None:
         print(f"serving {info.model_name or 'the ring'} from head {target.node} at {url} "

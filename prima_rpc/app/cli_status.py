@@ -40,6 +40,11 @@ STATUS_COLUMNS = ("node", "role", "layers", "shard\nMiB", "RSS\nMiB", "disk\nMiB
 PLAN_COLUMNS = ("pred\nms", "meas\nms")  # once a plan's prediction is applied: per-token compute + stalls
 
 
+def _standby(row: dict) -> str:
+    """The head's standby: `standby` once its copy of the head's units is complete, `standby...` while it fetches."""
+    return ("\nstandby" if row["head_copy"] else "\nstandby...") if row["standby"] else ""
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -47,8 +52,8 @@ def _ms(v: float | None) -> str:
 def _status_table(head: str, rows: list[dict], caption: str = "") -> Table:
     """One row per node in ring order (red: lost, or it reports an error). Fits 100 columns; numbers are never cut."""
     cells = [[f"{r['name']}\n[dim]{r['address']}[/dim]" if r["name"] else r["address"],
-              r["role"] if r["state"] == "up" else r["state"].upper() if r["state"] == "lost"
-              else f"{r['role']}\n{r['state']}",
+              (r["role"] if r["state"] == "up" else r["state"].upper() if r["state"] == "lost"
+               else f"{r['role']}\n{r['state']}") + _standby(r),
               "\n".join(f"[{a},{b})" for a, b in r["windows"]) or "-",
               f"{r['resident_bytes'] / 2**20:.0f}", f"{r['rss_bytes'] / 2**20:.0f}",
               f"{r['disk_read_bytes'] / 2**20:.0f}", f"{r['fetched_bytes'] / 2**20:.0f}", str(r["frames"]),

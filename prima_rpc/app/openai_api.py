@@ -34,6 +34,7 @@ class ApiConfig:
     token: str | None = None  # the cluster secret: required as the Bearer key, passed on to the head
     default_max_tokens: int = 1024  # for requests without max_tokens (the head reserves KV for all of them)
     default_temperature: float = 0.0  # for requests without one: greedy (docs/http-api.md says why)
+    members: tuple[str, ...] = ()  # other members (--node A,B,C): a stream the head breaks resumes on the new head
 
 
 def model_id(name: str) -> str:
@@ -71,7 +72,7 @@ class Api:
 
     async def startup(self, app: web.Application) -> None:
         # The aio channels belong to the serving event loop, so they are made on it.
-        self.client = PrimaClient(self.config.head, self.config.token)
+        self.client = PrimaClient([self.config.head, *self.config.members], self.config.token)
         self.head = AioControl(self.config.head, self.config.token)
 
     async def cleanup(self, app: web.Application) -> None:

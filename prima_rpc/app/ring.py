@@ -132,9 +132,10 @@ def start(head: str, windows: list[int], token: str | None = None,
     def assign(i: int) -> None:
         address, _ = ring[i]
         req = assign_request(ranges[i], head_info.n_layers, head_info.model_id, epoch, head=(i == 0),
-                             ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]] if i == 0 else [],
+                             ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]],
                              head_address=ring[-1][1].peer, buffer_layers=buffers[i], predicted_ms=predicted[i],
-                             predicted_tpot_ms=predicted_tpot_ms, max_batch=batching[0], micro_batches=batching[1])
+                             predicted_tpot_ms=predicted_tpot_ms, max_batch=batching[0], micro_batches=batching[1],
+                             head_windows=ranges[0], standby=(i == 1))  # the head's successor keeps its units
         try:
             with Control(address, token) as peer:
                 for update in peer.assign(req):

@@ -14,6 +14,7 @@ def status_row(address: str, member_state: str, info) -> dict:
             "frames": s.frames, "compute_s": s.compute_s, "link_s": s.link_s, "stall_s": s.stall_s,
             "last_token_ms": s.last_token_ms, "active_requests": s.active_requests, "error": info.error,
             "cached_units": info.cached_units, "fetched_bytes": info.fetched_bytes, "compute_dtype": info.compute_dtype,
+            "standby": info.standby, "head_copy": info.head_copy,  # keeps the head's units; holds all of them
             "batches": s.batches, "batched_frames": s.batched_frames,
             "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
             "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s,

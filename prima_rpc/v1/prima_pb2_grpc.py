@@ -137,6 +137,11 @@ class ControlStub:
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.SerializeToString,
                 response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/prima.v1.Control/Leave',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -179,6 +184,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """head: re-plan without a member (its requests replay), stop it
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +223,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.FromString,
                     response_serializer=prima__rpc_dot_v1_dot_prima__pb2.FileChunk.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -375,6 +392,33 @@ class Control:
             '/prima.v1.Control/Fetch',
             prima__rpc_dot_v1_dot_prima__pb2.FetchRequest.SerializeToString,
             prima__rpc_dot_v1_dot_prima__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prima.v1.Control/Leave',
+            prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,67 @@
+"""A member's watch over its head: probe it every second; when it is lost, the survivors agree on a new head without
+talking it over (recovery.new_head: the first member after it in ring order with a complete copy of its units), and
+that member takes over: it becomes the head, routes around the lost one and re-plans the ring."""
+
+import asyncio
+
+import grpc
+
+from nodes.ring import recovery
+from nodes.ring.head import Head
+from nodes.ring.members import DEADLINES, PROBE_INTERVAL
+from prima_rpc.control import AioControl
+from prima_rpc.v1 import prima_pb2 as pb
+
+
+class HeadWatch:
+    """Held by every node; it acts only while the node is a member (not the head) of an assigned ring."""
+
+    def __init__(self, node):
+        self.node = node
+        self.watched = ""  # the head the misses count for
+        self.misses = 0
+
+    async def round(self) -> None:
+        await asyncio.sleep(PROBE_INTERVAL)
+        node = self.node
+        head, ring = node.head_address, node.standby.ring
+        if node.head is not None or node.windows is None or not head or head == node.address or len(ring) < 2:
+            return
+        if head != self.watched:
+            self.watched, self.misses = head, 0
+        if await _info(head, node.cfg.token) is not None:
+            self.misses = 0
+            return
+        self.misses += 1
+        busy = bool(node.shard and node.shard.caches)
+        if self.misses < (recovery.MISSES_BUSY if busy else recovery.MISSES_IDLE):
+            return
+        others = [a for a in ring if a not in (head, node.address)]
+        infos = await asyncio.gather(*(_info(a, node.cfg.token) for a in others))
+        copies = {a: i.head_copy for a, i in zip(others, infos) if i is not None}
+        copies[node.address] = node.holds_head_copy()
+        chosen = recovery.new_head(tuple(ring), head, copies)
+        node.log.warning("the head does not answer", head=head, new_head=chosen or "none has a complete copy")
+        if chosen == node.address:
+            await take_over(node, head, ring)
+
+
+async def take_over(node, lost: str, ring: list[str]) -> None:
+    """Become the ring's head in place of `lost`: the members after this node in ring order, round to it, are the
+    new ring (the lost head keeps its place, to rejoin there when it answers again)."""
+    if node.address not in ring:
+        node.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
+        return
+    i = ring.index(node.address)
+    order = tuple(ring[i + 1:] + ring[:i])
+    node.log.warning("taking over as the ring's head", lost=lost, ring=[node.address, *order])
+    node.head = Head(node, [node.address, *(a for a in order if a != lost)], fresh=True)
+    await node.head.members.take_over(lost, order)
+
+
+async def _info(address: str, token: str | None) -> pb.NodeInfo | None:
+    try:
+        async with AioControl(address, token, DEADLINES) as peer:  # a fresh channel: a dead head fails at once
+            return await peer.info()
+    except grpc.RpcError:
+        return None
