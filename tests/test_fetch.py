@@ -193,6 +193,10 @@ def test_a_restarted_node_reuses_its_cache_and_a_relay_fetches_nothing(tiny_stor
         assert nodes[1][1].fetched_bytes > 0 and nodes[1][1].cached_units == 4
         assert nodes[2][1].role == "relay" and nodes[2][1].fetched_bytes == 0
         assert not (tmp_path / "relay").exists()
+        # node1 is the head's standby (its successor): its copy of the head's units comes in the background
+        deadline = time.monotonic() + 30
+        while not ring.walk(local.addresses[0])[1][1].head_copy and time.monotonic() < deadline:
+            time.sleep(0.3)
         local.processes[1].terminate()
         local.processes[1].wait()
         local.start_node(1)
