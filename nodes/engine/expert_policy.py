@@ -35,15 +35,17 @@ class Frequency(LRU):
     def __init__(self):
         super().__init__()
         self.count: Counter[Key] = Counter()
+        self.when: dict[Key, int] = {}  # the step each was last used at
+        self.tick = 0
 
     def use(self, layer: int, experts: Iterable[int]) -> None:
         experts = list(experts)
-        super().use(layer, experts)
+        self.tick += 1
+        self.when.update(((layer, e), self.tick) for e in experts)
         self.count.update((layer, e) for e in experts)
 
     def victims(self, held: set[Key], n: int) -> list[Key]:
-        rank = {k: i for i, k in enumerate(self.last)}
-        return nsmallest(max(n, 0), held, key=lambda k: (self.count[k], rank.get(k, -1)))
+        return nsmallest(max(n, 0), held, key=lambda k: (self.count[k], self.when.get(k, -1)))
 
 
 class RouterHistory(Frequency):
@@ -57,10 +59,9 @@ class RouterHistory(Frequency):
 
     def use(self, layer: int, experts: Iterable[int]) -> None:
         experts = tuple(experts)
-        LRU.use(self, layer, experts)
+        super().use(layer, experts)
         steps = self.recent.setdefault(layer, deque())
         steps.append(experts)
-        self.count.update((layer, e) for e in experts)
         if len(steps) > self.window:
             self.count.subtract((layer, e) for e in steps.popleft())
 

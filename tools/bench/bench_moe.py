@@ -101,7 +101,6 @@ def run(store: Path, share: list[int], mem: list[int], tokens: int, logs: Path) 
                  getattr(s.stats, field))) / tokens for s, b, a in zip(start, before, after)]
 
     return {"tpot_ms": done.tpot_ms, "tokens": tokens, "node_bytes": per_token("disk_read_bytes"),
-            "compute_ms": [t * 1e3 for t in per_token("compute_s")],
             "resident": [a.stats.resident_bytes for a in after], "budgets": [a.mem_budget for a in after]}
 
 
