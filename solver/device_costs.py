@@ -34,6 +34,13 @@ class DeviceCosts:
     shared_host: bool = False  # another device of the instance runs on its machine: its reads in its gaps slow theirs
     visit: float = 0.0  # s per window visit beyond its layers (profile visit_s): k a token when it holds layers
     cold: float = 0.0  # s more a layer's compute takes when it waited for its read (profile stream_layer_s)
+    # a mixture of experts (0: dense): the share of its experts a token routes to (top-k / E); the bytes of a layer
+    # but its experts, with its KV cache (always resident); top-k experts' bytes (the least expert cache); and the
+    # s per layer of its dense part's compute (attention, router: before its missing experts can be read)
+    experts: float = 0.0
+    dense_b_prime: int = 0
+    step_bytes: int = 0
+    dense_alpha: float = 0.0
 
     @property
     def beta(self) -> float:
@@ -50,7 +57,9 @@ def costs_for(devices: tuple[DeviceProfile, ...], model: ModelProfile, n_ctx: in
     """Each device's costs (ring order, head first) for `model` with n_ctx tokens of KV cache a layer, batches of
     `batch` requests; devices in must_stay cannot leave the ring (cost_model.Instance holds these)."""
     b = model.layer_bytes_max
-    bp = b + model.kv_bytes_per_token_layer * n_ctx
+    kv = model.kv_bytes_per_token_layer * n_ctx
+    bp = b + kv
+    act = model.active_bytes  # what a token's compute reads: all of a dense layer, a mixture's routed part
     out = []
     hosts = [d.host for d in devices]
     for d in devices:
@@ -61,18 +70,20 @@ def costs_for(devices: tuple[DeviceProfile, ...], model: ModelProfile, n_ctx: in
         gpu_cap = 0
         gpu = math.inf
         if d.has_gpu:
-            gpu = f * layer_time(model.layer_flops, b, d.gpu_flops, d.vram_bandwidth)
+            gpu = f * layer_time(model.layer_flops, act, d.gpu_flops, d.vram_bandwidth)
             gpu_cap = int(min(d.vram_free, max(ram, 0)) if d.unified_memory else d.vram_free) // bp
         out.append(DeviceCosts(
             name=d.name, is_head=d.is_head, routable=not d.is_head and d.name not in must_stay,
             uma=d.unified_memory, macos=d.os == "macos", forced_fit=d.disk_seq_read < SLOW_DISK,
-            alpha=f * layer_time(model.layer_flops, b, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
+            alpha=f * layer_time(model.layer_flops, act, d.cpu_flops, d.ram_bandwidth), gpu=gpu,
             hop=d.link_latency_s + model.activation_bytes / d.link_bandwidth + d.frame_s,
             disk=min(d.disk_seq_read, 1.0 / cpu),  # the reader streams no faster than its CPU allows
             b=b, b_prime=bp, ram=ram, ram_layers=ram // bp if ram >= 0 else -1, gpu_cap=gpu_cap,
-            serial=f * model.serial_fraction * layer_time(model.layer_flops, b, d.cpu_flops, d.ram_bandwidth),
+            serial=f * model.serial_fraction * layer_time(model.layer_flops, act, d.cpu_flops, d.ram_bandwidth),
             copy=copy, shared_host=hosts.count(d.host) > 1 if d.host else False,
-            visit=d.visit_s, cold=d.stream_layer_s))
+            visit=d.visit_s, cold=d.stream_layer_s, experts=model.routed_share, dense_b_prime=model.dense_bytes + kv,
+            step_bytes=model.routed_bytes,
+            dense_alpha=f * layer_time(model.layer_flops, act, d.cpu_flops, d.ram_bandwidth) * model.dense_bytes / act))
     if batch > 1:  # a batch's frames follow each other on the stream: the latency once, every frame's bytes
         out = [replace(c, hop=c.hop + (batch - 1) * (model.activation_bytes / d.link_bandwidth + d.frame_s))
                for c, d in zip(out, devices)]  # and software cost (nodes send a batch as its frames)

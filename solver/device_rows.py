@@ -27,6 +27,13 @@ def device_rows(model, c: DeviceCosts, k: int, W: int, m: int, w, n, hop_on, T, 
         model += k * cpu_w <= c.ram_layers, f"eq31_fit({m})"
         return P
     y = model.add_var(f"y({m})", lb=0.0)  # disk seconds per token
+    if c.experts:  # a mixture (device_terms.expert_terms): dense parts resident, expected misses read once routed
+        model += k * c.dense_b_prime * (w - n) <= max(c.ram - c.step_bytes, 0), f"experts_dense({m})"
+        model += y >= c.experts * (k * c.b_prime * (w - n) - c.ram) / c.disk / unit, f"experts_miss({m})"
+        zt = model.add_var(f"turn({m})", lb=0.0)
+        model += zt >= P + c.copy * c.disk * y, f"turn_compute({m})"
+        model += zt >= y + k * c.dense_alpha / unit * (w - n), f"turn_reads({m})"
+        return zt
     if c.uma:  # w = w4 + w2: M4 (z = 0, the share fits) or M2 (z = 1, (29): a = alpha + b/disk)
         z = model.add_var(f"z({m})", var_type=mip.BINARY)
         w4 = model.add_var(f"w4({m})", var_type=mip.INTEGER, lb=0, ub=c.ram_layers // k)

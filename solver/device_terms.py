@@ -36,13 +36,16 @@ def allowed(c: DeviceCosts, k: int, w: int, n: int) -> bool:
     slow to offload to must not be read from."""
     if c.ram < 0 or (c.uma and not window_fits(c, w, n)):
         return False
+    if c.experts and not fits(c, k, w, n) and k * (w - n) * c.dense_b_prime + c.step_bytes > c.ram:
+        return False  # a mixture's node keeps its dense parts and one step's experts
     return not c.forced_fit or fits(c, k, w, n)
 
 
 @dataclass(frozen=True)
 class Terms:
     """One device's terms per token for (k, w, n), before a streaming device's buffer is chosen."""
-    label: str  # prima.cpp's set: M4 fits; short devices are M1 (macOS CPU), M2 (Metal), M3 (others)
+    label: str  # prima.cpp's set: M4 fits; short devices are M1 (macOS CPU), M2 (Metal), M3 (others); E: a
+    # mixture of experts' node that caches experts (expert_terms)
     compute: float  # P_m: its layers (and, streaming with prefetch, copying its reads into the buffer)
     overflow: float | None  # O_m bytes when it streams through a buffer the plan sizes (prefetch), else None
     reads: float = 0.0  # D_m when it does not (a Metal share re-read, or loads on demand through one layer)
@@ -56,6 +59,8 @@ def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) 
     P = compute_time(c, k, w, n)
     if fits(c, k, w, n):
         return Terms("M4", P, None, turn=P)
+    if c.experts:
+        return expert_terms(c, k, w, n, P)
     if c.uma:  # macOS+Metal under pressure evicts the whole share (M2): re-read every token, hidden when
         D = k * w * c.b / c.disk  # one window fits (read ahead while the ring works)
         inline = 0.0 if prefetch and window_fits(c, w, n) else D
@@ -66,6 +71,23 @@ def device_terms(c: DeviceCosts, k: int, w: int, n: int, prefetch: bool = True) 
         D = (ovf + c.b) / c.disk
         return Terms(label, P, None, D, D, P + D)
     return Terms(label, P, float(ovf))  # its reads' CPU is stream_turn's (it depends on the buffer)
+
+
+def expert_terms(c: DeviceCosts, k: int, w: int, n: int, P: float) -> Terms:
+    """A mixture whose share does not fit (set E): the dense parts stay, the experts fill a cache of the rest of
+    memory, and each layer reads its missing routed experts once its router chose them (no stream buffer, no
+    gap reads). Assumed (the plan says so): routing uniform over the experts, so a cache of a share f of them
+    hits f of the routed ones; the misses, (1 - f) k (w - n) top-k experts, are then top-k/E of the bytes the
+    share overflows memory by. They are read beside the compute of the cached experts, but a layer's dense part
+    (attention, router) comes before its reads: z = max(P + r X, X/d + k (w - n) alpha_dense)."""
+    X = expert_reads(c, k, w, n)
+    D = X / c.disk
+    return Terms("E", P, None, D, D, max(P + c.copy * X, D + k * (w - n) * c.dense_alpha))
+
+
+def expert_reads(c: DeviceCosts, k: int, w: int, n: int) -> float:
+    """A mixture's expected miss bytes a token (expert_terms; 0 where its share fits or the model is dense)."""
+    return c.experts * max(0, k * (w - n) * c.b_prime - c.ram)
 
 
 def stream_turn(d, b, s, k: int, P, ovf, G, a=0.0, r=0.0, shared=False, cold=0.0):

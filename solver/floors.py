@@ -17,6 +17,8 @@ def offload_floor(c: DeviceCosts, k: int = 1) -> float:
     if c.uma:
         return s * (min(c.alpha, c.gpu) + c.b / c.disk)
     hops = 0.0 if c.is_head else k * c.hop  # the head's hop is paid only when it talks
+    if c.experts:  # a mixture reads only the expected misses, with no buffer (device_terms.expert_terms)
+        return max(s * c.alpha, c.experts * (s * c.b_prime - c.ram) / c.disk + s * c.dense_alpha) + hops
     return max(s * c.alpha, (s * c.b_prime - c.ram + c.b) / c.disk + k * c.serial) + hops
 
 
@@ -29,9 +31,13 @@ def reads_floor(cs: list[DeviceCosts], k: int, L: int) -> float:
     need = L * cs[0].b_prime - sum(max(c.ram, 0) + (0 if c.uma else c.gpu_cap * c.b_prime) for c in cs)
     if need <= 0:
         return 0.0
-    readers = [(c.disk * c.b_prime / c.b, 0.0, 0.0) if c.uma else
-               (c.disk, k * c.serial + (0.0 if c.is_head else k * c.hop), c.b)
-               for c in cs if not c.forced_fit]  # (B/s, fixed s, buffer bytes)
+    if cs[0].experts:  # a mixture reads top-k/E of it (the expected misses), each device with no buffer
+        need *= cs[0].experts
+        readers = [(c.disk, 0.0 if c.is_head else k * c.hop, 0.0) for c in cs if not c.forced_fit]
+    else:
+        readers = [(c.disk * c.b_prime / c.b, 0.0, 0.0) if c.uma else
+                   (c.disk, k * c.serial + (0.0 if c.is_head else k * c.hop), c.b)
+                   for c in cs if not c.forced_fit]  # (B/s, fixed s, buffer bytes)
     if not readers:
         return math.inf
 

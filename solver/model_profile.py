@@ -32,6 +32,7 @@ class ModelProfile:
     head_bytes: int  # final norm + output projection file
     qkv_bias: bool = False
     moe: tuple = ()  # a mixture of experts: ModelConfig's MOE_FIELDS values (layer_bytes then include its experts)
+    expert_bytes: int = 0  # a mixture: one expert's file (the largest), 0: dense
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -52,10 +53,13 @@ class ModelProfile:
         for i, b in enumerate(self.layer_bytes):
             if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
                 raise ValueError(f"files.layers[{i}].bytes must be an int > 0, got {b!r}")
-        for key in ("embed_bytes", "head_bytes"):
+        for key in ("embed_bytes", "head_bytes", "expert_bytes"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{key} must be an int >= 0, got {v!r}")
+        if self.moe and not 0 < self.config.n_experts * self.expert_bytes < min(self.layer_bytes):
+            raise ValueError(f"a mixture's {self.config.n_experts} experts of {self.expert_bytes} bytes must be "
+                             f"part of each layer's bytes (smallest {min(self.layer_bytes)})")
 
     # --- derived quantities (per decode token) ---
     @cached_property
@@ -85,6 +89,26 @@ class ModelProfile:
     def layer_bytes_max(self) -> int:
         # The solver treats layers as equal; the largest one keeps memory rows safe.
         return max(self.layer_bytes)
+
+    @property
+    def dense_bytes(self) -> int:
+        """A layer's bytes but its experts (all of them for a dense model): what a mixture's node always keeps."""
+        return self.layer_bytes_max - self.config.n_experts * self.expert_bytes
+
+    @property
+    def routed_bytes(self) -> int:
+        """The experts' bytes one token reads in a layer (top-k of them; 0: dense)."""
+        return self.config.n_experts_used * self.expert_bytes
+
+    @property
+    def active_bytes(self) -> int:
+        """The weight bytes one token reads in a layer: all of a dense one, a mixture's dense part and top-k."""
+        return self.dense_bytes + self.routed_bytes
+
+    @property
+    def routed_share(self) -> float:
+        """top-k / E: the share of a layer's experts a token uses (0: dense)."""
+        return self.config.n_experts_used / self.config.n_experts if self.moe else 0.0
 
     @property
     def kv_bytes_per_token_layer(self) -> int:
@@ -122,7 +146,8 @@ class ModelProfile:
                    c.vocab, c.max_seq_len, manifest.dtype, manifest.bits_per_weight, c.tie_embeddings,
                    tuple(f.bytes + sum(e.bytes for e in (manifest.experts[i] if c.moe else ()))
                          for i, f in enumerate(manifest.layers)),  # a mixture's layer: its dense part and experts
-                   manifest.embed.bytes, manifest.head.bytes, c.qkv_bias, moe_values(c))
+                   manifest.embed.bytes, manifest.head.bytes, c.qkv_bias, moe_values(c),
+                   max((e.bytes for layer in manifest.experts for e in layer), default=0) if c.moe else 0)
 
     @classmethod
     def from_json(cls, data: dict) -> ModelProfile:
@@ -139,13 +164,13 @@ class ModelProfile:
         """Shape-only profile: matrices at bits_per_weight / 8 bytes a weight, norms and biases in float32,
         as a manifest-only store would list them."""
         matrices = matrix_params(cfg)
-        layer = int((matrices + cfg.n_experts * expert_params(cfg)) * bits_per_weight / 8)
-        layer += (layer_params(cfg) - matrices) * 4
+        one = int(expert_params(cfg) * bits_per_weight / 8)
+        layer = int(matrices * bits_per_weight / 8) + cfg.n_experts * one + (layer_params(cfg) - matrices) * 4
         embed = int(cfg.vocab * cfg.hidden * bits_per_weight / 8)
         head = cfg.hidden * 4 + (0 if cfg.tie_embeddings else embed)
         return cls(cfg.architecture, cfg.hidden, cfg.intermediate, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                    cfg.head_dim, cfg.vocab, cfg.max_seq_len, dtype, bits_per_weight, cfg.tie_embeddings,
-                   (layer,) * cfg.n_layers, embed, head, cfg.qkv_bias, moe_values(cfg))
+                   (layer,) * cfg.n_layers, embed, head, cfg.qkv_bias, moe_values(cfg), one)
 
     @classmethod
     def from_dims(cls, *, hidden: int, intermediate: int, n_layers: int, n_heads: int, n_kv_heads: int,
@@ -158,15 +183,19 @@ class ModelProfile:
         return cls.from_config(cfg, bits_per_weight=bits_per_weight, dtype=dtype)
 
     def to_manifest(self) -> dict:
-        """A manifest-only store's manifest JSON of this profile (paths are placeholders)."""
+        """A manifest-only store's manifest JSON of this profile (paths are placeholders; a mixture's layers list
+        their dense parts and each expert its own file, as a store does)."""
         def entry(path: str, size: int) -> FileEntry:
             return FileEntry(path=path, bytes=size)
 
+        n, one = self.config.n_experts, self.expert_bytes
         return Manifest(
             name=f"profile-{self.architecture}", config=self.config, dtype=self.dtype,
             bits_per_weight=self.bits_per_weight, embed=entry("embed.safetensors", self.embed_bytes),
-            layers=tuple(entry(f"layer_{i:03d}.safetensors", b) for i, b in enumerate(self.layer_bytes)),
+            layers=tuple(entry(f"layer_{i:03d}.safetensors", b - n * one) for i, b in enumerate(self.layer_bytes)),
             head=entry("head.safetensors", self.head_bytes), manifest_only=True,
+            experts=tuple(tuple(entry(f"layer_{i:03d}_expert_{e:03d}.safetensors", one) for e in range(n))
+                          for i in range(self.n_layers)) if self.moe else (),
         ).to_json()
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from prima_rpc.spec.windows import layer_ranges
 from solver.cost_model import Instance, device_costs, evaluate
-from solver.device_terms import memory_bytes
+from solver.device_terms import expert_reads, memory_bytes
 
 ROLES = ("head", "worker", "relay", "removed")
 
@@ -24,6 +24,10 @@ class DevicePlan:
     memory_bytes: int  # resident RAM + VRAM
     predicted_s: float  # per token: compute beside disk reads, outgoing hops (+ output layer on the head)
     buffer_layers: float = 0.0  # its stream buffer in layers (0: it does not stream)
+    # a mixture of experts, per token: bytes of the experts its layers route to, and of those the expected misses
+    # it reads from disk (device_terms.expert_reads: uniform routing assumed)
+    routed_expert_bytes: int = 0
+    expert_read_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,5 +76,6 @@ def build_plan(inst: Instance, k: int, w: list[int], n: list[int], in_ring: list
             name=c.name, role=role, window=wm, gpu_layers=nm, set_label=br.labels[i],
             memory_bytes=memory_bytes(c, k, wm, nm, extra if c.is_head else 0) if r else 0,
             predicted_s=busy[i],
-            buffer_layers=br.buffer_bytes[i] / c.b))
+            buffer_layers=br.buffer_bytes[i] / c.b, routed_expert_bytes=k * wm * inst.model.routed_bytes,
+            expert_read_bytes=int(expert_reads(c, k, wm, nm)) if r else 0))
     return RingPlan(k, tuple(devs), br.tpot_s, solve_ms, strategy)

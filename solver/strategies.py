@@ -15,6 +15,8 @@ from solver.plan import Infeasible, RingPlan
 from solver.speculation import speculation_json
 from solver.throughput import Throughput, predict_throughput
 
+# what the plan assumes of a mixture's expert cache (solver.device_terms.expert_terms)
+EXPERT_HIT_RATE = "uniform routing: a cache of a share f of a node's experts hits f of the routed ones"
 STRATEGIES = {"halda": halda, "halda-noselect": halda_noselect, "exo": exo_split, "even": even_split}
 
 
@@ -35,6 +37,10 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
              "layers": [list(r) for r in rs]}  # half-open [start, stop) per round
             for d, rs in zip(plan.devices, ranges)],
     }
+    if any(d.routed_expert_bytes for d in plan.devices):  # a mixture of experts: what each node's experts cost
+        out["experts"] = {"hit_rate": EXPERT_HIT_RATE}
+        for d, js in zip(plan.devices, out["devices"]):
+            js.update(routed_expert_bytes_per_token=d.routed_expert_bytes, expert_bytes_per_token=d.expert_read_bytes)
     if breakdown is not None:
         # TPOT = max(ring_ms, each device's cycle_ms), ring_ms = output_ms + its turn_ms and link_ms; terms_ms
         # adds it up (compute, reads on the path, hops, head, wait for a device's cycle).

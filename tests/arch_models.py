@@ -43,8 +43,10 @@ SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              eos_token_id=2, initializer_range=0.3)
 
 
-def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, chat_template: str | None = None) -> Path:
-    """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors)."""
+def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, chat_template: str | None = None,
+                **shape) -> Path:
+    """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors); shape: SHAPE's
+    fields to change (e.g. num_hidden_layers)."""
     config_cls, model_cls, extra = {**FAMILIES, **MOE_FAMILIES}[family]
     if family == "gemma3-vision":
         # transformers' image-text Gemma 3 never soft-caps logits (real configs set no cap)
@@ -53,7 +55,7 @@ def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, cha
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
         cfg = getattr(transformers, config_cls)(text_config=text, initializer_range=text["initializer_range"], **extra)
     else:
-        cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra})
+        cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra, **shape})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).float().eval()
     with torch.no_grad():  # norms away from their init (ones, or Gemma's zeros), so the tests see them

@@ -2,14 +2,19 @@
 step's missing experts are read once the router chose them; tokens equal the single process, and the reader's
 counters show only the routed experts that were missing were read."""
 
+import threading
+from concurrent.futures import Future
+
 import pytest
 import torch
 
 from nodes.engine.fused import expert_bytes, head_bytes, kv_bytes, layer_bytes
+from nodes.engine.model import expert
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
+from prima_rpc.spec.manifest import expert_unit
 from prima_rpc.spec.windows import Windows
 from tools.synth import synth
 
@@ -80,3 +85,37 @@ def test_a_budget_for_every_expert_reads_nothing_while_decoding(store):
     loaded = s.bytes_read
     assert greedy(shard) == reference(store)
     assert s.bytes_read == loaded
+
+
+class GatedStore(LayerStore):
+    """A layer store whose expert reads wait for `gate` once armed (to see what runs while they are in flight)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.armed, self.gate = False, threading.Event()
+
+    def new_tensors(self, unit, dtype):
+        if self.armed and ".expert." in unit:
+            assert self.gate.wait(30)
+        return super().new_tensors(unit, dtype)
+
+
+def test_a_steps_missing_experts_are_all_asked_for_at_once_and_the_cached_ones_served_meanwhile(store):
+    s = GatedStore(store)
+    cfg = s.config
+    shard = Shard(s, Windows(((0, cfg.n_layers),), cfg.n_layers, True), torch.float32, budget=budget_for(cfg, 0.25))
+    cache = shard.experts
+    held = sorted(e for i, e in cache.held if i == 0)
+    missing = sorted(set(range(cfg.n_experts)) - set(held))[:3]
+    s.armed = True
+    got = cache.get(0, held[:1] + missing)  # returns while every read waits
+    assert not isinstance(got[held[0]], Future)
+    assert all(isinstance(got[e], Future) and not got[e].done() for e in missing)
+    s.gate.set()
+    for e in missing:
+        x = got[e].result(timeout=30)
+        direct = expert(s.new_tensors(expert_unit(0, e), None), torch.float32, None)
+        assert torch.equal(x.w_gate_up, direct.w_gate_up) and torch.equal(x.w_down, direct.w_down)
+    again = cache.get(0, missing)  # now cached, as experts (no longer futures)
+    assert all(not isinstance(again[e], Future) for e in missing)
+    shard.close()

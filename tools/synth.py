@@ -63,10 +63,12 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
         shapes = {name.removesuffix(".weight"): s for name, s in tensors.items() if len(s) == 2}
     out = {}
     for name, (n, k) in shapes.items():
-        if fmt.name == "int4":  # q uniform in [0, 16): (q - 8) has std ~4.6
+        if fmt.name == "int4":  # q uniform in [0, 16): (q - 7.5) has mean 0 and std ~4.6
+            # (mean 0: an offset of -8 d gave every matrix a common -0.5 d, a direction that outgrew the rest of the
+            # hidden state, so that a mixture's router chose the same experts for every token)
             d = torch.full((k // GROUP, n), 1 / (4.6 * k ** 0.5)).half()
             out[f"{name}.qweight"] = randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
-            out[f"{name}.scales"] = torch.stack([d, -8 * d], dim=-1)
+            out[f"{name}.scales"] = torch.stack([d, -7.5 * d], dim=-1)
         else:  # uniform in [-127, 127]: std ~73
             out[f"{name}.qweight"] = randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
             out[f"{name}.scales"] = torch.full((n,), 1 / (73 * k ** 0.5))

@@ -3,6 +3,7 @@ rows are grouped by expert so that each chosen expert runs once a step, and rows
 nothing. The block is one more kind of MLP of a Layer (nodes/engine/model.py)."""
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,8 @@ class Expert:
         return linear(act(gate) * up, self.w_down)
 
 
-# experts(ids) -> {expert: Expert} for the experts a step chose: resident ones, or read for the step (offload)
-ExpertSource = Callable[[list[int]], dict[int, Expert]]
+# experts(ids) -> {expert: Expert, or a Future of one still being read} for the experts a step chose (offload)
+ExpertSource = Callable[[list[int]], dict[int, Expert | Future]]
 
 
 @dataclass
@@ -58,16 +59,29 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, norm_topk: bool) ->
 
 def moe_mlp(x: torch.Tensor, moe: MoE, act: Callable) -> torch.Tensor:
     """The mixture's output for normed rows x [T, H]: sum over each row's chosen experts of weight * expert(row)
-    (+ the gated shared expert); each chosen expert runs once, over the rows that chose it."""
+    (+ the gated shared expert); each chosen expert runs once, over the rows that chose it. Experts in memory run
+    first, the shared expert next, those still being read as they arrive; outputs are summed in expert order
+    whatever the order they ran in, so that offload gives the very same numbers."""
     weights, chosen = route(x, moe.router, moe.top_k, moe.norm_topk)
     used = chosen.unique().tolist()  # sorted: experts run (and offloaded ones are read) in one order
     experts = moe.experts if isinstance(moe.experts, dict) else moe.experts(used)
+    ready = [e for e in used if not isinstance(experts[e], Future)]
+    ys = {e: run_expert(x, experts[e], e, chosen, weights, act) for e in ready}
+    shared = None  # beside the reads still in flight
+    if moe.shared is not None:
+        shared = torch.sigmoid(linear(x, moe.shared_gate)) * moe.shared(x, act)
+    for e in used:
+        if e not in ys:
+            ys[e] = run_expert(x, experts[e].result(), e, chosen, weights, act)  # waits for its read (or raises)
     out = torch.zeros(x.shape, dtype=torch.float32)
     for e in used:
-        rows, slot = (chosen == e).nonzero(as_tuple=True)
-        y = experts[e](x[rows], act)
-        out.index_add_(0, rows, y.float() * weights[rows, slot, None])
+        out.index_add_(0, *ys[e])
     out = out.to(x.dtype)
-    if moe.shared is not None:
-        out = out + torch.sigmoid(linear(x, moe.shared_gate)) * moe.shared(x, act)
-    return out
+    return out if shared is None else out + shared
+
+
+def run_expert(x: torch.Tensor, fn: Expert, e: int, chosen: torch.Tensor, weights: torch.Tensor,
+               act: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, their weighted outputs [n, H] float32) of expert e over the rows that chose it."""
+    rows, slot = (chosen == e).nonzero(as_tuple=True)
+    return rows, fn(x[rows], act).float() * weights[rows, slot, None]

@@ -102,9 +102,11 @@ class Shard:
         return weights + sum(c.nbytes() for c in self.caches.values())
 
     def close(self) -> None:
-        """Stop the prefetcher's thread (the shard is being replaced)."""
+        """Stop the prefetcher's and the expert reader's threads (the shard is being replaced)."""
         if self.prefetcher:
             self.prefetcher.close()
+        if self.experts is not None:
+            self.experts.close()
 
     def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int) -> KVCache:
         """The request's cache, made on its first frame; ValueError for frames that do not fit it."""

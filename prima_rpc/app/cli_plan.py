@@ -94,15 +94,20 @@ def show(result: dict) -> None:
         return
     table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token", box=box.SIMPLE_HEAD,
                   show_edge=False, collapse_padding=True)
+    moe = "experts" in result  # a mixture: each node's expected expert reads, of the routed experts' bytes
     for col in ("device", "role", "window", "GPU\nlayers", "set", "memory\nGiB", "stream\nbuffer", "predicted\nms",
-                "layers"):
+                *(("experts read\nMiB/token",) if moe else ()), "layers"):
         table.add_column(col)
     for d in result["devices"]:
+        experts = (f"{d['expert_bytes_per_token'] / 2**20:.1f} of {d['routed_expert_bytes_per_token'] / 2**20:.1f}",
+                   ) if moe else ()
         table.add_row(d["name"], d["role"], str(d["window"]), str(d["gpu_layers"]), d["set"],
                       f"{d['memory_bytes'] / 2**30:.2f}",
                       f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
-                      " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
+                      *experts, " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
     tables.show(table, console)
+    if moe:
+        console.print(f"experts: {result['experts']['hit_rate']}")
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms{terms(result)}; "
                   f"solved in {result['solve_ms']:.1f} ms")
     if "concurrency" in result:
