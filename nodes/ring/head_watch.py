@@ -29,7 +29,7 @@ class HeadWatch:
             return
         if head != self.watched:
             self.watched, self.misses = head, 0
-        if await _info(head, node.cfg.token) is not None:
+        if await info_of(head, node.cfg.token) is not None:
             self.misses = 0
             return
         self.misses += 1
@@ -37,7 +37,7 @@ class HeadWatch:
         if self.misses < (recovery.MISSES_BUSY if busy else recovery.MISSES_IDLE):
             return
         others = [a for a in ring if a not in (head, node.address)]
-        infos = await asyncio.gather(*(_info(a, node.cfg.token) for a in others))
+        infos = await asyncio.gather(*(info_of(a, node.cfg.token) for a in others))
         copies = {a: i.head_copy for a, i in zip(others, infos) if i is not None}
         copies[node.address] = node.holds_head_copy()
         chosen = recovery.new_head(tuple(ring), head, copies)
@@ -59,7 +59,7 @@ async def take_over(node, lost: str, ring: list[str]) -> None:
     await node.head.members.take_over(lost, order)
 
 
-async def _info(address: str, token: str | None) -> pb.NodeInfo | None:
+async def info_of(address: str, token: str | None) -> pb.NodeInfo | None:
     try:
         async with AioControl(address, token, DEADLINES) as peer:  # a fresh channel: a dead head fails at once
             return await peer.info()
