@@ -48,7 +48,5 @@ async def take_over(node, lost: str, ring: list[str], forget: bool) -> list[str]
         raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{node.address} and {lost} must both be in the ring")
     if not node.holds_head_copy():
         raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{node.address} lacks a complete copy of the head's units")
-    await head_watch.take_over(node, lost, ring)
-    if forget:
-        node.head.members.forget(lost)
+    await head_watch.take_over(node, lost, ring, handed=True, forget=forget)
     return [node.head.address, *node.head.members.members]

@@ -46,9 +46,10 @@ class HeadWatch:
             await take_over(node, head, ring)
 
 
-async def take_over(node, lost: str, ring: list[str]) -> None:
+async def take_over(node, lost: str, ring: list[str], handed: bool = False, forget: bool = False) -> None:
     """Become the ring's head in place of `lost`: the members after this node in ring order, round to it, are the
-    new ring (the lost head keeps its place, to rejoin there when it answers again)."""
+    new ring (the lost head keeps its place, to rejoin there when it answers again). handed: the old head handed
+    over (it still answers until it stops); forget: it left for good."""
     if node.address not in ring:
         node.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
         return
@@ -56,7 +57,7 @@ async def take_over(node, lost: str, ring: list[str]) -> None:
     order = tuple(ring[i + 1:] + ring[:i])
     node.log.warning("taking over as the ring's head", lost=lost, ring=[node.address, *order])
     node.head = Head(node, [node.address, *(a for a in order if a != lost)], fresh=True)
-    await node.head.members.take_over(lost, order)
+    await node.head.members.take_over(lost, order, handed, forget)
 
 
 async def info_of(address: str, token: str | None) -> pb.NodeInfo | None:

@@ -37,6 +37,7 @@ class Members:
         self.original: tuple[str, ...] = ()  # as prima-ctl started it: the order lost members rejoin in
         self.lost: frozenset[str] = frozenset()
         self.joined: frozenset[str] = frozenset()  # relays that joined since the last plan
+        self.draining: frozenset[str] = frozenset()  # a head that handed over: not back until it was silent once
         self.misses: dict[str, int] = {}
         self.answers: dict[str, Probe] = {}  # the last round's
         self.wake = asyncio.Event()  # a frame could not be sent: probe now
@@ -79,8 +80,9 @@ class Members:
     async def check(self) -> None:
         targets = recovery.probed(self.view())
         infos = await asyncio.gather(*(self._info(a) for a in targets))
-        answers = {a: Probe(info is not None, info is not None and self._holds_model(info))
+        answers = {a: Probe(info is not None and a not in self.draining, info is not None and self._holds_model(info))
                    for a, info in zip(targets, infos)}
+        self.draining = frozenset(a for a, i in zip(targets, infos) if a in self.draining and i is not None)
         self.misses = dict(recovery.tally(self.misses, answers))
         self.answers = answers
         decision = recovery.decide(replace(self.view(), misses=tuple(self.misses.items())), answers)
@@ -111,15 +113,19 @@ class Members:
                 self.members = d.survivors
                 self.requests.fail_all(_unavailable(message))
 
-    async def take_over(self, lost: str, order: tuple[str, ...]) -> None:
+    async def take_over(self, lost: str, order: tuple[str, ...], handed: bool = False, forget: bool = False) -> None:
         """This node replaces the lost head: probe the others and re-plan on those that answer. order: the ring
-        after this node, the lost head in its place (where it rejoins when it answers again)."""
+        after this node, the lost head in its place (where it rejoins when it answers again). handed: it handed
+        over and answers until it stops (it rejoins only once it was silent); forget: it never rejoins."""
         self.original, self.lost = order, frozenset({lost})
+        self.draining = frozenset({lost}) if handed else frozenset()
         others = tuple(a for a in order if a != lost)
         infos = await asyncio.gather(*(self._info(a) for a in others))
         self.answers = {a: Probe(i is not None, i is not None and self._holds_model(i)) for a, i in zip(others, infos)}
         gone = tuple(a for a in others if not self.answers[a].answered)
         await self._route_around(RouteAround((lost, *gone), tuple(a for a in others if a not in gone)), self.answers)
+        if forget:
+            self.forget(lost)
 
     async def leave(self, address: str) -> list[str]:
         """Take a member out of the ring: re-plan without it (waiting requests replay on the new ring), then stop
