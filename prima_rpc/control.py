@@ -62,9 +62,9 @@ class _Peer:
         """LoadProgress updates until the node holds its windows (one with ready set last)."""
         return self._stub.Assign(request, metadata=self._metadata, timeout=self.deadlines.assign)
 
-    def set_peer(self, peer: str):
-        """Send frames to `peer` (HOST:PORT) from now on."""
-        return self._stub.SetPeer(pb.SetPeerRequest(peer=peer), metadata=self._metadata,
+    def set_peer(self, peer: str, drain: bool = False):
+        """Send frames to `peer` (HOST:PORT) from now on; drain: the frames already sent reach the old one first."""
+        return self._stub.SetPeer(pb.SetPeerRequest(peer=peer, drain=drain), metadata=self._metadata,
                                   timeout=self.deadlines.set_peer)
 
     def profile(self, refresh: bool = False):
@@ -76,6 +76,16 @@ class _Peer:
         """(The head) take member `address` out of the ring: re-plan without it, then stop it."""
         return self._stub.Leave(pb.LeaveRequest(address=address), metadata=self._metadata,
                                 timeout=self.deadlines.leave)
+
+    def join(self, address: str, model_id: str = ""):
+        """(The head) insert the node at `address` into the ring, before the head."""
+        return self._stub.Join(pb.JoinRequest(address=address, model_id=model_id), metadata=self._metadata,
+                               timeout=self.deadlines.leave)
+
+    def take_over(self, lost: str, ring: Sequence[str], forget: bool = False):
+        """(The standby) become the ring's head in place of `lost`, which hands over."""
+        return self._stub.TakeOver(pb.TakeOverRequest(lost=lost, ring=list(ring), forget=forget),
+                                   metadata=self._metadata, timeout=self.deadlines.leave)
 
     def shutdown(self):
         return self._stub.Shutdown(pb.ShutdownRequest(), metadata=self._metadata, timeout=self.deadlines.shutdown)

@@ -120,3 +120,11 @@ def cancel_reply(found: bool) -> pb.CancelReply:
 
 def leave_reply(ring: list[str]) -> pb.LeaveReply:
     return pb.LeaveReply(ring=ring)
+
+
+def join_reply(ring: list[str]) -> pb.JoinReply:
+    return pb.JoinReply(ring=ring)
+
+
+def take_over_reply(ring: list[str]) -> pb.TakeOverReply:
+    return pb.TakeOverReply(ring=ring)

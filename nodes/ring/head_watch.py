@@ -29,7 +29,7 @@ class HeadWatch:
             return
         if head != self.watched:
             self.watched, self.misses = head, 0
-        if await _info(head, node.cfg.token) is not None:
+        if await info_of(head, node.cfg.token) is not None:
             self.misses = 0
             return
         self.misses += 1
@@ -37,7 +37,7 @@ class HeadWatch:
         if self.misses < (recovery.MISSES_BUSY if busy else recovery.MISSES_IDLE):
             return
         others = [a for a in ring if a not in (head, node.address)]
-        infos = await asyncio.gather(*(_info(a, node.cfg.token) for a in others))
+        infos = await asyncio.gather(*(info_of(a, node.cfg.token) for a in others))
         copies = {a: i.head_copy for a, i in zip(others, infos) if i is not None}
         copies[node.address] = node.holds_head_copy()
         chosen = recovery.new_head(tuple(ring), head, copies)
@@ -46,9 +46,10 @@ class HeadWatch:
             await take_over(node, head, ring)
 
 
-async def take_over(node, lost: str, ring: list[str]) -> None:
+async def take_over(node, lost: str, ring: list[str], handed: bool = False, forget: bool = False) -> None:
     """Become the ring's head in place of `lost`: the members after this node in ring order, round to it, are the
-    new ring (the lost head keeps its place, to rejoin there when it answers again)."""
+    new ring (the lost head keeps its place, to rejoin there when it answers again). handed: the old head handed
+    over (it still answers until it stops); forget: it left for good."""
     if node.address not in ring:
         node.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
         return
@@ -56,10 +57,10 @@ async def take_over(node, lost: str, ring: list[str]) -> None:
     order = tuple(ring[i + 1:] + ring[:i])
     node.log.warning("taking over as the ring's head", lost=lost, ring=[node.address, *order])
     node.head = Head(node, [node.address, *(a for a in order if a != lost)], fresh=True)
-    await node.head.members.take_over(lost, order)
+    await node.head.members.take_over(lost, order, handed, forget)
 
 
-async def _info(address: str, token: str | None) -> pb.NodeInfo | None:
+async def info_of(address: str, token: str | None) -> pb.NodeInfo | None:
     try:
         async with AioControl(address, token, DEADLINES) as peer:  # a fresh channel: a dead head fails at once
             return await peer.info()

@@ -60,7 +60,14 @@ class RingLink:
         await self.send(frames.ping(seq))
         await asyncio.wait_for(fut, timeout)
 
-    async def close(self) -> None:
+    async def close(self, drain: float = 0.0) -> None:
+        """drain: seconds to let the frames already written reach the peer (half-close, wait for its end)."""
+        if drain and self._call is not None and self._reader is not None:
+            try:
+                await asyncio.wait_for(self._call.done_writing(), drain)
+                await asyncio.wait_for(asyncio.shield(self._reader), drain)
+            except (TimeoutError, grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                pass
         if self._call is not None:
             self._call.cancel()
         if self._reader is not None:

@@ -11,10 +11,11 @@ import grpc
 import structlog
 import typer
 
-from nodes.errors import RequestFailed
-from nodes.ring import metrics
+from nodes.errors import Rejected, RequestFailed
+from nodes.ring import handover, metrics
 from nodes.ring.auth import TokenAuth
 from nodes.ring.config import NodeConfig
+from nodes.ring.join import JoinError, join_ring
 from nodes.ring.node import Node
 from nodes.ring.services import ControlService, InferenceService, RingService
 from nodes.ring.work import MAX_BATCH, MAX_REQUESTS
@@ -47,9 +48,9 @@ def parse_size(text: str) -> int:
 
 
 async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0,
-                tls: grpc.ServerCredentials | None = None) -> None:
+                tls: grpc.ServerCredentials | None = None, join: str = "") -> None:
     """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off).
-    tls: serve TLS with these credentials (else plaintext)."""
+    tls: serve TLS with these credentials (else plaintext). join: a member of a running ring to join (JoinError)."""
     stop = asyncio.Event()
     interceptors = [TokenAuth(cfg.token)] if cfg.token else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
@@ -78,9 +79,12 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
             "start every node with PRIMA_TOKEN=SECRET (or --token-file)")
     ready(node.address)
     try:
+        if join:  # before the actor runs: frames that reach the new relay wait in its outbox
+            await join_ring(node, join)
         async with asyncio.TaskGroup() as tasks:
             actor = tasks.create_task(node.run(), name="node")
             await stop.wait()
+            await _hand_over(node)
             # End in-flight requests with a clear status before the server stops taking calls.
             if node.head is not None:
                 node.head.requests.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE,
@@ -91,6 +95,16 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
         await server.stop(grace=2)
         if exporter is not None:
             await exporter.cleanup()
+
+
+async def _hand_over(node: Node) -> None:
+    """A head with members hands its role to the standby before it stops (its clients resume there)."""
+    if node.head is None or not node.head.members.members:
+        return
+    try:
+        await handover.hand_over(node, forget=False)
+    except Rejected as exc:
+        node.log.warning("stopping without a hand-over", error=str(exc))
 
 
 def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: bool) -> grpc.ServerCredentials | None:
@@ -106,7 +120,9 @@ def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: boo
 
 
 @app.command()
-def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the ring"),
+def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ring (or --join)"),
+         join: str = typer.Option("", help="HOST:PORT of any member of a running ring: join it (inserted before "
+                                           "its head; it takes layers at the next re-plan)"),
          port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
          host: str = typer.Option("0.0.0.0", help="address to bind"),
          model: Path = typer.Option(None, help="layer store directory (none: fetch the assigned layers from the "
@@ -137,12 +153,15 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    if bool(peer) == bool(join):
+        raise typer.BadParameter("give --peer (a ring being built) or --join (a running ring), one of them")
     if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
     from prima_rpc.spec.home import prima_home
 
-    cfg = NodeConfig(port=port, host=host, peer=peer, model=model, cache=cache or prima_home() / "cache", name=name,
-                     mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft, max_batch=max_batch)
+    cfg = NodeConfig(port=port, host=host, peer=peer or join, model=model, cache=cache or prima_home() / "cache",
+                     name=name, mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
+                     max_batch=max_batch)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:
@@ -156,8 +175,8 @@ def main(peer: str = typer.Option(..., help="HOST:PORT of the next node in the r
         runner = asyncio.run
     try:
         runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
-                     metrics_port=metrics_port, tls=tls))
-    except (StoreError, OSError) as exc:
+                     metrics_port=metrics_port, tls=tls, join=join))
+    except (StoreError, OSError, JoinError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
 

@@ -14,7 +14,7 @@ from nodes.errors import Rejected, RequestFailed
 from nodes.ring import recovery
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequests
-from nodes.ring.recovery import Keep, Probe, Rejoin, RingView, RouteAround
+from nodes.ring.recovery import Grow, Keep, Probe, Rejoin, RingView, RouteAround
 from prima_rpc.control import AioControl, Deadlines, assign_request
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
@@ -22,6 +22,7 @@ from prima_rpc.v1 import prima_pb2 as pb
 
 PROBE_INTERVAL = 1.0
 DEADLINES = Deadlines(info=2.0, set_peer=2.0, assign=120.0)  # a probe answers within 2 s, or counts as a miss
+DRAIN = 2.0  # seconds a rewired link has to deliver the frames already written to the old successor
 REPLAN_ERRORS = (grpc.RpcError, Rejected, StoreError, ValueError, OSError)  # a re-plan that cannot be done
 
 
@@ -35,6 +36,8 @@ class Members:
         self.members: tuple[str, ...] = ()  # the ring now, without the head
         self.original: tuple[str, ...] = ()  # as prima-ctl started it: the order lost members rejoin in
         self.lost: frozenset[str] = frozenset()
+        self.joined: frozenset[str] = frozenset()  # relays that joined since the last plan
+        self.draining: frozenset[str] = frozenset()  # a head that handed over: not back until it was silent once
         self.misses: dict[str, int] = {}
         self.answers: dict[str, Probe] = {}  # the last round's
         self.wake = asyncio.Event()  # a frame could not be sent: probe now
@@ -45,10 +48,11 @@ class Members:
         self.head, self.members = head, tuple(members)
         if fresh:  # a ring from prima-ctl forgets the old one's losses
             self.original, self.lost, self.misses, self.answers = tuple(members), frozenset(), {}, {}
+            self.joined = frozenset()
 
     def view(self) -> RingView:
         return RingView(self.head, self.members, self.original, self.lost, tuple(self.misses.items()),
-                        busy=bool(self.requests))
+                        busy=bool(self.requests), joined=self.joined)
 
     def states(self) -> list[tuple[str, str]]:
         """(address, state) of every member, the head first; none before a ring names the head."""
@@ -76,8 +80,9 @@ class Members:
     async def check(self) -> None:
         targets = recovery.probed(self.view())
         infos = await asyncio.gather(*(self._info(a) for a in targets))
-        answers = {a: Probe(info is not None, info is not None and self._holds_model(info))
+        answers = {a: Probe(info is not None and a not in self.draining, info is not None and self._holds_model(info))
                    for a, info in zip(targets, infos)}
+        self.draining = frozenset(a for a, i in zip(targets, infos) if a in self.draining and i is not None)
         self.misses = dict(recovery.tally(self.misses, answers))
         self.answers = answers
         decision = recovery.decide(replace(self.view(), misses=tuple(self.misses.items())), answers)
@@ -87,6 +92,8 @@ class Members:
                 await self._route_around(decision, answers)
             case Rejoin():
                 await self._rejoin(decision, answers)
+            case Grow():
+                await self._grow(decision, answers)
             case Keep():  # everyone answers: a frame lost on a broken link ends its request
                 for request_id, message in failures.items():
                     self.requests.fail(request_id, _unavailable(message))
@@ -106,15 +113,19 @@ class Members:
                 self.members = d.survivors
                 self.requests.fail_all(_unavailable(message))
 
-    async def take_over(self, lost: str, order: tuple[str, ...]) -> None:
+    async def take_over(self, lost: str, order: tuple[str, ...], handed: bool = False, forget: bool = False) -> None:
         """This node replaces the lost head: probe the others and re-plan on those that answer. order: the ring
-        after this node, the lost head in its place (where it rejoins when it answers again)."""
+        after this node, the lost head in its place (where it rejoins when it answers again). handed: it handed
+        over and answers until it stops (it rejoins only once it was silent); forget: it never rejoins."""
         self.original, self.lost = order, frozenset({lost})
+        self.draining = frozenset({lost}) if handed else frozenset()
         others = tuple(a for a in order if a != lost)
         infos = await asyncio.gather(*(self._info(a) for a in others))
         self.answers = {a: Probe(i is not None, i is not None and self._holds_model(i)) for a, i in zip(others, infos)}
         gone = tuple(a for a in others if not self.answers[a].answered)
         await self._route_around(RouteAround((lost, *gone), tuple(a for a in others if a not in gone)), self.answers)
+        if forget:
+            self.forget(lost)
 
     async def leave(self, address: str) -> list[str]:
         """Take a member out of the ring: re-plan without it (waiting requests replay on the new ring), then stop
@@ -144,6 +155,51 @@ class Members:
         except grpc.RpcError as exc:
             self.node.log.warning("the node that left did not stop", address=address, error=_why(exc))
         return [self.head, *self.members]
+
+    async def join(self, address: str, model_id: str) -> list[str]:
+        """Insert a new node before the head (the head's predecessor now sends to it) as a relay of the current
+        epoch, so that requests in flight go on through it and none replays; it takes layers at the next re-plan
+        (idle, when it holds the model; else prima-ctl start). Rejected: already a member, another model, silent."""
+        node, ring = self.node, [self.head, *self.members]
+        if address in ring or address == node.address:
+            raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"{address} is already a member of this ring")
+        if model_id and model_id != node.store.model_id:
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{address} holds model {model_id[:12]}, the ring "
+                           f"runs {node.store.model_id[:12]} ({node.store.manifest.name}): start it without --model "
+                           "(it fetches the ring's) or with the ring's store")
+        if await self._info(address) is None:
+            raise Rejected(grpc.StatusCode.UNAVAILABLE, f"{address} does not answer the head")
+        ring.append(address)
+        n_layers = node.store.config.n_layers
+        peer = self._control(address)
+        await peer.set_peer(self.head)
+        req = assign_request((), n_layers, node.store.model_id, node.epoch, ring=ring, head_address=self.head,
+                             head_windows=node.windows.ranges)
+        async for _ in peer.assign(req):
+            pass
+        before = self.members[-1] if self.members else None  # the head's predecessor: it sends to the new node
+        if before is None:
+            await node.set_peer(address, DRAIN)
+        else:
+            await self._control(before).set_peer(address, drain=True)
+        self.members, self.original = (*self.members, address), (*self.original, address)
+        self.joined |= {address}
+        node.log.info("a node joined the ring before the head", joined=address, ring=ring)
+        return ring
+
+    def forget(self, address: str) -> None:
+        """A member that left for good (a head that handed over): it does not rejoin when it answers again."""
+        self.original = tuple(a for a in self.original if a != address)
+        self.lost -= {address}
+
+    async def _grow(self, d: Grow, answers: dict[str, Probe]) -> None:
+        self.node.log.info("re-planning with the nodes that joined", joined=list(d.joined))
+        with self.requests.replanning():
+            try:
+                await self._apply({a: answers[a] for a in d.order})
+            except REPLAN_ERRORS as exc:  # the ring stays as it was (the joined stay relays)
+                self.node.log.warning("re-plan with the joined nodes failed", error=_why(exc))
+        self.joined = frozenset()
 
     async def _rejoin(self, d: Rejoin, answers: dict[str, Probe]) -> None:
         self.node.log.info("lost nodes are back: re-planning with them", back=list(d.back))

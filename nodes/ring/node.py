@@ -370,8 +370,9 @@ class Node:
             else:
                 await head.members.round()
 
-    async def set_peer(self, peer: str) -> None:
+    async def set_peer(self, peer: str, drain: float = 0.0) -> None:
+        """drain: seconds the old link has to deliver the frames already written (a join replays none)."""
         if peer != self.peer:
             old, self.peer = self.link, peer
             self.link = RingLink(peer, self.cfg.token)
-            await old.close()
+            await old.close(drain)

@@ -3,7 +3,8 @@
 The head probes every member each second (nodes/ring/members.py performs the effects). A member that
 misses enough probes in a row is routed around: the survivors are rewired and re-planned under a
 new epoch, and waiting requests replay. A lost member that answers again rejoins in its old place
-once the ring is idle. Nothing here does I/O.
+once the ring is idle, and a node that joined (a relay before the head) takes layers in the first idle
+re-plan when it holds the ring's model. Nothing here does I/O.
 """
 
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ class MemberState(Enum):
     UP = "up"
     LOST = "lost"
     REJOINING = "rejoining"  # lost, answers again, not yet re-planned in
+    JOINED = "joined"  # joined the running ring as a relay; takes layers at the next re-plan
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RingView:
     lost: frozenset[str]
     misses: tuple[tuple[str, int], ...] = ()  # consecutive unanswered probes per address
     busy: bool = False  # requests are in flight
+    joined: frozenset[str] = frozenset()  # joined since the last plan, relays until a re-plan
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,13 @@ class Rejoin:
     order: tuple[str, ...]  # the new ring without the head
 
 
-Decision = Keep | RouteAround | Rejoin
+@dataclass(frozen=True)
+class Grow:
+    joined: tuple[str, ...]
+    order: tuple[str, ...]  # the new ring without the head
+
+
+Decision = Keep | RouteAround | Rejoin | Grow
 
 
 def probed(view: RingView) -> tuple[str, ...]:
@@ -83,6 +92,17 @@ def decide(view: RingView, answers: Mapping[str, Probe]) -> Decision:
         order = tuple(a for a in view.original if a not in view.lost or a in back)
         if all(answers.get(a, Probe(False)).answered for a in order):
             return Rejoin(back, order)
+    return _grow(view, answers)
+
+
+def _grow(view: RingView, answers: Mapping[str, Probe]) -> Decision:
+    """An idle ring re-plans with the nodes that joined once one of them holds the model (one without it stays a
+    relay until prima-ctl start gives it layers to fetch); every member must answer."""
+    joined = tuple(a for a in view.members if a in view.joined)
+    if not joined or view.busy or not all(answers.get(a, Probe(False)).answered for a in view.members):
+        return Keep()
+    if any(answers[a].holds_model for a in joined):
+        return Grow(joined, view.members)
     return Keep()
 
 
@@ -93,7 +113,7 @@ def member_states(view: RingView, answers: Mapping[str, Probe]) -> list[tuple[st
     out = [(view.head, MemberState.UP)]
     for a in order:
         if a not in view.lost:
-            out.append((a, MemberState.UP))
+            out.append((a, MemberState.JOINED if a in view.joined else MemberState.UP))
         elif answers.get(a, Probe(False)).answered:
             out.append((a, MemberState.REJOINING))
         else:

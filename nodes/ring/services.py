@@ -15,7 +15,8 @@ from nodes.generation.speculate import speculate_params
 from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
 from nodes.profiling.profiler import profile_device
-from nodes.ring import fetch, frames, metrics
+from nodes.ring import fetch, frames, handover, metrics
+from nodes.ring.members import DRAIN
 from nodes.ring.node import Node
 from nodes.ring.work import MAX_REQUESTS, Work
 from prima_rpc.request import GenerateRequest
@@ -142,7 +143,7 @@ class ControlService(rpc.ControlServicer):
         peer = request.peer
         if not _is_address(peer):
             await abort(context, Code.INVALID_ARGUMENT, f"peer must be HOST:PORT, got {peer[:80]!r}")
-        await self.node.set_peer(peer)
+        await self.node.set_peer(peer, DRAIN if request.drain else 0.0)
         return frames.SET_PEER_REPLY
 
     async def Fetch(self, request, context):
@@ -170,7 +171,35 @@ class ControlService(rpc.ControlServicer):
         if head is None:
             await abort(context, Code.FAILED_PRECONDITION, f"this node is a {self.node.role}, not the ring's head")
         try:
+            if request.address in (head.members.head, self.node.address) and head.members.members:
+                ring = await handover.hand_over(self.node, forget=True)  # the head leaves: the standby heads
+                self.stop.set()
+                return frames.leave_reply(ring)
             return frames.leave_reply(await head.members.leave(request.address))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+
+    async def Join(self, request, context):
+        head = self.node.head
+        if not _is_address(request.address):
+            await abort(context, Code.INVALID_ARGUMENT, f"address must be HOST:PORT, got {request.address[:80]!r}")
+        if head is None:
+            await abort(context, Code.FAILED_PRECONDITION, f"this node is a {self.node.role}, not the ring's head "
+                                                           f"({self.node.head_address or 'none yet'})")
+        try:
+            return frames.join_reply(await head.members.join(request.address, request.model_id[:64]))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+        except grpc.RpcError as exc:
+            await abort(context, Code.UNAVAILABLE, f"cannot wire {request.address} in: {exc.code().name}: "
+                                                   f"{exc.details()}")
+
+    async def TakeOver(self, request, context):
+        if not _is_address(request.lost) or len(request.ring) > 256 or not all(_is_address(a) for a in request.ring):
+            await abort(context, Code.INVALID_ARGUMENT, "lost and ring: HOST:PORT addresses (at most 256)")
+        try:
+            return frames.take_over_reply(await handover.take_over(self.node, request.lost, list(request.ring),
+                                                               request.forget))
         except Rejected as exc:
             await abort(context, exc.code, str(exc))
 

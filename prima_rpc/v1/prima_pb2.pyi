@@ -292,10 +292,12 @@ class ProfileReply(_message.Message):
     def __init__(self, json: _Optional[str] = ..., manifest: _Optional[str] = ...) -> None: ...
 
 class SetPeerRequest(_message.Message):
-    __slots__ = ("peer",)
+    __slots__ = ("peer", "drain")
     PEER_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     peer: str
-    def __init__(self, peer: _Optional[str] = ...) -> None: ...
+    drain: bool
+    def __init__(self, peer: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
 
 class SetPeerReply(_message.Message):
     __slots__ = ()
@@ -316,6 +318,36 @@ class LeaveRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
+    __slots__ = ("ring",)
+    RING_FIELD_NUMBER: _ClassVar[int]
+    ring: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ring: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("address", "model_id")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    model_id: str
+    def __init__(self, address: _Optional[str] = ..., model_id: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("ring",)
+    RING_FIELD_NUMBER: _ClassVar[int]
+    ring: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ring: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TakeOverRequest(_message.Message):
+    __slots__ = ("lost", "ring", "forget")
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
+    FORGET_FIELD_NUMBER: _ClassVar[int]
+    lost: str
+    ring: _containers.RepeatedScalarFieldContainer[str]
+    forget: bool
+    def __init__(self, lost: _Optional[str] = ..., ring: _Optional[_Iterable[str]] = ..., forget: _Optional[bool] = ...) -> None: ...
+
+class TakeOverReply(_message.Message):
     __slots__ = ("ring",)
     RING_FIELD_NUMBER: _ClassVar[int]
     ring: _containers.RepeatedScalarFieldContainer[str]

@@ -142,6 +142,16 @@ class ControlStub:
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/prima.v1.Control/Join',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.JoinRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.JoinReply.FromString,
+                _registered_method=True)
+        self.TakeOver = channel.unary_unary(
+                '/prima.v1.Control/TakeOver',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -191,6 +201,20 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """head: insert a new node before itself (a relay until a re-plan)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeOver(self, request, context):
+        """standby: become the head of a head that hands over
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +252,16 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.FromString,
                     response_serializer=prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.JoinRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.JoinReply.SerializeToString,
+            ),
+            'TakeOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeOver,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -419,6 +453,60 @@ class Control:
             '/prima.v1.Control/Leave',
             prima__rpc_dot_v1_dot_prima__pb2.LeaveRequest.SerializeToString,
             prima__rpc_dot_v1_dot_prima__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prima.v1.Control/Join',
+            prima__rpc_dot_v1_dot_prima__pb2.JoinRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prima.v1.Control/TakeOver',
+            prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.FromString,
             options,
             channel_credentials,
             insecure,
