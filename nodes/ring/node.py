@@ -207,10 +207,8 @@ class Node:
             self.spans.add("receive", time.perf_counter() - start)
 
     async def _accept_frame(self, frame: pb.Frame) -> None:
-        """accept_frame's checks.
-
-        Structure is checked first; then frames of another epoch (an older ring, still in flight
-        when the ring was re-planned) are dropped; then what only the current ring can judge."""
+        """Structure first; then frames of another epoch (an older ring, still in flight when the ring was
+        re-planned) are dropped; then what only the current ring can judge."""
         admit.check_structure(frame)
         if self.windows is None:
             raise Rejected(Code.FAILED_PRECONDITION, "this node has no assignment yet (prima-ctl start)")
@@ -300,8 +298,7 @@ class Node:
                 await head.deliver_batch([(w.request_id, w.hidden) for w in done])
             return
         for i, w in enumerate(done):
-            encoding = time.perf_counter()
-            frame = frames.forward(w, batch_rest=len(done) - 1 - i)
+            encoding, frame = time.perf_counter(), frames.forward(w, batch_rest=len(done) - 1 - i)
             self.spans.add("encode", time.perf_counter() - encoding)
             await self.outbox.put(frame)
 
@@ -384,8 +381,8 @@ class Node:
                 self.log.warning("link down", error=str(exc))
                 if self.head is not None and self.head.requests.known(frame.request_id):
                     self.head.members.link_down(frame.request_id, str(exc))
-            self.stats.link_s += time.perf_counter() - start
-            self.spans.add("send", time.perf_counter() - start)
+            self.stats.link_s += (took := time.perf_counter() - start)
+            self.spans.add("send", took)
 
     async def _watch_loop(self) -> None:
         """The head probes its members every second (members.py); other nodes only wait to become it."""
