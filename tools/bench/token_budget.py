@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from prima_rpc.app import ring
-from prima_rpc.app.local_ring import LocalRing, free_ports, launch
+from prima_rpc.app.local_ring import LaunchError, LocalRing, free_ports, launch
 from prima_rpc.client import Finished, PrimaClient
 from tools.bench.markdown import table
 from tools.default_model import ensure_default_store
@@ -51,6 +51,16 @@ def budget_line(span: str) -> str | None:
     return {"receive": "receive + decode", "encode": "encode", "send": "send", "inbox": "inbox wait"}.get(span)
 
 
+def metrics_ports(n: int, start: int) -> list[int]:
+    """n free ports from `start` on, below the kernel's ephemeral range: the nodes' own ports never take them."""
+    for base in range(start, 30000, 50):
+        try:
+            return free_ports(n, base)
+        except LaunchError:
+            continue
+    raise LaunchError("no free metrics ports in 21000-30000")
+
+
 def scrape(port: int) -> dict[str, float]:
     """span -> seconds so far, of the node serving metrics on `port`."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -70,8 +80,8 @@ async def generate(head: str, tokens: int) -> Finished:
 class Variant:
     """One ring of the comparison: its nodes' extra flags, metrics ports and what was measured."""
 
-    def __init__(self, name: str, flags: list[str]):
-        self.name, self.flags = name, flags
+    def __init__(self, index: int, name: str, flags: list[str]):
+        self.index, self.name, self.flags = index, name, flags
         self.ring: LocalRing | None = None
         self.ports: list[int] = []
         self.tpots: list[float] = []
@@ -79,7 +89,7 @@ class Variant:
         self.tokens = 0
 
     def start(self, store: Path, windows: list[int], logs: Path) -> None:
-        self.ports = free_ports(len(windows))
+        self.ports = metrics_ports(len(windows), 21000 + 500 * self.index)
         env = dict(f.split("=", 1) for f in self.flags if ENV.fullmatch(f.split("=", 1)[0]))
         flags = [f for f in self.flags if not ENV.fullmatch(f.split("=", 1)[0])]
         extra = [["--metrics-port", str(p), *flags] for p in self.ports]
@@ -127,7 +137,7 @@ def main() -> None:
                         "'t1=OMP_NUM_THREADS=1' (default: thread=--inline-ms 0 and inline=)")
     args = p.parse_args()
     specs = args.variant or ["thread=--inline-ms 0", "inline="]
-    variants = [Variant(name, shlex.split(flags)) for name, _, flags in (s.partition("=") for s in specs)]
+    variants = [Variant(i, name, shlex.split(flags)) for i, (name, _, flags) in enumerate(s.partition("=") for s in specs)]
     store = ensure_default_store(dtype=None if args.dtype == "float32" else args.dtype)
     with tempfile.TemporaryDirectory() as logs:
         try:
