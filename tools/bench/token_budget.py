@@ -137,7 +137,8 @@ def main() -> None:
                         "'t1=OMP_NUM_THREADS=1' (default: thread=--inline-ms 0 and inline=)")
     args = p.parse_args()
     specs = args.variant or ["thread=--inline-ms 0", "inline="]
-    variants = [Variant(i, name, shlex.split(flags)) for i, (name, _, flags) in enumerate(s.partition("=") for s in specs)]
+    parts = [s.partition("=") for s in specs]
+    variants = [Variant(i, name, shlex.split(flags)) for i, (name, _, flags) in enumerate(parts)]
     store = ensure_default_store(dtype=None if args.dtype == "float32" else args.dtype)
     with tempfile.TemporaryDirectory() as logs:
         try:
