@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodes.ring import metrics
+from nodes.ring.spans import Spans
 from prima_rpc.app.local_ring import free_ports
 from prima_rpc.client import PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
@@ -33,6 +34,8 @@ class FakeNode:
                                   resident_bytes=4096, rss_bytes=8192, active_requests=1, last_token_ms=40.0,
                                   batches=3, batched_frames=7, max_batch_seen=4, queue_depth=2, queue_wait_s=0.5,
                                   max_batch=8)
+        self.spans = Spans()
+        self.spans.add("Shard.compute_batch.run", 0.25)
 
     def info(self) -> pb.NodeInfo:
         return pb.NodeInfo(name="n0", role="head", model_name="tiny", windows=[pb.LayerRange(start=0, stop=4)],
@@ -51,6 +54,8 @@ def test_collector_reads_node_info_at_scrape_time_and_counters_never_go_back():
     assert first[("prima_batches_total", ())] == 3 and first[("prima_batched_frames_total", ())] == 7
     assert first[("prima_queue_depth", ())] == 2 and first[("prima_queue_wait_seconds_total", ())] == 0.5
     assert first[("prima_max_batch_seen", ())] == 4 and first[("prima_max_batch", ())] == 8
+    assert first[("prima_span_seconds_total", (("span", "Shard.compute_batch.run"),))] == 0.25
+    assert first[("prima_spans_total", (("span", "Shard.compute_batch.run"),))] == 1
     info = next(k for k in first if k[0] == "prima_node_info")
     assert dict(info[1]) == {"name": "n0", "role": "head", "model": "tiny", "windows": "[0,4)"}
     node.stats.frames, node.stats.compute_s = 9, 1.5  # net compute dipped mid-frame
@@ -111,6 +116,10 @@ def test_counters_move_after_a_request(metered_ring):
         assert after[i][("prima_resident_bytes", ())] > 0 and after[i][("prima_rss_bytes", ())] > 0
         assert after[i][("prima_active_requests", ())] == 0
     assert grew(0, "prima_link_seconds_total") > 0
+    for span in ("receive", "send", "inbox"):  # the per-token budget's parts (tools/bench/token_budget.py)
+        assert grew(1, "prima_spans_total", (("span", span),)) >= 8
+    computed = [grew(1, "prima_spans_total", (("span", f"Shard.compute_batch.{part}"),)) for part in ("run", "inline")]
+    assert sum(computed) >= 8
     assert after[0][("prima_last_token_seconds", ())] > 0
     assert after[1].get(("prima_generated_tokens_total", ()), 0.0) == 0  # only the head serves requests
     _, done = collect(local.addresses[0], "", 8, speculate="ngram", messages=REPEATING)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodes.ring.compute_pool import INLINE_S
 from nodes.ring.work import MAX_BATCH
 
 
@@ -20,6 +21,7 @@ class NodeConfig:
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
+    inline_s: float = INLINE_S  # compute jobs measured shorter run on the event loop (nodes/ring/compute_pool.py)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import typer
 from nodes.errors import Rejected, RequestFailed
 from nodes.ring import handover, metrics
 from nodes.ring.auth import TokenAuth
+from nodes.ring.compute_pool import INLINE_S
 from nodes.ring.config import NodeConfig
 from nodes.ring.join import JoinError, join_ring
 from nodes.ring.node import Node
@@ -148,6 +149,8 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
          max_batch: int = typer.Option(MAX_BATCH, min=1, max=MAX_REQUESTS,
                                        help="frames of different requests one compute takes at most (a plan "
                                             "may set another)"),
+         inline_ms: float = typer.Option(INLINE_S * 1e3, min=0, help="compute jobs last measured shorter run on "
+                                         "the event loop, saving two thread hand-offs (0: always the thread)"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -161,7 +164,7 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
 
     cfg = NodeConfig(port=port, host=host, peer=peer or join, model=model, cache=cache or prima_home() / "cache",
                      name=name, mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
-                     max_batch=max_batch)
+                     max_batch=max_batch, inline_s=inline_ms / 1e3)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -117,6 +117,18 @@ class NodeCollector(Collector):
                                 value=info.cached_units)
         yield GaugeMetricFamily("prima_epoch", "Ring epoch the node serves (changes on every re-plan)",
                                 value=info.epoch)
+        yield from span_families(self.node.spans.snapshot())
+
+
+def span_families(spans: dict[str, tuple[float, int]]) -> Iterator[Metric]:
+    """The hot path's spans (nodes/ring/spans.py): seconds and count by span, e.g. Shard.compute_batch.wait."""
+    seconds = CounterMetricFamily("prima_span_seconds", "Time in each span of the hot path", labels=["span"])
+    counts = CounterMetricFamily("prima_spans", "Times each span of the hot path ran", labels=["span"])
+    for name, (s, n) in sorted(spans.items()):
+        seconds.add_metric([name], s)
+        counts.add_metric([name], n)
+    yield seconds
+    yield counts
 
 
 def registry_for(node) -> CollectorRegistry:

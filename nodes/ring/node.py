@@ -12,7 +12,6 @@ weights come from (weights.py).
 import asyncio
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import grpc
@@ -28,11 +27,13 @@ from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
 from nodes.ring import admit, batching, frames, node_info, weights
+from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.head import Head
 from nodes.ring.head_watch import HeadWatch
 from nodes.ring.inbox import Inbox
 from nodes.ring.link import RingLink
+from nodes.ring.spans import Spans
 from nodes.ring.standby import Standby
 from nodes.ring.work import CACHE_IDLE_S, MAX_CACHES, QUEUE, Work
 from prima_rpc.spec.windows import Step, Windows
@@ -62,7 +63,8 @@ class Node:
         self.inbox: Inbox = Inbox(QUEUE)
         self.outbox: asyncio.Queue[pb.Frame] = asyncio.Queue(QUEUE)
         self.link = RingLink(cfg.peer, cfg.token)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="compute")
+        self.spans = Spans()  # the hot path's time by part (nodes/ring/spans.py), read by the metrics
+        self.pool = ComputePool(self.spans, cfg.inline_s)  # one compute thread; short jobs on the loop
         self.cache_used: dict[str, float] = {}  # request id -> when its KV cache was last used
         self.stats = Stats()
         self.predicted = (0.0, 0.0)  # the applied plan's (ms per token here, ring TPOT ms); Info reports it
@@ -186,10 +188,16 @@ class Node:
     # ------------------------------------------------------------------ frames in
 
     async def accept_frame(self, frame: pb.Frame) -> None:
-        """Validate a frame from the predecessor and queue it; Rejected says why not.
+        """Validate a frame from the predecessor and queue it; Rejected says why not."""
+        start = time.perf_counter()
+        try:
+            await self._accept_frame(frame)
+        finally:
+            self.spans.add("receive", time.perf_counter() - start)
 
-        Structure is checked first; then frames of another epoch (an older ring, still in flight
-        when the ring was re-planned) are dropped; then what only the current ring can judge."""
+    async def _accept_frame(self, frame: pb.Frame) -> None:
+        """Structure first; then frames of another epoch (an older ring, still in flight when the ring was
+        re-planned) are dropped; then what only the current ring can judge."""
         admit.check_structure(frame)
         if self.windows is None:
             raise Rejected(Code.FAILED_PRECONDITION, "this node has no assignment yet (prima-ctl start)")
@@ -270,6 +278,7 @@ class Node:
                 await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
             return
         batching.count_batch(self.stats, [w for w, _ in ready], start, time.perf_counter() - start)
+        self.spans.add("inbox", start - batch[0].queued)
         if batch[0].epoch != self.epoch:  # re-planned while computing: the results belong to the old ring
             return
         done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
@@ -278,7 +287,9 @@ class Node:
                 await head.deliver_batch([(w.request_id, w.hidden) for w in done])
             return
         for i, w in enumerate(done):
-            await self.outbox.put(frames.forward(w, batch_rest=len(done) - 1 - i))
+            encoding, frame = time.perf_counter(), frames.forward(w, batch_rest=len(done) - 1 - i)
+            self.spans.add("encode", time.perf_counter() - encoding)
+            await self.outbox.put(frame)
 
     async def _with_caches(self, batch: list[Work]) -> list[tuple[Work, KVCache]]:
         """The frames of `batch` with their KV caches, made if new; a request whose frame does not fit
@@ -359,7 +370,8 @@ class Node:
                 self.log.warning("link down", error=str(exc))
                 if self.head is not None and self.head.requests.known(frame.request_id):
                     self.head.members.link_down(frame.request_id, str(exc))
-            self.stats.link_s += time.perf_counter() - start
+            self.stats.link_s += (took := time.perf_counter() - start)
+            self.spans.add("send", took)
 
     async def _watch_loop(self) -> None:
         """The head probes its members every second (members.py); members probe the head (head_watch.py)."""

@@ -163,6 +163,14 @@ def free_ports(n: int, base: int = 0, option: str = "--base-port") -> list[int]:
     return ports
 
 
+def threads_each(n: int) -> int:
+    """Torch threads for each of n nodes sharing this machine's cores: a share each, at least one. Two threads a
+    node on 2 cores, 3 nodes, leave a node's compute waiting on a thread another process holds (SmolLM2 int4,
+    k = 1, one run: 43.5 ms a token against 33.6 with one thread; docs/performance.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // n)
+
+
 def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | None = None,
            extra_args: list[list[str]] | None = None, models: list[Path | None] | None = None,
            detach: bool = True, timeout: float = 60.0, token: str | None = None) -> LocalRing:
@@ -181,6 +189,7 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
         old.unlink(missing_ok=True)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     env = dict(os.environ)  # OpenMP's short spin for nodes sharing cores: set in prima_rpc/__init__.py
+    env.setdefault("OMP_NUM_THREADS", str(threads_each(n)))
     env.pop(TOKEN_ENV, None)
     env.update({TOKEN_ENV: token} if token else {})
     ring = LocalRing(addresses, log_dir, env=env, detach=detach)
