@@ -171,17 +171,22 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # Windows: the default loop
-        runner = asyncio.run
-    try:
-        runner(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
+        _runner()(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
                      metrics_port=metrics_port, tls=tls, join=join))
     except (StoreError, OSError, JoinError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
+
+
+
+def _runner():
+    """uvloop's run where it exists (not on Windows), else asyncio's."""
+    try:
+        import uvloop
+
+        return uvloop.run
+    except ImportError:
+        return asyncio.run
 
 
 if __name__ == "__main__":
