@@ -35,7 +35,8 @@ def walk(start: str, token: str | None = None) -> list[tuple[str, pb.NodeInfo]]:
             raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}") from None
         if info.node_id in seen:
             if info.node_id != out[0][1].node_id:
-                raise RingError(f"the successors of {start} lead into a loop that skips it at {address}")
+                chain = " -> ".join([a for a, _ in out] + [address])  # who pointed where: the race behind a loop
+                raise RingError(f"the successors of {start} lead into a loop that skips it at {address}: {chain}")
             return out
         seen.add(info.node_id)
         out.append((address, info))
