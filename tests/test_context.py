@@ -18,6 +18,7 @@ from prima_rpc.app import ring
 from prima_rpc.client import PrimaClient, PrimaError, Token
 from prima_rpc.spec.shapes import PRESETS
 from prima_rpc.spec.windows import Windows
+from solver.kv_term import kv_tokens
 from tests.rings import collect, greedy_tokens, local_ring
 
 LONG = dataclasses.replace(PRESETS["tiny"], max_seq_len=8192)  # a context longer than KV_RESERVE_TOKENS
@@ -98,3 +99,9 @@ def test_a_request_beside_others_that_cannot_fit_is_refused_at_once(tiny_store, 
         assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "needs 500 KV positions" in err.message
         assert "free of" in err.message and rest[-1].completion_tokens == 500
         assert collect(head, "b" * 300, 200, raw=True)[1].completion_tokens > 0  # room again once it ended
+
+
+def test_the_plan_prices_every_request_asked_for_at_the_whole_context():
+    assert kv_tokens(512) == 512 and kv_tokens(8192, 4) == 32768
+    with pytest.raises(ValueError, match="concurrency"):
+        kv_tokens(512, 0)
