@@ -71,6 +71,16 @@ def test_errors_have_anthropics_shape_without_a_ring():
             body["error"]["message"]
 
 
+def test_the_token_goes_as_x_api_key_too():
+    with api_server("127.0.0.1:1", token="s3cret") as url:
+        data = json.dumps(BASE).encode()
+        status, body = post(url + "/messages", data, {"x-api-key": "wrong"})
+        assert status == 401 and body["error"]["type"] == "authentication_error" and "x-api-key" in \
+            body["error"]["message"]
+        assert post(url + "/messages", data, {"x-api-key": "s3cret"})[0] == 503  # past the key: no head there
+        assert post(url + "/messages", data, {"Authorization": "Bearer s3cret"})[0] == 503
+
+
 # ---------------------------------------------------------------- a real 3-node ring
 
 
