@@ -3,6 +3,8 @@ behind the HTTP API (chat, generate, list, show)."""
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 
 import ollama
 import pytest
@@ -70,8 +72,11 @@ def test_errors_have_ollamas_shape_without_a_ring():
         assert status == 400 and set(body) == {"error"} and "top_p" in body["error"]
         status, body = post(base + "/api/generate", json.dumps({"model": "m", "prompt": "hi"}).encode())
         assert status == 503 and "127.0.0.1:1" in body["error"]
-        status, body = post(base + "/api/nope", b"{}")
-        assert status == 404 and set(body) == {"error"}
+        with pytest.raises(urllib.error.HTTPError) as err:  # GET: not allowed, in Ollama's shape
+            urllib.request.urlopen(base + "/api/chat", timeout=30)
+        assert err.value.code == 405 and set(json.loads(err.value.read())) == {"error"}
+        status, body = post(base + "/api/ring-nope", b"{}")  # beside the page's /api/ring: OpenAI's shape
+        assert status == 404 and body["error"]["type"] == "invalid_request_error"
 
 
 # ---------------------------------------------------------------- a real 3-node ring

@@ -12,7 +12,13 @@ from prima_rpc.app.ollama_request import OllamaCall, error_body, parse_ollama
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, PrimaError, Token
 
-PREFIX = "/api/"
+PREFIX = "/api/"  # shared with the web page's own /api/ring and /api/plan
+ROUTES = ("chat", "generate", "tags", "show")
+
+
+def is_ollama(path: str) -> bool:
+    """Whether `path` is one of Ollama's routes (whose errors take Ollama's shape)."""
+    return path.startswith(PREFIX) and path[len(PREFIX):] in ROUTES
 DONE_REASONS = {"tool_calls": "stop"}  # Ollama ends a call's turn with "stop"
 
 

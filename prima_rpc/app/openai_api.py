@@ -191,10 +191,10 @@ class Api:
 
 
 def error_response(path: str, exc: ApiError) -> web.Response:
-    """The error in its dialect's shape: Anthropic's under /v1/messages, Ollama's under /api/, else OpenAI's."""
+    """The error in its dialect's shape: Anthropic's under /v1/messages, Ollama's on its routes, else OpenAI's."""
     if path.startswith(anthropic_api.PATH):
         return web.json_response(anthropic_request.error_body(exc), status=exc.status)
-    if path.startswith(ollama_api.PREFIX):
+    if ollama_api.is_ollama(path):
         return web.json_response(ollama_request.error_body(exc), status=exc.status)
     return exc.response()
 
