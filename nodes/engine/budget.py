@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes, layer_bytes, stream_parts
-from nodes.engine.prefetch import KV_RESERVE_TOKENS, MemoryPlan, parts_bytes, plan_memory
+from nodes.engine.prefetch import MemoryPlan, kv_reserve_tokens, parts_bytes, plan_memory
 from nodes.engine.quant import Format
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 from prima_rpc.spec.windows import Windows
@@ -20,13 +20,15 @@ class ShardBudget:
 
 
 def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Format | None,
-                 head_fmt: Format | None, budget: int, prefetch: bool, buffer: int) -> ShardBudget:
+                 head_fmt: Format | None, budget: int, prefetch: bool, buffer: int,
+                 default_budget: bool = False) -> ShardBudget:
     """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
-    head (its embedding in `head_fmt`) and a KV reserve of KV_RESERVE_TOKENS positions; budget and buffer in bytes
-    as nodes.engine.prefetch.plan_memory takes them (0: unlimited, 0: the default buffer)."""
+    head (its embedding in `head_fmt`) and a KV reserve (kv_reserve_tokens: the whole context for the default
+    budget); budget and buffer in bytes as nodes.engine.prefetch.plan_memory takes them (0: unlimited, 0: the
+    default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
-    fixed = head_mem + kv_bytes(cfg, dtype, len(order), min(KV_RESERVE_TOKENS, cfg.max_seq_len))
+    fixed = head_mem + kv_bytes(cfg, dtype, len(order), kv_reserve_tokens(cfg, default_budget))
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
     units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}

@@ -32,7 +32,7 @@ from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 
 DEPTH = 1  # default buffer without a plan: DEPTH + 1 layers (read one ahead of the one computing)
-KV_RESERVE_TOKENS = 2048  # KV positions the budget keeps room for, all requests together (more are refused)
+KV_RESERVE_TOKENS = 2048  # KV positions an explicit --mem-budget keeps room for, all requests together
 DEFAULT_FRACTION = 0.8  # default budget: this share of the RAM available at assignment
 DEPTH_ENV = "PRIMA_PREFETCH_DEPTH"  # benchmarks: 0 = no prefetch (load on demand)
 MAX_BUFFER_LAYERS = 1024  # a plan's stream buffer beyond this is not a plan (Assign refuses it)
@@ -41,6 +41,12 @@ ALIGN = 64  # every unit in the buffer starts here: fp32 matmul rounding depends
 
 def default_budget() -> int:
     return int(psutil.virtual_memory().available * DEFAULT_FRACTION)
+
+
+def kv_reserve_tokens(cfg: ModelConfig, default_budget: bool) -> int:
+    """KV positions a budget keeps room for beside the weights: the default one, a request at the model's whole
+    context; one given (--mem-budget, often tight on purpose), KV_RESERVE_TOKENS at most."""
+    return cfg.max_seq_len if default_budget else min(KV_RESERVE_TOKENS, cfg.max_seq_len)
 
 
 def prefetch_depth() -> int:

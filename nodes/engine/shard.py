@@ -43,14 +43,15 @@ class Shard:
         """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
         depth: 0 loads streamed layers on demand (None: DEPTH or $PRIMA_PREFETCH_DEPTH);
         buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers)."""
-        budget = default_budget() if budget is None else budget
+        default = budget is None  # its KV reserve: a request at the whole context
+        budget = default_budget() if default else budget
         depth = prefetch_depth() if depth is None else depth
         self.store, self.windows, self.dtype = store, windows, dtype
         self.cfg = cfg = store.config
         self.fmt = fmt = weight_format(store.manifest)  # None: float matrices
         self.log = log or structlog.get_logger()
         head_fmt = weight_format(store.manifest, "embed") if windows.head else None
-        planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer)
+        planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer, default)
         self.plan: MemoryPlan = planned.plan
         self.kv_room = planned.kv_room  # None: no budget
         reporting = ReportingStore(store, shard_units(windows, cfg.n_experts), progress)
@@ -134,6 +135,12 @@ class Shard:
             raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
                              f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
                              "lower max_tokens, wait for other requests, or raise --mem-budget")
+
+    def kv_positions(self) -> int:
+        """The KV positions this shard's budget holds, all requests together (0: no budget, no limit)."""
+        if self.kv_room is None:
+            return 0
+        return max(self.kv_room // kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1), 1)
 
     def release(self, request_id: str) -> bool:
         found = self.caches.pop(request_id, None) is not None

@@ -47,3 +47,36 @@ def check_in_ring(frame: pb.Frame, hidden: torch.Tensor, windows: Windows, max_s
                                        f"context {max_seq_len}")
     if frame.start_pos > 0 and not known:
         raise Rejected(Code.NOT_FOUND, f"unknown request id {frame.request_id!r}")
+
+
+class KvLedger:
+    """The head's account of the ring's KV positions, so that a request that cannot fit is refused before it
+    starts: each node's room (asked once an epoch) and the positions its requests hold. Every request holds a
+    cache of the same capacity on every node, so the node with the least room decides."""
+
+    def __init__(self):
+        self.epoch: int | None = None  # that of `rooms`
+        self.rooms: dict[str, int] = {}  # address -> KV positions its budget holds (0: no limit)
+        self.held: dict[str, int] = {}  # request id -> its capacity
+
+    def admit(self, request_id: str, prompt: int, capacity: int) -> None:
+        """Hold `capacity` positions for the request, or Rejected with the numbers: INVALID_ARGUMENT if the ring
+        cannot hold it even alone, RESOURCE_EXHAUSTED if only its other requests are in the way."""
+        limited = {a: r for a, r in self.rooms.items() if r}
+        if limited:
+            where, room = min(limited.items(), key=lambda item: item[1])
+            used = sum(self.held.values())
+            need = (f"the request needs {capacity} KV positions (a prompt of {prompt} tokens + max_tokens "
+                    f"{capacity - prompt})")
+            if capacity > room:
+                raise Rejected(Code.INVALID_ARGUMENT, f"{need}; the memory budget of node {where} leaves room for "
+                                                      f"{room} KV positions in all: lower max_tokens, shorten the "
+                                                      "prompt, or raise --mem-budget there")
+            if capacity > room - used:
+                raise Rejected(Code.RESOURCE_EXHAUSTED, f"{need}; node {where} has {room - used} KV positions free "
+                                                        f"of {room} ({len(self.held)} other requests hold the rest):"
+                                                        " wait for them or lower max_tokens")
+        self.held[request_id] = capacity
+
+    def release(self, request_id: str) -> None:
+        self.held.pop(request_id, None)

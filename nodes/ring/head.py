@@ -15,6 +15,7 @@ from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, Prefilled, TokenOut
 from nodes.ring import frames
+from nodes.ring.admit import KvLedger
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
 from nodes.ring.members import Members
@@ -31,6 +32,7 @@ class Head:
         self.members = Members(node, self.requests)
         self.draft_model: ReferenceModel | None = None
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
+        self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -56,6 +58,8 @@ class Head:
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
         gen.resume(list(resume), node.store.config.vocab)  # ValueError: INVALID_ARGUMENT
+        await self._kv_rooms()
+        self.kv.admit(request_id, len(prompt_ids), gen.capacity)
         req = self.requests.add(request_id)
         self.steps.join(request_id)
         try:
@@ -83,6 +87,7 @@ class Head:
             yield gen
         finally:
             self.requests.remove(request_id)
+            self.kv.release(request_id)
             self.steps.leave(request_id)
             # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
             # this also runs when the client's call is cancelled.
@@ -92,6 +97,16 @@ class Head:
                 node.outbox.put_nowait(frames.release(request_id, node.epoch))
             except asyncio.QueueFull:
                 node.log.warning("release not sent: outbox full", request_id=request_id)
+
+    async def _kv_rooms(self) -> None:
+        """Each node's KV room, asked once an epoch (a member that does not answer: no limit known there)."""
+        node = self.node
+        if self.kv.epoch == node.epoch:
+            return
+        infos = await self.members.infos()
+        rooms = {a: i.kv_positions for a, i in zip(self.members.members, infos) if i is not None}
+        self.kv.rooms = {self.address: node.shard.kv_positions() if node.shard else 0, **rooms}
+        self.kv.epoch = node.epoch
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int, rows: int = 0) -> torch.Tensor:

@@ -252,6 +252,10 @@ class Members:
             await self._peers.pop(address).close()
             return None
 
+    async def infos(self) -> list[pb.NodeInfo | None]:
+        """Every member's Info now (None: it did not answer), in ring order without the head."""
+        return list(await asyncio.gather(*(self._info(a) for a in self.members)))
+
     def _holds_model(self, info: pb.NodeInfo) -> bool:
         store = self.node.store
         return info.n_layers == store.config.n_layers and info.model_id == store.model_id

@@ -5,11 +5,11 @@ from collections.abc import Callable
 
 import grpc
 
-from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from prima_rpc.app import ring
 from prima_rpc.control import Control
 from prima_rpc.spec.profiles import devices_from_json
 from solver.fetch_time import add_first_start
+from solver.kv_term import kv_tokens
 from solver.model_profile import ModelProfile
 from solver.strategies import plan_for
 
@@ -44,8 +44,9 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
               progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
     profiles, manifest = profile_ring(head, token, refresh, progress)
     devices = devices_from_json(profiles)
-    # The KV positions a node's memory budget keeps room for: plan memory the way the nodes will use it.
-    result = plan_for(devices, manifest, strategy, n_ctx=KV_RESERVE_TOKENS, concurrency=concurrency,
+    # KV for the requests asked for, each at the whole context: plan memory the way the nodes will use it.
+    n_ctx = kv_tokens(ModelProfile.from_json(manifest).max_seq_len, concurrency)
+    result = plan_for(devices, manifest, strategy, n_ctx=n_ctx, concurrency=concurrency,
                       speculation=speculation)
     if "devices" in result:  # nodes without the model fetch their layers from the head first
         add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])

@@ -19,7 +19,7 @@ import grpc
 import structlog
 from aiohttp import web
 
-from prima_rpc.app import web_page
+from prima_rpc.app import anthropic_api, anthropic_request, ollama_api, ollama_request, web_page
 from prima_rpc.app.openai_choices import Answer, chunk_choice, merged, seeded, whole_choice
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
@@ -190,34 +190,47 @@ class Api:
         return response
 
 
+def error_response(path: str, exc: ApiError) -> web.Response:
+    """The error in its dialect's shape: Anthropic's under /v1/messages, Ollama's on its routes, else OpenAI's."""
+    if path.startswith(anthropic_api.PATH):
+        return web.json_response(anthropic_request.error_body(exc), status=exc.status)
+    if ollama_api.is_ollama(path):
+        return web.json_response(ollama_request.error_body(exc), status=exc.status)
+    return exc.response()
+
+
 @web.middleware
 async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+    """Every error in its dialect's shape (OpenAI's: {"error": {"message", "type", "param", "code"}})."""
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        return error_response(request.path, exc)
     except web.HTTPException as exc:  # no such route, wrong method, body too large
         if exc.status < 400:
             raise
-        response = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}").response()
+        response = error_response(request.path, ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}"))
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
-    except Exception as exc:  # a bug: still OpenAI's shape and one line; the traceback goes to the log
+    except Exception as exc:  # a bug: still the dialect's shape and one line; the traceback goes to the log
         log.exception("internal error", path=request.path)
-        return ApiError(500, f"Internal error: {type(exc).__name__}: {' '.join(str(exc).split())}").response()
+        return error_response(request.path,
+                              ApiError(500, f"Internal error: {type(exc).__name__}: {' '.join(str(exc).split())}"))
 
 
 def bearer_auth(token: str):
-    expected = f"Bearer {token}".encode()
+    expected, key = f"Bearer {token}".encode(), token.encode()
 
     @web.middleware
     async def auth(request: web.Request, handler) -> web.StreamResponse:
         if web_page.is_public(request):  # the page and its files; the page asks for the token itself
             return await handler(request)
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-            raise ApiError(401, "Missing or incorrect API key: send 'Authorization: Bearer <the ring's token>'.",
+        # Anthropic's clients send the key as x-api-key
+        if not (hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+                or hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key)):
+            raise ApiError(401, "Missing or incorrect API key: send 'Authorization: Bearer <the ring's token>' "
+                                "(or x-api-key: <the ring's token>).",
                            code="invalid_api_key")
         return await handler(request)
 
@@ -234,6 +247,8 @@ def make_app(config: ApiConfig) -> web.Application:
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/v1/models/{model:.+}", api.model)
+    anthropic_api.setup(app, api)
+    ollama_api.setup(app, api)
     web_page.setup(app, config.head, config.token)
     return app
 
