@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from nodes.engine.kernels import q4
 from nodes.engine.quant import (
     QUANTIZED,
     Int4,
@@ -92,9 +93,11 @@ def native_bfloat16() -> bool:
 
 
 def machine_key() -> str:
-    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), threads."""
+    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), whether our
+    int4 kernel is built (nodes/engine/kernels), threads."""
     return (f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
-            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} threads={torch.get_num_threads()}")
+            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.available()}"
+            f" threads={torch.get_num_threads()}")
 
 
 @cache
