@@ -7,6 +7,9 @@ Every path gives a row the same result whatever other rows share its call (a bat
 tokens do not depend on speculation or batching: the quantized kernels compute each row alone, float ones go
 through fixed-width GEMMs (FEW_ROWS).
 
+int4 with float32 activations goes through our kernel (nodes/engine/kernels/q4.c) wherever it builds: torch's float32
+int4 path is a scalar loop, and under AVX2 its bfloat16 one reads 1.5-3.8x slower than ours (docs/performance.md).
+
 Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
 with float32 or float16 ones (those paths are not vectorised); which activation dtype a machine runs them in is
