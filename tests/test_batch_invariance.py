@@ -60,7 +60,7 @@ def shard_of(store, dtype) -> Shard:
     return Shard(LayerStore(store), Windows(((0, cfg.n_layers),), cfg.n_layers, True), dtype, budget=0)
 
 
-@pytest.mark.parametrize("kind", STORES + ["float32-bfloat16"])
+@pytest.mark.parametrize("kind", STORES + ["float32-bfloat16", "int4-float32"])  # int4-float32: q4.c where it builds
 def test_a_verify_frame_and_a_batch_give_each_row_its_steps_bits(kind, stores, monkeypatch):
     """Three requests after their prompts: A's next 5 tokens as one verify frame beside B's and C's decode tokens
     in one batch give A's rows the bits of 5 one-token steps and B's and C's those of their steps alone; on the

@@ -73,9 +73,12 @@ def test_float_stores_and_asked_dtypes_are_not_measured(fresh):
 
 @pytest.mark.parametrize("fmt", ["float", "int8", "int4"])
 def test_the_probes_are_exact_here(fmt):
-    """float32 is exact on every format (to rounding); the quantized formats' choice is within MAX_ERROR."""
+    """float32 is exact on every format (to rounding; int4 through our kernel, where it builds, to its bound of
+    activations in ~14 bits: tests/test_kernels.py); the quantized formats' choice is within MAX_ERROR."""
+    from nodes.engine.kernels import q4
+
     probes = probe_format(fmt)
-    assert probes["float32"].error < 1e-5
+    assert probes["float32"].error < (3e-4 if fmt == "int4" and q4.available() else 1e-5)
     assert all(p.seconds > 0 and p.rounds >= 2 for p in probes.values())
     if fmt != "float":
         assert probes[choose(probes)].error <= MAX_ERROR

@@ -19,6 +19,7 @@ from gguf.quants import dequantize
 
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from nodes.engine.quant import (
@@ -141,7 +142,8 @@ def test_the_onednn_probe_sees_saturating_sums_under_avx2():
 def test_int4_weights_equal_the_ggufs_on_every_layer(smol_int4):
     """Every layer's packed weights, de-quantized as the kernel lays them out, equal gguf's de-quantized Q4_1
     weights bit for bit (float32 activations); on three layers also read back through the kernel itself (an
-    identity matmul, slow with float32 activations). With bfloat16 activations scale and zero are bfloat16."""
+    identity matmul: nodes/engine/kernels/q4.c where it builds). With bfloat16 activations scale and zero are
+    bfloat16."""
     tensors = {t.name: t for t in GGUFReader(default_gguf()).tensors}
     store = LayerStore(smol_int4)
     cfg, fmt = store.config, weight_format(store.manifest)
@@ -164,7 +166,7 @@ def test_int4_weights_equal_the_ggufs_on_every_layer(smol_int4):
                 ref.append(w)
             ref = torch.cat(ref)
             weight = getattr(f32, name)
-            assert isinstance(weight, Int4)
+            assert isinstance(weight, Int4 | Q4Rows)  # float32: our kernel where it builds (tests/test_kernels.py)
             assert torch.equal(weight.rows(torch.arange(ref.shape[0])), ref), f"layer {i} {name}"
             if i in through_kernel:
                 assert torch.equal(weight.mm(torch.eye(ref.shape[1])).t(), ref), f"layer {i} {name} (kernel)"
@@ -191,13 +193,14 @@ def test_gguf_q4_blocks_map_exactly():
 
 
 @pytest.mark.slow
-def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, smol_store):
+@pytest.mark.parametrize("activations", [None, "float32"])  # the machine's choice; float32 (q4.c where it builds)
+def test_int4_smollm2_answers_paris_and_mostly_agrees_with_float32(smol_int4, smol_store, activations):
     """Agreement that does not hang on near-ties (whose side differs by ISA: the AVX2 and AVX-512 int4 kernels round
     differently): fed float32's own greedy tokens, int4 predicts each of them on most positions, and where it does
     not, float32's token is within 1.0 of int4's top logit (bfloat16 logits step by 0.125 near 20; measured at
     most 0.25, and 84 of 89 positions, on AVX-512 and under AVX2 emulation alike)."""
-    int4, ref = ReferenceModel(smol_int4), ReferenceModel(smol_store)
-    assert int4.dtype == getattr(torch, compute_dtype("int4"))  # the machine's measured choice
+    int4, ref = ReferenceModel(smol_int4, dtype=activations and getattr(torch, activations)), ReferenceModel(smol_store)
+    assert int4.dtype == getattr(torch, activations or compute_dtype("int4"))  # by default the machine's choice
     manifest = json.loads((smol_int4 / "manifest.json").read_text())
     assert manifest["dtype"] == "int4" and manifest["files"]["layers"][0]["format"] == "int4"
     assert manifest["files"]["embed"]["format"] == "int8"  # the GGUF's embedding is Q8_0: int8 rows, not int4

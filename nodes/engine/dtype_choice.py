@@ -4,7 +4,8 @@ candidate dtype, the fastest exact enough kept, cached per machine in $PRIMA_HOM
 Why measure: the same kernel is 10-30x faster in one dtype than another, and which one depends on the CPU and the
 torch build (ARM's kernels have float16 paths x86's lack). On this AVX-512 box with native bfloat16, and under
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, the int4 and int8 kernels are vectorised for bfloat16 activations
-only (float32 and float16 take scalar loops, 20-30x slower), so both choose bfloat16 (docs/quantization.md).
+only (float32 and float16 take scalar loops, 20-30x slower); int4's float32 candidate is our own kernel wherever it
+builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
 Float stores always compute in float32: their weights stay exactly as stored, and the single-process reference on
 them is the oracle every ring is checked against (their probe is timed for the record only).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from nodes.engine.kernels import q4
 from nodes.engine.quant import (
     QUANTIZED,
     Int4,
@@ -92,9 +94,11 @@ def native_bfloat16() -> bool:
 
 
 def machine_key() -> str:
-    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), threads."""
+    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), whether our
+    int4 kernel is built (nodes/engine/kernels), threads."""
     return (f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
-            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} threads={torch.get_num_threads()}")
+            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.available()}"
+            f" threads={torch.get_num_threads()}")
 
 
 @cache

@@ -7,6 +7,9 @@ Every path gives a row the same result whatever other rows share its call (a bat
 tokens do not depend on speculation or batching: the quantized kernels compute each row alone, float ones go
 through fixed-width GEMMs (FEW_ROWS).
 
+int4 with float32 activations goes through our kernel (nodes/engine/kernels/q4.c) wherever it builds: torch's float32
+int4 path is a scalar loop, and under AVX2 its bfloat16 one reads 1.5-3.8x slower than ours (docs/performance.md).
+
 Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
 and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
 with float32 or float16 ones (those paths are not vectorised); which activation dtype a machine runs them in is
@@ -20,6 +23,7 @@ from functools import cache
 
 import torch
 
+from nodes.engine.kernels import q4
 from prima_rpc.spec.manifest import Manifest, StoreError
 
 GROUP = 32  # int4: weights per (scale, min) along K; GGUF's block size
@@ -120,6 +124,11 @@ def pack_int4(q: torch.Tensor, layout: Layout) -> torch.Tensor:
 def unpack_int4(packed: torch.Tensor, layout: Layout, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Values uint8 [N, K] (or only `rows` of them) of a packed [N, K/2] tensor."""
     n, k = packed.shape[0], packed.shape[1] * 2
+    if rows is None and n % layout.block == 0:  # whole blocks (every model's matrices): a reshape, no gather
+        x = packed.reshape(n // layout.block, k, layout.block // 2)
+        lo, hi = x & 15, x >> 4
+        q = torch.cat([lo, hi], -1) if layout.lanes else torch.stack([lo, hi], -1).flatten(2)
+        return q.transpose(1, 2).reshape(n, k)
     flat = packed.reshape(-1)
     full = n // layout.block * layout.block
     if rows is None:
@@ -179,7 +188,11 @@ class Int4:
         self.shape = (packed.shape[0], packed.shape[1] * 2)
 
     @staticmethod
-    def from_dm(packed: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype, layout: Layout) -> "Int4":
+    def from_dm(packed: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype, layout: Layout) -> "Int4 | q4.Q4Rows":
+        if dtype == torch.float32 and q4.available():  # torch's float32 int4 kernel is a scalar loop; ours is not
+            if packed.shape[0] % layout.block == 0:
+                return q4.Q4Rows.from_torch(packed, dm, layout.block, layout.lanes)
+            return q4.Q4Rows.from_values(unpack_int4(packed, layout), dm)
         return Int4(repack_int4(packed, layout, machine_layout()), kernel_scales(dm, dtype), machine_layout())
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:

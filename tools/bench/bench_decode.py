@@ -143,6 +143,7 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
                 ("bfloat16", "prima", str(ensure_default_store()), "bfloat16"),
                 ("int8", "prima", str(ensure_default_store(dtype="int8")), "bfloat16"),
                 ("int4", "prima", str(ensure_default_store(dtype="int4")), "bfloat16"),
+                ("int4 f32", "prima", str(ensure_default_store(dtype="int4")), "float32"),  # q4.c where it builds
                 ("Q4_1", "llama.cpp", str(gguf), "")]
         if transformers:
             rows += [("float32", "transformers", str(gguf), "float32"), ("bfloat16", "transformers", str(gguf),
@@ -158,6 +159,7 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
     return [("bfloat16", "prima", store(ggufs["Q8_0"], "bfloat16"), "bfloat16"),
             ("int8", "prima", store(ggufs["Q8_0"], "int8"), "bfloat16"),
             ("int4", "prima", store(ggufs["Q4_0"], "int4"), "bfloat16"),
+            ("int4 f32", "prima", store(ggufs["Q4_0"], "int4"), "float32"),
             ("Q8_0", "llama.cpp", str(ggufs["Q8_0"]), ""),
             ("Q4_0", "llama.cpp", str(ggufs["Q4_0"]), "")]
 
