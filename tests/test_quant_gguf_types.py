@@ -10,6 +10,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
 from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, weight_format
 from nodes.engine.shard import Shard
@@ -168,7 +169,7 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_alike_in_every_la
                 ref.append(unpermute(w, {"attn_q": HEADS, "attn_k": KV}[g]) if g in ("attn_q", "attn_k") else w)
             ref, weight = torch.cat(ref), getattr(layer, name)
             seen = weight.rows(torch.arange(ref.shape[0]))
-            if isinstance(weight, Int4):  # Q4_K kept: float16 scale products (the test above)
+            if isinstance(weight, Int4 | Q4Rows):  # Q4_K kept: float16 scale products (the test above)
                 assert name == "wo" and ((seen - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
             else:  # int8 rows: half a step of each row's scale
                 assert isinstance(weight, Int8) and ((seen - ref).abs() <= 0.501 * weight.scale[:, None]).all()
