@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.spec.manifest import StoreError, read_manifest
@@ -262,7 +263,7 @@ def test_quantized_import_is_the_float_weights_quantized(hf_dirs, tmp_path, dtyp
     assert q.manifest.dtype == dtype and q.manifest.embed.format == "int8"
     a = Layer.from_unit(f32.load("layer.1"), torch.float32)
     b = Layer.from_unit(q.load("layer.1"), torch.float32, weight_format(q.manifest))
-    assert isinstance(b.wqkv, Int4 if dtype == "int4" else Int8)
+    assert isinstance(b.wqkv, (Int4, Q4Rows) if dtype == "int4" else Int8)  # Q4Rows: q4.c, float32 activations
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         w, got = getattr(a, name), getattr(b, name).rows(torch.arange(getattr(a, name).shape[0]))
         assert (got - w).abs().max() <= w.abs().max() / (7 if dtype == "int4" else 127)

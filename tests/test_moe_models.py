@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.loading import read_layer
 from nodes.engine.quant import Int4, Int8, weight_format
 from nodes.engine.store import LayerStore
@@ -86,7 +87,7 @@ def test_each_expert_is_a_unit_of_its_own(models, dtype, tmp_path):
         assert set(one) == {"w_gate_up.qweight", "w_gate_up.scales", "w_down.qweight", "w_down.scales"}
         layer = read_layer(store, 1, cfg, torch.bfloat16, weight_format(m), experts=[5])
         assert list(layer.moe.experts) == [5]
-        assert isinstance(layer.moe.experts[5].w_gate_up, Int4 if dtype == "int4" else Int8)
+        assert isinstance(layer.moe.experts[5].w_gate_up, (Int4, Q4Rows) if dtype == "int4" else Int8)
 
 
 def test_a_dense_layer_count_of_experts_is_refused(models, tmp_path):
