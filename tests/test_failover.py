@@ -48,12 +48,14 @@ async def stream_and_kill(addresses: list[str], prompt: str, max_tokens: int, pr
 
 
 def test_the_head_killed_mid_generation_fails_over_and_the_stream_completes(smol_store, tmp_path, caplog):
-    expected = greedy_tokens(smol_store, PROMPT, 40)
+    expected = greedy_tokens(smol_store, PROMPT, 64)
     with local_ring(smol_store, 3, tmp_path, windows=[10, 10, 10]) as local:
         head, standby, worker = local.addresses
         rows = status(head)
         assert [(r["standby"], r["head_copy"]) for r in rows[1:]] == [(True, True), (False, True)]  # one store dir
-        tokens, killed = asyncio.run(stream_and_kill(local.addresses, PROMPT, 40, local.processes[0], after=8))
+        # killed at its 2nd token: a head decoding 64 tokens at ~30 ms cannot have sent them all (a stream the client
+        # reads behind the head would otherwise complete from gRPC's buffers, with nothing to resume)
+        tokens, killed = asyncio.run(stream_and_kill(local.addresses, PROMPT, 64, local.processes[0], after=2))
         assert time.monotonic() - killed < 15, "the stream took over 15 s to complete after the head was killed"
         assert tokens == expected
         assert any("resumed on the head" in r.getMessage() for r in caplog.records)  # the client's one line
