@@ -8,6 +8,7 @@ import uuid
 from aiohttp import web
 
 from prima_rpc.app.anthropic_request import STOP_REASONS, MessagesCall, error_body, parse_messages
+from prima_rpc.app.dialect_io import json_body, whole_text
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, PrimaError, Token
 from prima_rpc.request import ToolCall
@@ -40,10 +41,7 @@ class Messages:
         self.api = api
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            raise ApiError(400, f"We could not parse the JSON body of your request: {exc}.") from None
+        body = await json_body(request)
         call = parse_messages(body, self.api.config.default_temperature)
         message_id = f"msg_{uuid.uuid4().hex}"
         model = await self.api.model_name()
@@ -51,15 +49,10 @@ class Messages:
             async with contextlib.aclosing(self.api.client.stream(call.request)) as events:
                 if call.stream:
                     return await self._stream(request, call, message_id, model, events)
-                text, done = [], None
-                async for e in events:
-                    if isinstance(e, Token):
-                        text.append(e.text)
-                    else:
-                        done = e
+                text, done = await whole_text(events)
         except PrimaError as exc:
             raise ApiError.from_grpc(exc) from None
-        return web.json_response(message(message_id, model, content_blocks("".join(text), done.tool_calls), done))
+        return web.json_response(message(message_id, model, content_blocks(text, done.tool_calls), done))
 
     async def _stream(self, request: web.Request, call: MessagesCall, message_id: str, model: str,
                       events) -> web.StreamResponse:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import grpc
 from aiohttp import web
 
+from prima_rpc.app.dialect_io import json_body, whole_text
 from prima_rpc.app.ollama_request import OllamaCall, error_body, parse_ollama
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, PrimaError, Token
@@ -62,10 +63,7 @@ class Ollama:
         return await self._answer(request, chat=False)
 
     async def _answer(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            raise ApiError(400, f"invalid JSON body: {exc}") from None
+        body = await json_body(request)
         config = self.api.config
         call = parse_ollama(body, chat, config.default_max_tokens, config.default_temperature)
         model = await self.api.model_name()
@@ -75,15 +73,10 @@ class Ollama:
             async with contextlib.aclosing(self.api.client.stream(call.request)) as events:
                 if call.stream:
                     return await self._stream(request, call, model, chat, events)
-                text, done = [], None
-                async for e in events:
-                    if isinstance(e, Token):
-                        text.append(e.text)
-                    else:
-                        done = e
+                text, done = await whole_text(events)
         except PrimaError as exc:
             raise ApiError.from_grpc(exc) from None
-        return web.json_response(part(model, chat, "".join(text), done))
+        return web.json_response(part(model, chat, text, done))
 
     async def _stream(self, request: web.Request, call: OllamaCall, model: str, chat: bool,
                       events) -> web.StreamResponse:
@@ -124,10 +117,7 @@ class Ollama:
 
     async def show(self, request: web.Request) -> web.Response:
         """Any name is the ring's model, as for chat (clients ask for "llama3", "qwen", ...)."""
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            raise ApiError(400, f"invalid JSON body: {exc}") from None
+        body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("model") or body.get("name"), str):
             raise ApiError(400, "invalid model: expected {\"model\": NAME}", "model")
         card = await self._model()

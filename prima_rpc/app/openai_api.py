@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from prima_rpc.app import anthropic_api, anthropic_request, ollama_api, ollama_request, web_page
+from prima_rpc.app.dialect_io import json_body
 from prima_rpc.app.openai_choices import Answer, chunk_choice, merged, seeded, whole_choice
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
@@ -109,10 +110,7 @@ class Api:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            raise ApiError(400, f"We could not parse the JSON body of your request: {exc}.") from None
+        body = await json_body(request)
         call = parse_request(body, chat, self.config.default_max_tokens, self.config.default_temperature)
         completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         model = await self.model_name()
