@@ -7,6 +7,14 @@ from pathlib import Path
 import torch
 import transformers
 
+from nodes.generation.reference import ReferenceModel
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 1028, 30, 216, 1520]  # ten tokens: past Gemma's window of 4
+STEPS = 8
+# float32 both sides; the maths differs only in summation order (fused matrices, SDPA, experts' sums): measured at
+# most 4.3e-5 (dense) and 8.7e-5 (mixtures) on logits of magnitude ~10-13
+ATOL = 2e-4
+
 # family -> (config class, model class, its config beyond the shared tiny shape)
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 16}  # small: the test's positions cross every band
@@ -94,3 +102,23 @@ def greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tenso
         rows.append(model.step([ids[-1]], len(prompt) + len(ids) - 1, cache)[None])
         ids.append(int(rows[-1][0].argmax()))
     return ids, torch.cat(rows)
+
+
+def model_maker(tokenizer_json: Path, tmp_path_factory, chat_template: str | None = None):
+    """family -> (HF directory, transformers' greedy tokens, its logits), each written on first use."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            out = tmp_path_factory.mktemp(family) / "hf"
+            hf = write_model(family, tokenizer_json, out, chat_template=chat_template)
+            made[family] = (hf, *reference(hf, PROMPT, STEPS))
+        return made[family]
+    return get
+
+
+def check(store: Path, expected_ids: list[int], expected_logits: torch.Tensor) -> None:
+    """The store's single process gives transformers' greedy tokens, its logits within ATOL."""
+    ids, logits = greedy(ReferenceModel(store), PROMPT, STEPS)
+    assert ids == expected_ids
+    assert (logits - expected_logits).abs().max() < ATOL

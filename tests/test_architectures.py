@@ -12,38 +12,16 @@ import torch
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError, read_manifest
-from tests.arch_models import FAMILIES, greedy, reference, write_model
+from tests.arch_models import FAMILIES, PROMPT, check, model_maker
 from tests.llama_convert import convert
 from tests.rings import collect, greedy_reference, local_ring
 from tools.import_gguf import import_gguf
 from tools.import_hf import import_hf
 
-PROMPT = [1, 504, 3458, 282, 4649, 314, 1028, 30, 216, 1520]  # ten tokens: past Gemma's window of 4
-STEPS = 8
-# float32 both sides; the maths differs only in summation order (fused matrices, SDPA): a few 1e-5 on logits of
-# magnitude ~10 (measured: at most 4.3e-5)
-ATOL = 2e-4
-
 
 @pytest.fixture(scope="module")
 def models(smol_store, tmp_path_factory):
-    """family -> (HF directory, transformers' greedy tokens, its logits), each written on first use."""
-    manifest, _ = read_manifest(smol_store)
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            hf = write_model(family, smol_store / "tokenizer.json", tmp_path_factory.mktemp(family) / "hf",
-                             chat_template=manifest.chat_template)
-            made[family] = (hf, *reference(hf, PROMPT, STEPS))
-        return made[family]
-    return get
-
-
-def check(store, expected_ids, expected_logits):
-    ids, logits = greedy(ReferenceModel(store), PROMPT, STEPS)
-    assert ids == expected_ids
-    assert (logits - expected_logits).abs().max() < ATOL
+    return model_maker(smol_store / "tokenizer.json", tmp_path_factory, read_manifest(smol_store)[0].chat_template)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

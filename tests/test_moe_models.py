@@ -11,39 +11,19 @@ from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.loading import read_layer
 from nodes.engine.quant import Int4, Int8, weight_format
 from nodes.engine.store import LayerStore
-from nodes.generation.reference import ReferenceModel
 from prima_rpc.spec.manifest import StoreError, expert_unit, read_manifest
 from prima_rpc.spec.shapes import expert_shapes
-from tests.arch_models import MOE_FAMILIES, greedy, reference, write_model
+from tests.arch_models import MOE_FAMILIES, check, model_maker
 from tests.llama_convert import convert
 from tools.import_gguf import import_gguf
 from tools.import_hf import import_hf
 
-PROMPT = [1, 504, 3458, 282, 4649, 314, 1028, 30, 216, 1520]
-STEPS = 8
-# float32 both sides; experts' outputs are summed in another order than transformers' (measured: at most 8.7e-5
-# on logits of magnitude ~13)
-ATOL = 2e-4
 FAMILIES = list(MOE_FAMILIES)
 
 
 @pytest.fixture(scope="module")
 def models(smol_store, tmp_path_factory):
-    """family -> (HF directory, transformers' greedy tokens, its logits), each written on first use."""
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            hf = write_model(family, smol_store / "tokenizer.json", tmp_path_factory.mktemp(family) / "hf")
-            made[family] = (hf, *reference(hf, PROMPT, STEPS))
-        return made[family]
-    return get
-
-
-def check(store, expected_ids, expected_logits):
-    ids, logits = greedy(ReferenceModel(store), PROMPT, STEPS)
-    assert ids == expected_ids
-    assert (logits - expected_logits).abs().max() < ATOL
+    return model_maker(smol_store / "tokenizer.json", tmp_path_factory)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

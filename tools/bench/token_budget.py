@@ -27,11 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import LaunchError, LocalRing, free_ports, launch
-from prima_rpc.client import Finished, PrimaClient
+from tools.bench.bench_ring import ring_run
 from tools.bench.markdown import table
 from tools.default_model import ensure_default_store
 
-PROMPT = "Write a short story about a robot who learns to paint."
 # Span name (nodes/ring/spans.py; compute pool jobs as FUNCTION.wait/run/back/inline) -> budget line.
 PARTS = {"Shard.compute_batch": "layers", "Shard.embed": "embedding", "Shard.logits": "logits",
          "Shard.last_logits": "logits"}
@@ -68,15 +67,6 @@ def scrape(port: int) -> dict[str, float]:
             if fam.name == "prima_span_seconds" for s in fam.samples if s.name.endswith("_total")}
 
 
-async def generate(head: str, tokens: int) -> Finished:
-    async with PrimaClient(head) as client:
-        done = None
-        async for event in client.generate(PROMPT, max_tokens=tokens):
-            if isinstance(event, Finished):
-                done = event
-        return done
-
-
 class Variant:
     """One ring of the comparison: its nodes' extra flags, metrics ports and what was measured."""
 
@@ -101,12 +91,12 @@ class Variant:
             os.environ.clear()
             os.environ.update(saved)
         ring.start(self.ring.addresses[0], windows)
-        asyncio.run(generate(self.ring.addresses[0], 8))  # warm-up: the kinds of jobs are measured once
+        asyncio.run(ring_run(self.ring.addresses[0], 8))  # warm-up: the kinds of jobs are measured once
         self.seconds = [defaultdict(float) for _ in windows]
 
     def measure(self, tokens: int) -> None:
         before = [scrape(p) for p in self.ports]
-        done = asyncio.run(generate(self.ring.addresses[0], tokens))
+        done = asyncio.run(ring_run(self.ring.addresses[0], tokens))
         after = [scrape(p) for p in self.ports]
         self.tpots.append(done.tpot_ms)
         self.tokens += done.completion_tokens
