@@ -164,10 +164,11 @@ class Shard:
             if cache.prefix_save is None or pos + h.shape[0] < cache.prefix_save[1]:
                 continue
             (key, length), cache.prefix_save = cache.prefix_save, None
+            if self.kv_room is not None and length * self._per_position() > self._free() + self.prefixes.nbytes():
+                continue  # it would not fit even alone: keep the older ones
             while not self._fits(length) and self.prefixes.evict_one():
                 pass
-            if self._fits(length):
-                self.prefixes.save(key, length, cache.kv)
+            self.prefixes.save(key, length, cache.kv)
 
     def kv_positions(self) -> int:
         """The KV positions this shard's budget holds, all requests together (0: no budget, no limit)."""

@@ -91,8 +91,9 @@ class Head:
                     continue
                 except PrefixMissed:  # a node lacked the prefix (evicted, restarted): prefill it all
                     node.log.info("prefix not cached on the ring; prefilling from 0", request_id=request_id)
+                    self._settle(plan, prompt_ids, False)
                     self.prefixes.missed(plan.use_key)
-                    plan = PrefixPlan(save_key=plan.save_key, save_len=plan.save_len)
+                    plan = self.prefixes.plan(prompt_ids, self.kv.free())  # it keeps the prefix again
                     continue
                 if not gen.tokens:
                     plan = self._settle(plan, prompt_ids, True)
