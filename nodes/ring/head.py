@@ -55,12 +55,7 @@ class Head:
         resume: tokens it already gave on a head that was lost (they are replayed, not sent again)."""
         self.requests.check_new(request_id)
         node = self.node
-        drafter = None
-        if params.speculate.mode == "draft" and node.cfg.draft is not None:
-            drafter = DraftModel(await self._draft_model())
-        gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
-                         node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
-        gen.resume(list(resume), node.store.config.vocab)  # ValueError: INVALID_ARGUMENT
+        gen, drafter = await self._generation(prompt_ids, params, resume)
         await self._kv_rooms()
         self.kv.admit(request_id, len(prompt_ids), gen.capacity)
         req = self.requests.add(request_id)
@@ -91,9 +86,7 @@ class Head:
                     continue
                 except PrefixMissed:  # a node lacked the prefix (evicted, restarted): prefill it all
                     node.log.info("prefix not cached on the ring; prefilling from 0", request_id=request_id)
-                    self._settle(plan, prompt_ids, False)
-                    self.prefixes.missed(plan.use_key)
-                    plan = self.prefixes.plan(prompt_ids, self.kv.free())  # it keeps the prefix again
+                    plan = self._missed(plan, prompt_ids)
                     continue
                 if not gen.tokens:
                     plan = self._settle(plan, prompt_ids, True)
@@ -126,6 +119,17 @@ class Head:
         self.kv.rooms = {self.address: node.shard.kv_positions() if node.shard else 0, **rooms}
         self.kv.epoch = node.epoch
 
+    async def _generation(self, prompt_ids: list[int], params: GenerateParams,
+                          resume: list[int]) -> tuple[Generation, DraftModel | None]:
+        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) and its drafter."""
+        node, drafter = self.node, None
+        if params.speculate.mode == "draft" and node.cfg.draft is not None:
+            drafter = DraftModel(await self._draft_model())
+        gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
+                         node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
+        gen.resume(list(resume), node.store.config.vocab)
+        return gen, drafter
+
     async def _prefix_plan(self, prompt_ids: list[int]) -> PrefixPlan:
         """What the prompt takes from and gives to the prefix cache; first it waits for a prefill in flight of the
         same prefix (the n choices of one prompt, agents with one system prompt) so that it is computed once."""
@@ -142,6 +146,12 @@ class Head:
         """The prompt went round (saved) or will not: its prefix is known, its waiters go on; what is left of plan."""
         self.prefixes.settled(plan, prompt_ids, saved)
         return COLD
+
+    def _missed(self, plan: PrefixPlan, prompt_ids: list[int]) -> PrefixPlan:
+        """A node lacked the prefix: forget it, and plan again (the full prefill keeps it on every node again)."""
+        self._settle(plan, prompt_ids, False)
+        self.prefixes.missed(plan.use_key)
+        return self.prefixes.plan(prompt_ids, self.kv.free())
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int, rows: int = 0) -> torch.Tensor:
