@@ -11,6 +11,14 @@ class Rejected(Exception):
         self.code = code
 
 
+class PrefixMissed(Rejected):
+    """A frame names a cached prompt prefix this node does not hold (evicted, re-planned, restarted): ABORTED,
+    which the head answers by prefilling the request from position 0."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.ABORTED, message)
+
+
 class RequestFailed(Exception):
     """A request ended before it finished, with the gRPC status its client gets."""
 

@@ -137,6 +137,7 @@ class KVCache:
         self.capacity = capacity
         shape = (2, cfg.n_kv_heads, capacity, cfg.head_dim)  # k and v: [nkv, S, hd]
         self.kv = {i: torch.empty(shape, dtype=dtype) for i in layers}
+        self.prefix_save: tuple[str, int] | None = None  # (key, length): keep [0, length) once computed (prefix cache)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv.values())

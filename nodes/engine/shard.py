@@ -30,6 +30,7 @@ from nodes.engine.model import (
     nbytes,
 )
 from nodes.engine.prefetch import MemoryPlan, Prefetcher, default_budget, prefetch_depth
+from nodes.engine.prefix_cache import NONE, Prefix, PrefixCache
 from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import StoreError
@@ -67,6 +68,8 @@ class Shard:
             self.prefetcher.start()
         self.rope = Rope(cfg, cfg.max_seq_len, dtype)
         self.caches: dict[str, KVCache] = {}
+        self.prefixes = PrefixCache()  # KV of recent prompt prefixes, inside the KV room (dropped with the shard)
+        self.last_stop = max((stop for _, stop in windows.ranges), default=0)  # a frame's last layer here
         self.compute_s = 0.0  # in compute(), stalls excluded
         self._stalled = 0.0
         if self.plan.streamed:
@@ -100,7 +103,7 @@ class Shard:
         if self.head is not None:
             weights += sum(nbytes(t) for t in {id(t): t for t in
                            (self.head.embed, self.head.norm, self.head.output)}.values())
-        return weights + sum(c.nbytes() for c in self.caches.values())
+        return weights + sum(c.nbytes() for c in self.caches.values()) + self.prefixes.nbytes()
 
     def close(self) -> None:
         """Stop the prefetcher's and the expert reader's threads (the shard is being replaced)."""
@@ -109,32 +112,63 @@ class Shard:
         if self.experts is not None:
             self.experts.close()
 
-    def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int) -> KVCache:
-        """The request's cache, made on its first frame; ValueError for frames that do not fit it."""
+    def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int,
+                  prefix: Prefix = NONE) -> KVCache:
+        """The request's cache, made on its first frame (from a cached prefix when the frame names one: PrefixMissed
+        if it is not here); ValueError for frames that do not fit it."""
         cache = self.caches.get(request_id)
         if cache is None:
-            if start_pos != 0:
+            first = prefix.length if prefix.key else 0
+            if start_pos != first:
                 raise ValueError(f"unknown request id {request_id!r} (no KV cache here; frames must start at 0)")
-            if not (tokens <= capacity <= self.cfg.max_seq_len):
-                raise ValueError(f"capacity {capacity} must be in [{tokens}, {self.cfg.max_seq_len}]")
+            if not (start_pos + tokens <= capacity <= self.cfg.max_seq_len):
+                raise ValueError(f"capacity {capacity} must be in [{start_pos + tokens}, {self.cfg.max_seq_len}]")
             self._check_kv_room(capacity)
-            cache = self.caches[request_id] = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
+            cache = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
+            if prefix.key:
+                self.prefixes.take(prefix.key, prefix.length, cache.kv)
+            self.caches[request_id] = cache
         if start_pos + tokens > cache.capacity:
             raise ValueError(f"positions [{start_pos}, {start_pos + tokens}) exceed the request's "
                              f"KV capacity {cache.capacity}")
+        if prefix.save_key and prefix.save_len <= cache.capacity:
+            cache.prefix_save = (prefix.save_key, prefix.save_len)
         return cache
 
     def _check_kv_room(self, capacity: int) -> None:
-        """A new cache must fit the memory budget beside the caches already held: refuse clearly, not overrun."""
+        """A new cache must fit the memory budget beside the caches already held: cached prefixes are dropped
+        (least recently used first) to make room, and only then is the request refused, clearly, not overrun."""
         if self.kv_room is None:
             return
-        per_position = kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
-        free = self.kv_room - sum(c.nbytes() for c in self.caches.values())
-        if capacity * per_position > free:
-            room = max(free, 0) // per_position
+        while not self._fits(capacity) and self.prefixes.evict_one():
+            pass
+        if not self._fits(capacity):
+            room = max(self._free(), 0) // self._per_position()
             raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
                              f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
                              "lower max_tokens, wait for other requests, or raise --mem-budget")
+
+    def _per_position(self) -> int:
+        return kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
+
+    def _free(self) -> int:
+        return self.kv_room - sum(c.nbytes() for c in self.caches.values()) - self.prefixes.nbytes()
+
+    def _fits(self, positions: int) -> bool:
+        return self.kv_room is None or positions * self._per_position() <= self._free()
+
+    def _save_prefixes(self, items: list[tuple[torch.Tensor, KVCache, int]]) -> None:
+        """Keep the prefixes the frames asked for once their positions went through this node's last window (older
+        prefixes make room; a prefix that does not fit even alone is not kept: a later request misses it)."""
+        for h, cache, pos in items:
+            if cache.prefix_save is None or pos + h.shape[0] < cache.prefix_save[1]:
+                continue
+            (key, length), cache.prefix_save = cache.prefix_save, None
+            if self.kv_room is not None and length * self._per_position() > self._free() + self.prefixes.nbytes():
+                continue  # it would not fit even alone: keep the older ones
+            while not self._fits(length) and self.prefixes.evict_one():
+                pass
+            self.prefixes.save(key, length, cache.kv)
 
     def kv_positions(self) -> int:
         """The KV positions this shard's budget holds, all requests together (0: no budget, no limit)."""
@@ -175,6 +209,8 @@ class Shard:
                 else:
                     x = self._streamed_forward(i, x, segs)
             next_layer = stop
+        if next_layer == self.last_stop:
+            self._save_prefixes(items)
         if self.prefetcher:
             self._stalled = self.prefetcher.stall_s
         self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)

@@ -3,8 +3,9 @@
 import grpc
 import torch
 
+from nodes.engine.prefix_cache import Prefix
 from nodes.errors import Rejected
-from nodes.ring.work import MAX_ID, MAX_REQUESTS
+from nodes.ring.work import MAX_ID, MAX_REQUESTS, Work
 from prima_rpc import codec
 from prima_rpc.channel import MAX_MESSAGE_BYTES
 from prima_rpc.spec.windows import Windows
@@ -22,6 +23,11 @@ def check_structure(frame: pb.Frame) -> None:
     if frame.batch_rest >= MAX_REQUESTS or (frame.batch_rest and frame.kind != pb.FORWARD):
         raise Rejected(Code.INVALID_ARGUMENT, f"batch_rest {frame.batch_rest} must be below {MAX_REQUESTS}, "
                                               "and 0 except on FORWARD frames")
+    if len(frame.prefix_key) > MAX_ID or len(frame.save_key) > MAX_ID:
+        raise Rejected(Code.INVALID_ARGUMENT, f"prefix keys must have at most {MAX_ID} characters")
+    if frame.prefix_key and frame.start_pos != frame.prefix_len:
+        raise Rejected(Code.INVALID_ARGUMENT, f"a frame from prefix {frame.prefix_key[:12]} of {frame.prefix_len} "
+                                              f"positions must start there, not at {frame.start_pos}")
 
 
 def checked_hidden(frame: pb.Frame, hidden_size: int) -> torch.Tensor:
@@ -45,8 +51,15 @@ def check_in_ring(frame: pb.Frame, hidden: torch.Tensor, windows: Windows, max_s
     if frame.start_pos + hidden.shape[0] > max_seq_len:
         raise Rejected(Code.OUT_OF_RANGE, f"positions up to {frame.start_pos + hidden.shape[0]} exceed the "
                                        f"context {max_seq_len}")
-    if frame.start_pos > 0 and not known:
+    if frame.start_pos > 0 and not known and not frame.prefix_key:
         raise Rejected(Code.NOT_FOUND, f"unknown request id {frame.request_id!r}")
+
+
+def forward_work(frame: pb.Frame, hidden: torch.Tensor) -> Work:
+    """A checked FORWARD frame as the compute loop takes it."""
+    prefix = Prefix(frame.prefix_key, frame.prefix_len, frame.save_key, frame.save_len, frame.prefill)
+    return Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer, frame.capacity, hidden,
+                epoch=frame.epoch, batch_rest=frame.batch_rest, prefix=prefix)
 
 
 class KvLedger:
@@ -77,6 +90,11 @@ class KvLedger:
                                                         f"of {room} ({len(self.held)} other requests hold the rest):"
                                                         " wait for them or lower max_tokens")
         self.held[request_id] = capacity
+
+    def free(self) -> int | None:
+        """Positions the tightest node has free beside the requests held, for cached prefixes (None: no limit)."""
+        limited = [r for r in self.rooms.values() if r]
+        return min(limited) - sum(self.held.values()) if limited else None
 
     def release(self, request_id: str) -> None:
         self.held.pop(request_id, None)

@@ -38,9 +38,13 @@ async def gather(inbox: Inbox, first: Work, max_batch: int) -> list[Work]:
     return batch
 
 
-def count_batch(s: Stats, computed: list[Work], start: float, took: float) -> None:
-    """Add a compute of `computed` (their frames as they were queued) that began at `start` and took `took` s."""
+def count_batch(s: Stats, computed: list[Work], start: float, took: float, first_pass: bool = True) -> None:
+    """Add a compute of `computed` (their frames as they were queued) that began at `start` and took `took` s;
+    first_pass: at the node's first window (prompt positions are counted once per node)."""
     s.compute_s += took
+    if first_pass:
+        s.prefilled_tokens += sum(w.hidden.shape[0] for w in computed if w.prefix.prefill)
+        s.prefix_hit_tokens += sum(w.prefix.length for w in computed if w.prefix.key and w.start_pos == w.prefix.length)
     s.frames += len(computed)
     if all(w.hidden.shape[0] == 1 for w in computed):  # a decode step: what a token waits for here
         s.decode_s += took

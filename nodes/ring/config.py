@@ -37,3 +37,5 @@ class Stats:
     batched_frames: int = 0
     max_batch_seen: int = 0
     queue_wait_s: float = 0.0  # frames' time in the inbox before their compute
+    prefilled_tokens: int = 0  # prompt positions computed here
+    prefix_hit_tokens: int = 0  # prompt positions copied from the prefix cache instead

@@ -27,8 +27,10 @@ def status_from_wire(value: int) -> grpc.StatusCode:
 # ---------------------------------------------------------------- Ring frames
 
 def forward(w: Work, batch_rest: int = 0) -> pb.Frame:
+    p = w.prefix
     return pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos, next_layer=w.next_layer,
-                    capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch, batch_rest=batch_rest)
+                    capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch, batch_rest=batch_rest,
+                    prefix_key=p.key, prefix_len=p.length, save_key=p.save_key, save_len=p.save_len, prefill=p.prefill)
 
 
 def release(request_id: str, epoch: int) -> pb.Frame:

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from nodes.errors import RequestFailed
+from nodes.engine.prefix_cache import NONE
+from nodes.errors import PrefixMissed, RequestFailed
 from nodes.generation import head_step
 from nodes.generation.draft import DraftModel, load_draft
 from nodes.generation.reference import ReferenceModel
@@ -19,6 +20,7 @@ from nodes.ring.admit import KvLedger
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
 from nodes.ring.members import Members
+from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
 from nodes.ring.steps import Stepper
 from nodes.ring.work import PREFILL_CHUNK
 
@@ -33,6 +35,7 @@ class Head:
         self.draft_model: ReferenceModel | None = None
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
         self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts
+        self.prefixes = HeadPrefixes()  # prompt prefixes the nodes keep the KV of (nodes/ring/prefixes.py)
         self.rewire(ring, fresh)
 
     def rewire(self, ring: list[str], fresh: bool) -> None:
@@ -52,40 +55,48 @@ class Head:
         resume: tokens it already gave on a head that was lost (they are replayed, not sent again)."""
         self.requests.check_new(request_id)
         node = self.node
-        drafter = None
-        if params.speculate.mode == "draft" and node.cfg.draft is not None:
-            drafter = DraftModel(await self._draft_model())
-        gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
-                         node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
-        gen.resume(list(resume), node.store.config.vocab)  # ValueError: INVALID_ARGUMENT
+        gen, drafter = await self._generation(prompt_ids, params, resume)
         await self._kv_rooms()
         self.kv.admit(request_id, len(prompt_ids), gen.capacity)
         req = self.requests.add(request_id)
         self.steps.join(request_id)
+        plan = COLD
         try:
             await self._ring_ready(req)  # a request that arrives during a re-plan waits for it
             if gen.tokens:  # resumed: its KV caches are rebuilt from the prompt and the tokens it gave
                 await self._replay(req, request_id, gen)
+            else:
+                plan = await self._prefix_plan(prompt_ids)
             while not gen.done:
                 ids, pos = gen.pending()
+                if not gen.tokens:  # the prompt: from the cached prefix on, if the ring holds one
+                    ids, pos = ids[plan.use_len:], plan.use_len
                 # Speculation: one trip verifies the drafts, as one multi-position frame.
                 draft = await asyncio.get_running_loop().run_in_executor(node.pool, gen.draft) \
                     if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
                     async for done, hidden in self._trip(req, request_id, ids + draft, pos, gen.capacity,
-                                                         len(draft) + 1):
+                                                         len(draft) + 1, None if gen.tokens else plan):
                         if hidden is None:  # a prefill chunk of a long prompt went round
                             yield Prefilled(done, len(ids))
                 except RingChanged:
+                    plan = self._settle(plan, prompt_ids, False)
                     await self._replay(req, request_id, gen)
                     continue
+                except PrefixMissed:  # a node lacked the prefix (evicted, restarted): prefill it all
+                    node.log.info("prefix not cached on the ring; prefilling from 0", request_id=request_id)
+                    plan = self._missed(plan, prompt_ids)
+                    continue
+                if not gen.tokens:
+                    plan = self._settle(plan, prompt_ids, True)
                 outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, req.logits)
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
             yield gen
         finally:
+            self._settle(plan, prompt_ids, False)
             self.requests.remove(request_id)
             self.kv.release(request_id)
             self.steps.leave(request_id)
@@ -108,6 +119,40 @@ class Head:
         self.kv.rooms = {self.address: node.shard.kv_positions() if node.shard else 0, **rooms}
         self.kv.epoch = node.epoch
 
+    async def _generation(self, prompt_ids: list[int], params: GenerateParams,
+                          resume: list[int]) -> tuple[Generation, DraftModel | None]:
+        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) and its drafter."""
+        node, drafter = self.node, None
+        if params.speculate.mode == "draft" and node.cfg.draft is not None:
+            drafter = DraftModel(await self._draft_model())
+        gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
+                         node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
+        gen.resume(list(resume), node.store.config.vocab)
+        return gen, drafter
+
+    async def _prefix_plan(self, prompt_ids: list[int]) -> PrefixPlan:
+        """What the prompt takes from and gives to the prefix cache; first it waits for a prefill in flight of the
+        same prefix (the n choices of one prompt, agents with one system prompt) so that it is computed once."""
+        self.prefixes.renew(self.node.epoch)
+        while (sibling := self.prefixes.waits_for(prompt_ids)) is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(sibling), self.node.cfg.step_timeout)
+            except TimeoutError:
+                break
+        self.prefixes.fit(self.kv.free())
+        return self.prefixes.plan(prompt_ids, self.kv.free())
+
+    def _settle(self, plan: PrefixPlan, prompt_ids: list[int], saved: bool) -> PrefixPlan:
+        """The prompt went round (saved) or will not: its prefix is known, its waiters go on; what is left of plan."""
+        self.prefixes.settled(plan, prompt_ids, saved)
+        return COLD
+
+    def _missed(self, plan: PrefixPlan, prompt_ids: list[int]) -> PrefixPlan:
+        """A node lacked the prefix: forget it, and plan again (the full prefill keeps it on every node again)."""
+        self._settle(plan, prompt_ids, False)
+        self.prefixes.missed(plan.use_key)
+        return self.prefixes.plan(prompt_ids, self.kv.free())
+
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
@@ -116,8 +161,9 @@ class Head:
         return steps[-1]
 
     async def _trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
-                    rows: int = 0) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
-        """_round_trip chunk by chunk: (tokens done, None) after each chunk but the last, then (all, hidden)."""
+                    rows: int = 0, plan: PrefixPlan | None = None) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
+        """_round_trip chunk by chunk: (tokens done, None) after each chunk but the last, then (all, hidden);
+        plan: the prompt's use of the prefix cache (None: not prompt positions)."""
         timeout = self.node.cfg.step_timeout
         loop = asyncio.get_running_loop()
         for offset in range(0, len(ids), PREFILL_CHUNK):
@@ -126,7 +172,9 @@ class Head:
             req.waiter, req.logits = loop.create_future(), None
             req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
             try:
-                await self.steps.send(request_id, ids[offset:offset + PREFILL_CHUNK], pos + offset, capacity)
+                chunk = ids[offset:offset + PREFILL_CHUNK]
+                prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
+                await self.steps.send(request_id, chunk, pos + offset, capacity, prefix)
                 hidden = await asyncio.wait_for(req.waiter, timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from nodes.errors import Rejected, RequestCancelled, RequestFailed
+from nodes.errors import PrefixMissed, Rejected, RequestCancelled, RequestFailed
 from nodes.ring.work import MAX_REQUESTS
 
 
@@ -31,6 +31,10 @@ class HeadRequest:
             self.waiter.set_result(hidden)
 
     def fail(self, failure: RequestFailed) -> None:
+        if failure.code == grpc.StatusCode.ABORTED:  # a node lacked the step's cached prefix: the head retries
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_exception(PrefixMissed(str(failure)))
+            return
         self.failure = self.failure or failure
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(failure)

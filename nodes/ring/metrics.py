@@ -73,6 +73,8 @@ class NodeCollector(Collector):
         ("batches", "prima_batches", "Computes run, each one pass over the weights for a batch of frames"),
         ("batched_frames", "prima_batched_frames", "Frames computed in batches (mean batch: this / prima_batches)"),
         ("queue_wait_s", "prima_queue_wait_seconds", "Time frames waited in the inbox before their compute"),
+        ("prefilled_tokens", "prima_prefilled_tokens", "Prompt positions computed"),
+        ("prefix_hit_tokens", "prima_prefix_hit_tokens", "Prompt positions copied from the prefix cache instead"),
     )
     GAUGES = (
         ("resident_bytes", "prima_resident_bytes", "Weights and KV caches held in memory"),
@@ -81,6 +83,7 @@ class NodeCollector(Collector):
         ("queue_depth", "prima_queue_depth", "Frames waiting in the inbox"),
         ("max_batch_seen", "prima_max_batch_seen", "The largest batch computed"),
         ("max_batch", "prima_max_batch", "The most frames one compute takes (this node's limit)"),
+        ("prefix_cached_tokens", "prima_prefix_cached_tokens", "Positions the prefix cache holds"),
     )
 
     def __init__(self, node):

@@ -222,8 +222,7 @@ class Node:
             known = frame.request_id in self.shard.caches or (self.head is not None
                                                               and self.head.requests.known(frame.request_id))
             admit.check_in_ring(frame, hidden, self.windows, self.store.config.max_seq_len, known)
-            await self.inbox.put(Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer,
-                                      frame.capacity, hidden, epoch=frame.epoch, batch_rest=frame.batch_rest))
+            await self.inbox.put(admit.forward_work(frame, hidden))
 
     # ------------------------------------------------------------------ the loops
 
@@ -277,7 +276,8 @@ class Node:
             for w, _ in ready:
                 await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
             return
-        batching.count_batch(self.stats, [w for w, _ in ready], start, time.perf_counter() - start)
+        batching.count_batch(self.stats, [w for w, _ in ready], start, time.perf_counter() - start,
+                             first_pass=batch[0].next_layer == shard.windows.ranges[0][0])
         self.spans.add("inbox", start - batch[0].queued)
         if batch[0].epoch != self.epoch:  # re-planned while computing: the results belong to the old ring
             return
@@ -302,7 +302,7 @@ class Node:
             try:
                 if w.request_id not in shard.caches:
                     self._make_room()
-                cache = shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0])
+                cache = shard.cache_for(w.request_id, w.start_pos, w.capacity, w.hidden.shape[0], w.prefix)
             except Exception as exc:
                 await self._fail_request(w.request_id, *batching.failure(exc))
                 continue

@@ -19,7 +19,9 @@ def info(node) -> pb.NodeInfo:
         active_requests=len(node.shard.caches) if node.shard else 0,
         batches=node.stats.batches, batched_frames=node.stats.batched_frames,
         max_batch_seen=node.stats.max_batch_seen, queue_depth=node.inbox.qsize(),
-        queue_wait_s=node.stats.queue_wait_s, max_batch=node.max_batch)
+        queue_wait_s=node.stats.queue_wait_s, max_batch=node.max_batch,
+        prefilled_tokens=node.stats.prefilled_tokens, prefix_hit_tokens=node.stats.prefix_hit_tokens,
+        prefix_cached_tokens=node.shard.prefixes.positions() if node.shard else 0)
     return frames.node_info(
         stats=stats, windows=node.windows.ranges if node.windows else (),
         members=node.head.members.states() if node.head else (),

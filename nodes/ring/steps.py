@@ -14,6 +14,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from nodes.engine.prefix_cache import NONE, Prefix
 from nodes.generation import head_step
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequests, RingChanged
@@ -32,6 +33,7 @@ class _Step:
     capacity: int
     sent: asyncio.Future
     since: float
+    prefix: Prefix = NONE
 
 
 class Stepper:
@@ -67,12 +69,12 @@ class Stepper:
             self.last_in = time.perf_counter()
             self.kick.set()
 
-    async def send(self, request_id: str, ids: list[int], pos: int, capacity: int) -> None:
+    async def send(self, request_id: str, ids: list[int], pos: int, capacity: int, prefix: Prefix = NONE) -> None:
         """Queue a step of `ids` at positions [pos, pos + len(ids)); returns once it is in the ring."""
         loop = asyncio.get_running_loop()
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._run(), name="head-steps")
-        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter())
+        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter(), prefix)
         self.last_in = step.since
         self.at_head.discard(request_id)
         self.ready.append(step)
@@ -133,7 +135,7 @@ class Stepper:
             self.in_ring[s.request_id] = cell
         for i, (s, h) in enumerate(go):
             await node.inbox.put(Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch,
-                                      batch_rest=len(go) - 1 - i))
+                                      batch_rest=len(go) - 1 - i, prefix=s.prefix))
         _settle([s for s, _ in go], None)
 
     def close(self) -> None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from nodes.engine.prefix_cache import NONE, Prefix
+
 MAX_REQUESTS = 64
 MAX_CACHES = 2 * MAX_REQUESTS  # KV caches per node (a worker cannot tell live requests from abandoned ones)
 CACHE_IDLE_S = 120.0  # a cache untouched this long lost its RELEASE frame
@@ -28,4 +30,5 @@ class Work:
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN  # ERROR: the status the head ends the request with
     epoch: int = 0
     batch_rest: int = 0  # FORWARD: this many more frames of the same batch follow (they compute together)
+    prefix: Prefix = NONE  # FORWARD: what it asks of the prefix cache (nodes/engine/prefix_cache.py)
     queued: float = field(default_factory=time.perf_counter)  # when it entered the inbox

@@ -76,7 +76,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest", "prefix_key", "prefix_len", "save_key", "save_len", "prefill")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,11 @@ class Frame(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     BATCH_REST_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_KEY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    SAVE_KEY_FIELD_NUMBER: _ClassVar[int]
+    SAVE_LEN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -99,7 +104,12 @@ class Frame(_message.Message):
     epoch: int
     code: StatusCode
     batch_rest: int
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ...) -> None: ...
+    prefix_key: str
+    prefix_len: int
+    save_key: str
+    save_len: int
+    prefill: bool
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ..., prefix_key: _Optional[str] = ..., prefix_len: _Optional[int] = ..., save_key: _Optional[str] = ..., save_len: _Optional[int] = ..., prefill: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -108,7 +118,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "batches", "batched_frames", "max_batch_seen", "queue_depth", "queue_wait_s", "max_batch", "decode_s", "decode_frames")
+    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "batches", "batched_frames", "max_batch_seen", "queue_depth", "queue_wait_s", "max_batch", "decode_s", "decode_frames", "prefilled_tokens", "prefix_hit_tokens", "prefix_cached_tokens")
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +136,9 @@ class NodeStats(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    PREFILLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     resident_bytes: int
     disk_read_bytes: int
     compute_s: float
@@ -143,7 +156,10 @@ class NodeStats(_message.Message):
     max_batch: int
     decode_s: float
     decode_frames: int
-    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., batched_frames: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_wait_s: _Optional[float] = ..., max_batch: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ...) -> None: ...
+    prefilled_tokens: int
+    prefix_hit_tokens: int
+    prefix_cached_tokens: int
+    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., batched_frames: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_wait_s: _Optional[float] = ..., max_batch: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
