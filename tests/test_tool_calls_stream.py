@@ -1,6 +1,7 @@
 """Tool calls read while they are generated (nodes/generation/tool_stream.py): every family's markup split at
 arbitrary boundaries gives the same ids, names and arguments as the whole text, text after a call makes no delta,
-and a generation's tokens carry the deltas (on SmolLM2's tokenizer, and on SmolLM2 itself with a forced call)."""
+a generation's tokens carry the deltas (on SmolLM2's tokenizer, and on SmolLM2 itself with a forced call), and
+the OpenAI and Anthropic streams turn them into their chunks and events."""
 
 import json
 import random
@@ -15,7 +16,11 @@ from nodes.generation.speculate import SpeculateParams
 from nodes.generation.state import GenerateParams, Generation, generate_params
 from nodes.generation.text import TextCodec
 from nodes.generation.tool_stream import CallStream
-from prima_rpc.request import GenerateRequest
+from prima_rpc.app import ollama_api
+from prima_rpc.app.anthropic_api import Blocks, content_blocks
+from prima_rpc.app.openai_choices import ChoiceStream
+from prima_rpc.client import Finished, Token
+from prima_rpc.request import GenerateRequest, ToolCall, ToolCallDelta
 from tests.test_tool_calls import ARGS, ASK, WEATHER, run, smol  # noqa: F401 (smol: a fixture)
 
 ANSWERS = {  # text -> [(name, its arguments' text as written)]
@@ -135,3 +140,47 @@ def test_forced_call_on_smollm2_streams_arguments_that_validate(smol):  # noqa: 
     gen = run(smol, request)
     assert gen.finish_reason == "tool_calls" and json.loads(gen.tool_calls[0].arguments) == json.loads(
         call["arguments"])
+
+
+def _events():
+    """A streamed answer: text, a call streamed in three pieces, then the end with it and a call not streamed."""
+    first, later = ToolCall("call_a", "f", '{"x": 1}'), ToolCall("call_b", "g", "{}")
+    tokens = [Token(1, "Hi.", 0, 0.0), Token(2, "", 1, 0.0, tool_calls=(ToolCallDelta(0, "call_a", "f"),)),
+              Token(3, "", 2, 0.0, tool_calls=(ToolCallDelta(0, arguments='{"x"'),)),
+              Token(4, "", 3, 0.0, tool_calls=(ToolCallDelta(0, arguments=": 1}"),))]
+    return [*tokens, Finished("tool_calls", 5, 4, 1.0, 1.0, "r", tool_calls=(first, later))]
+
+
+def test_openai_chunks_stream_a_call_then_send_the_rest_whole():
+    stream = ChoiceStream(chat=True, index=0, logprobs=False)
+    deltas = [c["delta"] for e in _events() for c in stream.choices(e)]
+    assert deltas == [
+        {"content": "Hi."},
+        {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"x"'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+        {"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                         "function": {"name": "g", "arguments": "{}"}}]},
+        {}]
+
+
+def test_anthropic_blocks_stream_a_call_then_send_the_rest_whole():
+    blocks = Blocks()
+    events = [json.loads(raw.decode().split("data: ", 1)[1]) for e in _events() for raw in blocks.events(e)]
+    shape = [(e["type"], e.get("index"), (e.get("delta") or e.get("content_block") or {}).get("type")) for e in events]
+    assert shape == [("content_block_start", 0, "text"), ("content_block_delta", 0, "text_delta"),
+                     ("content_block_stop", 0, None), ("content_block_start", 1, "tool_use"),
+                     ("content_block_delta", 1, "input_json_delta"), ("content_block_delta", 1, "input_json_delta"),
+                     ("content_block_stop", 1, None), ("content_block_start", 2, "tool_use"),
+                     ("content_block_delta", 2, "input_json_delta"), ("content_block_stop", 2, None),
+                     ("message_delta", None, None), ("message_stop", None, None)]
+    assert events[3]["content_block"] == {"type": "tool_use", "id": "call_a", "name": "f", "input": {}}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_a_call_cut_short_reads_as_no_input_in_whole_answers():
+    cut = ToolCall("call_a", "f", '{"city": "Par')
+    assert content_blocks("", (cut,)) == [{"type": "tool_use", "id": "call_a", "name": "f", "input": {}}]
+    line = ollama_api.part("m", True, "", Finished("length", 5, 4, 1.0, 1.0, "r", tool_calls=(cut,)))
+    assert line["message"]["tool_calls"] == [{"function": {"name": "f", "arguments": {}}}]
+    assert line["done_reason"] == "length"
