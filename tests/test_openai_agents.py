@@ -149,6 +149,14 @@ def test_streamed_calls_send_their_arguments_in_pieces(client):
         (same,) = whole.choices[0].message.tool_calls
         assert same.function.name == call["name"]
         assert json.loads(same.function.arguments) == json.loads(call["arguments"])
+    with client.chat.completions.stream(model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=48,
+                                        tool_choice="required", temperature=0) as s:  # the client's own helper
+        kinds = [e.type for e in s]
+        final = s.get_final_completion()
+    assert kinds.count("tool_calls.function.arguments.delta") > 1 and "tool_calls.function.arguments.done" in kinds
+    (call,) = final.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert final.choices[0].finish_reason == "tool_calls" and not final.choices[0].message.content
 
 
 def test_n_choices_over_http_prefill_the_prompt_once(client, head):
