@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from prima_rpc.channel import aio_channel, metadata
-from prima_rpc.request import GenerateRequest, Message, RequestError, ToolCall
+from prima_rpc.request import GenerateRequest, Message, RequestError, ToolCall, ToolCallDelta
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -40,6 +40,7 @@ class Token:
     logprob: float | None = None  # with logprobs asked: log p of this token, and its own text (`text` may hold
     token: str = ""  # it back, e.g. the start of a tool call)
     top_logprobs: tuple[tuple[int, str, float], ...] = ()  # (token id, text, log p), likeliest first
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # with tools: what this token adds to the calls being generated
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ class PrimaClient:
                     t = event.token
                     yield Token(t.token_id, t.text, t.index, t.elapsed_ms,
                                 t.logprob if request.logprobs or request.top_logprobs else None, t.token,
-                                tuple((p.token_id, p.text, p.logprob) for p in t.top_logprobs))
+                                tuple((p.token_id, p.text, p.logprob) for p in t.top_logprobs),
+                                tuple(ToolCallDelta(c.index, c.id, c.name, c.arguments) for c in t.tool_calls))
                 elif event.HasField("finished"):
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,

@@ -62,6 +62,15 @@ class ToolCall(NamedTuple):
     arguments: str  # JSON text of an object
 
 
+class ToolCallDelta(NamedTuple):
+    """A piece of call `index` as it is generated: its id and name first, then its arguments' text in pieces."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
 class Tool(NamedTuple):
     name: str
     description: str = ""

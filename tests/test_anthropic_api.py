@@ -1,5 +1,5 @@
 """Anthropic's Messages API: bodies onto the one GenerateRequest by table, and the official `anthropic` client on a
-real 3-node ring behind the HTTP API (a streamed message, a tool-use round trip)."""
+real 3-node ring behind the HTTP API (a streamed message, a tool-use round trip, its input streamed in pieces)."""
 
 import asyncio
 import json
@@ -117,7 +117,15 @@ def test_tool_use_round_trip(client, stream):
     kw = dict(model="m", max_tokens=48, tools=[WEATHER], tool_choice={"type": "any"})
     if stream:
         with client.messages.stream(messages=turns, **kw) as s:
+            events = list(s)
             reply = s.get_final_message()
+        pieces = [e.delta.partial_json for e in events if e.type == "content_block_delta"
+                  and e.delta.type == "input_json_delta"]
+        assert len(pieces) > 1 and not [e for e in events if e.type == "content_block_delta"
+                                        and e.delta.type == "text_delta"]  # the call streams, never as text
+        starts = [e for e in events if e.type == "content_block_start"]
+        assert [b.content_block.type for b in starts] == ["tool_use"] and starts[0].content_block.name
+        assert json.loads("".join(pieces)) == reply.content[-1].input
     else:
         reply = client.messages.create(messages=turns, **kw)
     assert reply.stop_reason == "tool_use"

@@ -1,5 +1,6 @@
 """What agents ask of the OpenAI API, with the official `openai` client on a real 3-node SmolLM2 ring: logprobs, n,
-penalties and seeds; JSON that validates; tool calls, forced and in a two-turn conversation, streamed and not."""
+penalties and seeds; n = 3 prefilling its prompt once; JSON that validates; tool calls, forced (their arguments
+streamed in pieces) and in a two-turn conversation, streamed and not."""
 
 import asyncio
 import json
@@ -14,6 +15,7 @@ from nodes.generation.state import generate_params
 from prima_rpc.request import GenerateRequest
 from tests.rings import stream
 from tests.test_openai_api import CHAT, api_server
+from tests.test_prefix_cache_ring import counters, deltas
 
 pytestmark = pytest.mark.slow
 COUNT = "1, 2, 3, 4, 5,"
@@ -119,17 +121,75 @@ def test_required_tool_choice_always_calls_with_valid_arguments(client):
             assert choice == "required" or call.function.name == "get_time"
 
 
+def accumulated(chunks) -> dict[int, dict]:
+    """The calls of a stream, built from its deltas as OpenAI's docs show: by index, arguments appended."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = calls.setdefault(d.index, {"id": "", "name": "", "arguments": "", "pieces": 0})
+            entry["id"] = d.id or entry["id"]
+            entry["name"] += d.function.name or ""
+            entry["arguments"] += d.function.arguments or ""
+            entry["pieces"] += bool(d.function.arguments)
+    return calls
+
+
+def test_streamed_calls_send_their_arguments_in_pieces(client):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    for seed in range(3):
+        chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=48,
+                                                     tool_choice="required", temperature=1.0, seed=seed, stream=True))
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # markup is never text
+        (call,) = accumulated(chunks).values()
+        assert call["id"].startswith("call_") and call["pieces"] > 1
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+        whole = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=48,
+                                               tool_choice="required", temperature=1.0, seed=seed)
+        (same,) = whole.choices[0].message.tool_calls
+        assert same.function.name == call["name"]
+        assert json.loads(same.function.arguments) == json.loads(call["arguments"])
+    with client.chat.completions.stream(model="m", messages=ASK, tools=[WEATHER, TIME], max_tokens=48,
+                                        tool_choice="required", temperature=0) as s:  # the client's own helper
+        kinds = [e.type for e in s]
+        final = s.get_final_completion()
+    assert kinds.count("tool_calls.function.arguments.delta") > 1 and "tool_calls.function.arguments.done" in kinds
+    (call,) = final.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert final.choices[0].finish_reason == "tool_calls" and not final.choices[0].message.content
+
+
+def test_n_choices_over_http_prefill_the_prompt_once(client, head):
+    """n = 3 with a seed: three different choices, the same again when asked again; the prompt's whole blocks are
+    prefilled once on every node (the other two choices take them from the prefix cache), all of them the second
+    time (status --json's counters, read the same way)."""
+    system = "You answer in one short line. " + " ".join(f"Fact {i}: the lamp in room {i} is blue." for i in range(20))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Which lamp is blue?"}]
+
+    def ask():
+        before = counters(head)
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=1.0, seed=7,
+                                               n=3)
+        return [c.message.content for c in reply.choices], reply.usage.prompt_tokens, deltas(before, counters(head))
+
+    texts, n, first = ask()
+    shared = (n - 1) // 64 * 64  # the whole blocks a choice may take (never its last token)
+    assert shared >= 128 and len(set(texts)) == 3
+    assert first == [(n + 2 * (n - shared), 2 * shared)] * 3
+    again, _, second = ask()
+    assert again == texts and second == [(3 * (n - shared), 3 * shared)] * 3
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
 def test_two_turn_tool_conversation(client, streamed):
     ask = dict(model="m", tools=[WEATHER], max_tokens=40, temperature=0)
     if streamed:
         chunks = list(client.chat.completions.create(messages=ASK, tool_choice="required", stream=True, **ask))
-        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
         assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        (delta,) = deltas
-        call = {"id": delta.id, "type": "function",
-                "function": {"name": delta.function.name, "arguments": delta.function.arguments}}
+        (call,) = accumulated(chunks).values()
+        call = {"id": call["id"], "type": "function", "function": {"name": call["name"],
+                                                                   "arguments": call["arguments"]}}
     else:
         first = client.chat.completions.create(messages=ASK, tool_choice="required", **ask)
         assert first.choices[0].finish_reason == "tool_calls"

@@ -3,7 +3,7 @@
 Pure (no model, no I/O), so the single-process reference and the ring's head share it exactly.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -12,7 +12,8 @@ from nodes.generation.constrain import Constraint, grammar
 from nodes.generation.sampling import Penalties, Sampler, SamplingParams, logprobs, penalize
 from nodes.generation.speculate import SpeculateParams, Speculator
 from nodes.generation.text import PromptError, StreamDecoder, TextCodec
-from prima_rpc.request import GenerateRequest, ToolCall
+from nodes.generation.tool_stream import CallStream
+from prima_rpc.request import GenerateRequest, ToolCall, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class TokenOut:
     index: int
     logprob: float | None = None  # with logprobs: log p of this token
     top: tuple[tuple[int, float], ...] = ()  # with top_logprobs: (token, log p), likeliest first
+    calls: tuple[ToolCallDelta, ...] = ()  # with tools: what this token adds to the calls (held back from text)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class Generation:
         self.tool_calls: list[ToolCall] = []
         self._tool_text = ""  # with tools: text held back, as it may be (or is: _calling) a tool call
         self._calling = False
+        self._stream = CallStream()  # the held call text read as it grows, into ToolCallDelta
+        self._deltas: list[ToolCallDelta] = []
         self.constraint = Constraint(params.grammar, codec, vocab or codec.tokenizer.get_vocab_size()) \
             if params.grammar else None
         self.counts: torch.Tensor | None = None  # with penalties: each token's count among the generated [V]
@@ -136,7 +140,7 @@ class Generation:
         out = self._push(token)
         if p.logprobs:
             lp, top = logprobs(logits, token, p.top_logprobs)
-            out = TokenOut(out.token_id, out.text, out.index, lp, tuple(top))
+            out = replace(out, logprob=lp, top=tuple(top))
         return out
 
     def accept_draft(self, logits: torch.Tensor, draft: list[int]) -> list[TokenOut]:
@@ -179,11 +183,13 @@ class Generation:
         if self.params.tools:
             piece = self._hold_calls(piece)
         self.text += piece
-        return TokenOut(token, piece, len(self.tokens) - 1)
+        deltas, self._deltas = tuple(self._deltas), []
+        return TokenOut(token, piece, len(self.tokens) - 1, calls=deltas)
 
     def _hold_calls(self, piece: str) -> str:
-        """Text up to where a tool call may begin; from there on held, and at the end parsed into tool_calls
-        (finish_reason "tool_calls") or, if it holds none, handed out after all."""
+        """Text up to where a tool call may begin; from there on held (read as it grows into the token's call
+        deltas), and at the end parsed into tool_calls (finish_reason "tool_calls") or, if it holds none and none
+        was streamed, handed out after all."""
         buf, out = (self._tool_text or "") + piece, ""
         if not self._calling:
             answer = self.text + buf
@@ -194,12 +200,15 @@ class Generation:
                 keep = tool_calls.partial_marker(answer)
                 out, buf = buf[:len(buf) - keep], buf[len(buf) - keep:]
         self._tool_text = buf
+        if self._calling:
+            self._deltas = self._stream.feed(buf)
         if not self.done:
             return out
         self._tool_text = ""
-        content, calls = tool_calls.parse(buf) if self._calling else (buf, [])
-        if calls:
-            self.tool_calls, self.finish_reason = calls, "tool_calls"
+        content, calls, complete = self._stream.finish(buf) if self._calling else (buf, [], False)
+        self.tool_calls = calls
+        if complete:
+            self.finish_reason = "tool_calls"
         return out + content
 
     def _flush(self) -> str:

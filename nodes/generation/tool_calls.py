@@ -16,6 +16,16 @@ MARKUP = {
 GENERIC = "hermes"  # templates without tools get Hermes' markup, explained in a system prompt (generic_prompt)
 OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
 CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+ARG_KEYS = ("arguments", "parameters")  # Hermes and Mistral name a call's arguments so, Llama 3.x the other way
+# Where each call's JSON object begins, by what the answer opens with (parse's rules, for a text still growing):
+# Hermes' objects inside <tool_call> tags, Mistral's items of one list, Llama 3.x's objects separated by ";".
+CALL_STARTS = (
+    ("<tool_call>", re.compile(r"<tool_call>\s*(?=\{)")),
+    ("[TOOL_CALLS]", re.compile(r"(?:\A\s*\[TOOL_CALLS\]\s*\[|,)\s*(?=\{)")),
+    ("[", re.compile(r"(?:\A\s*\[|,)\s*(?=\{)")),
+    ("<|python_tag|>", re.compile(r"(?:\A\s*<\|python_tag\|>|;)\s*(?=\{)")),
+    ("{", re.compile(r"(?:\A|;)\s*(?=\{)")),
+)
 
 
 def family(template: str | None) -> str:
@@ -100,11 +110,23 @@ def parse(text: str) -> tuple[str, list[ToolCall]]:
         calls = _calls(_json(stripped.removeprefix("[TOOL_CALLS]")), "arguments")
     elif stripped.startswith("<|python_tag|>") or stripped.startswith("{"):
         body = stripped.removeprefix("<|python_tag|>")
-        for part in body.split(";"):  # Llama 3.x may answer several calls separated by semicolons
-            calls += _calls(_json(part), "parameters")
+        for value in _separated(body):  # Llama 3.x may answer several calls separated by semicolons
+            calls += _calls(value, "parameters")
     elif stripped.startswith("[{"):
         calls = _calls(_json(stripped), "arguments")  # Mistral with [TOOL_CALLS] decoded away as special
     return ("", calls) if calls else (text, [])
+
+
+def call_starts(text: str) -> re.Pattern | None:
+    """The pattern of where calls begin in an answer that opens with `text` (None: no family's, or too short yet)."""
+    lead = text.lstrip()
+    if "<tool_call>" in text:
+        return CALL_STARTS[0][1]
+    return next((pattern for opener, pattern in CALL_STARTS[1:] if lead.startswith(opener)), None)
+
+
+def new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def opens_call(text: str) -> int:
@@ -128,6 +150,22 @@ def _json(text: str):
         return None
 
 
+def _separated(text: str) -> list:
+    """The JSON values of a ";"-separated text, up to the first that does not parse (a ";" in a string is kept)."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        try:
+            value, i = decoder.raw_decode(text, len(text) - len(text[i:].lstrip()))
+        except ValueError:
+            break
+        values.append(value)
+        rest = text[i:].lstrip()
+        if not rest.startswith(";"):
+            break
+        i = len(text) - len(rest) + 1
+    return values
+
+
 def _calls(value, key: str) -> list[ToolCall]:
     """The well-formed calls in a decoded value: {"name": str, key: object} or a list of them."""
     items = value if isinstance(value, list) else [value]
@@ -135,8 +173,8 @@ def _calls(value, key: str) -> list[ToolCall]:
     for item in items:
         if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
             return []
-        args = item.get(key, item.get("arguments", item.get("parameters", {})))
+        args = item.get(key, item.get(ARG_KEYS[0], item.get(ARG_KEYS[1], {})))
         if not isinstance(args, dict):
             return []
-        out.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", item["name"], json.dumps(args)))
+        out.append(ToolCall(new_id(), item["name"], json.dumps(args)))
     return out

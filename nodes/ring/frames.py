@@ -92,11 +92,13 @@ def _members(states: Iterable[tuple[str, str]]) -> list[pb.Member]:
 # ---------------------------------------------------------------- Inference
 
 def token_event(token_id: int, text: str, index: int, elapsed_ms: float, logprob: float | None = None,
-                top: list[tuple[int, str, float]] = (), token: str = "") -> pb.GenerateEvent:
-    """With logprobs asked: top, (token id, its text, log p) of the likeliest tokens; token: this one's text."""
+                top: list[tuple[int, str, float]] = (), token: str = "", calls=()) -> pb.GenerateEvent:
+    """With logprobs asked: top, (token id, its text, log p) of the likeliest tokens; token: this one's text.
+    calls: the ToolCallDelta this token adds to the answer's tool calls."""
     return pb.GenerateEvent(token=pb.TokenEvent(
         token_id=token_id, text=text, index=index, elapsed_ms=elapsed_ms, logprob=logprob or 0.0, token=token,
-        top_logprobs=[pb.TopLogprob(token_id=t, text=s, logprob=lp) for t, s, lp in top]))
+        top_logprobs=[pb.TopLogprob(token_id=t, text=s, logprob=lp) for t, s, lp in top],
+        tool_calls=[pb.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments) for c in calls]))
 
 
 def prefill_event(done: int, total: int) -> pb.GenerateEvent:

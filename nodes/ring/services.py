@@ -242,7 +242,8 @@ class InferenceService(rpc.InferenceServicer):
                     metrics.observe_token()
                     yield frames.token_event(out.token_id, out.text, out.index, (stamps[-1] - start) * 1e3,
                                              out.logprob, [(t, node.text.decode([t]), lp) for t, lp in out.top],
-                                             node.text.decode([out.token_id]) if out.logprob is not None else "")
+                                             node.text.decode([out.token_id]) if out.logprob is not None else "",
+                                             out.calls)
         except Rejected as exc:
             metrics.observe_error(exc.code)
             await abort(context, exc.code, str(exc))

@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 
 from prima_rpc.app.anthropic_request import STOP_REASONS, MessagesCall, error_body, parse_messages
-from prima_rpc.app.dialect_io import json_body, whole_text
+from prima_rpc.app.dialect_io import call_input, json_body, whole_text
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, PrimaError, Token
 from prima_rpc.request import ToolCall
@@ -18,8 +18,7 @@ PATH = "/v1/messages"
 
 def content_blocks(text: str, calls: tuple[ToolCall, ...]) -> list[dict]:
     blocks = [{"type": "text", "text": text}] if text or not calls else []
-    return blocks + [{"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments or "{}")}
-                     for c in calls]
+    return blocks + [{"type": "tool_use", "id": c.id, "name": c.name, "input": call_input(c)} for c in calls]
 
 
 def message(message_id: str, model: str, content: list[dict], done: Finished | None) -> dict:
@@ -56,9 +55,9 @@ class Messages:
 
     async def _stream(self, request: web.Request, call: MessagesCall, message_id: str, model: str,
                       events) -> web.StreamResponse:
-        """message_start, a text block's deltas, tool_use blocks, message_delta, message_stop. The HTTP status goes
-        with the first event, so a failure before it keeps its own."""
-        response, block = None, -1  # the index of the open text block (-1: none yet)
+        """message_start, the content blocks as they are generated, message_delta, message_stop. The HTTP status
+        goes with the first event, so a failure before it keeps its own."""
+        response, blocks = None, Blocks()
         try:
             async for e in events:
                 if response is None:
@@ -66,16 +65,8 @@ class Messages:
                                                            "Cache-Control": "no-cache"})
                     await response.prepare(request)
                     await response.write(event("message_start", message=message(message_id, model, [], None)))
-                if isinstance(e, Token):
-                    if e.text and block < 0:
-                        block = 0
-                        await response.write(event("content_block_start", index=0,
-                                                   content_block={"type": "text", "text": ""}))
-                    if e.text:
-                        await response.write(event("content_block_delta", index=0,
-                                                   delta={"type": "text_delta", "text": e.text}))
-                    continue
-                await self._end(response, e, block)
+                for out in blocks.events(e):
+                    await response.write(out)
         except PrimaError as exc:
             if response is None:
                 raise
@@ -83,19 +74,47 @@ class Messages:
         await response.write_eof()
         return response
 
-    async def _end(self, response: web.StreamResponse, done: Finished, block: int) -> None:
-        if block >= 0:
-            await response.write(event("content_block_stop", index=block))
-        for i, c in enumerate(done.tool_calls, start=block + 1):
-            await response.write(event("content_block_start", index=i,
-                                       content_block={"type": "tool_use", "id": c.id, "name": c.name, "input": {}}))
-            await response.write(event("content_block_delta", index=i,
-                                       delta={"type": "input_json_delta", "partial_json": c.arguments or "{}"}))
-            await response.write(event("content_block_stop", index=i))
-        final = message("", "", [], done)
-        await response.write(event("message_delta", delta={"stop_reason": final["stop_reason"], "stop_sequence": None},
-                                   usage=final["usage"]))
-        await response.write(event("message_stop"))
+
+class Blocks:
+    """A streamed message's content blocks: a text block while text comes, a tool_use block for each call from
+    its name on (its arguments as input_json_delta pieces), the calls that were not streamed whole at the end."""
+
+    def __init__(self):
+        self.index, self.open, self.calls = -1, "", 0  # the current block's index and type; calls streamed
+
+    def events(self, e: Token | Finished) -> list[bytes]:
+        out = []
+        if isinstance(e, Token):
+            if e.text:
+                if self.open != "text":
+                    out += self._start({"type": "text", "text": ""})
+                out.append(event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": e.text}))
+            for d in e.tool_calls:
+                if d.name:
+                    out += self._start({"type": "tool_use", "id": d.id, "name": d.name, "input": {}})
+                    self.calls += 1
+                elif d.arguments:
+                    out.append(self._json(d.arguments))
+            return out
+        for c in e.tool_calls[self.calls:]:
+            out += [*self._start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}}),
+                    self._json(c.arguments or "{}")]
+        out += self._stop()
+        final = message("", "", [], e)
+        return out + [event("message_delta", delta={"stop_reason": final["stop_reason"], "stop_sequence": None},
+                            usage=final["usage"]), event("message_stop")]
+
+    def _start(self, block: dict) -> list[bytes]:
+        out = self._stop()
+        self.index, self.open = self.index + 1, block["type"]
+        return out + [event("content_block_start", index=self.index, content_block=block)]
+
+    def _stop(self) -> list[bytes]:
+        was, self.open = self.open, ""
+        return [event("content_block_stop", index=self.index)] if was else []
+
+    def _json(self, piece: str) -> bytes:
+        return event("content_block_delta", index=self.index, delta={"type": "input_json_delta", "partial_json": piece})
 
 
 def setup(app: web.Application, api) -> None:

@@ -1,4 +1,5 @@
-"""What every HTTP dialect (OpenAI, Anthropic, Ollama) does alike: read the JSON body, collect a whole answer."""
+"""What every HTTP dialect (OpenAI, Anthropic, Ollama) does alike: read the JSON body, collect a whole answer, read a
+call's arguments."""
 
 import json
 from collections.abc import AsyncIterator
@@ -7,6 +8,7 @@ from aiohttp import web
 
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, Token
+from prima_rpc.request import ToolCall
 
 
 async def json_body(request: web.Request):
@@ -26,3 +28,12 @@ async def whole_text(events: AsyncIterator[Token | Finished]) -> tuple[str, Fini
         else:
             done = e
     return "".join(text), done
+
+
+def call_input(call: ToolCall) -> dict:
+    """A call's arguments as an object; {} for those cut short by max_tokens (the dialects that want an object)."""
+    try:
+        value = json.loads(call.arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import grpc
 from aiohttp import web
 
-from prima_rpc.app.dialect_io import json_body, whole_text
+from prima_rpc.app.dialect_io import call_input, json_body, whole_text
 from prima_rpc.app.ollama_request import OllamaCall, error_body, parse_ollama
 from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, PrimaError, Token
@@ -28,7 +28,7 @@ def now() -> str:
 
 
 def _calls(done: Finished) -> list[dict]:
-    return [{"function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")}} for c in done.tool_calls]
+    return [{"function": {"name": c.name, "arguments": call_input(c)}} for c in done.tool_calls]
 
 
 def part(model: str, chat: bool, text: str, done: Finished | None = None, reason: str = "") -> dict:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from prima_rpc.app import anthropic_api, anthropic_request, ollama_api, ollama_request, web_page
 from prima_rpc.app.dialect_io import json_body
-from prima_rpc.app.openai_choices import Answer, chunk_choice, merged, seeded, whole_choice
+from prima_rpc.app.openai_choices import Answer, ChoiceStream, merged, seeded, whole_choice
 from prima_rpc.app.openai_request import MAX_BODY_BYTES, ApiError, GenerateCall, parse_request
 from prima_rpc.client import Finished, PrimaClient, PrimaError, Token
 from prima_rpc.control import AioControl
@@ -146,7 +146,7 @@ class Api:
                       bound, logprobs: bool) -> web.StreamResponse:
         """Server-sent events; the HTTP status is sent with the first event, so failures before it keep theirs."""
         created, response, done = int(time.time()), None, {}
-        offsets = [0] * call.n  # completions' text offsets, per choice
+        choices = [ChoiceStream(call.chat, j, logprobs) for j in range(call.n)]
 
         def chunk(choice: dict) -> dict:
             obj = envelope(call, completion_id, created, model, [choice], chunk=True)
@@ -162,17 +162,10 @@ class Api:
                         for j in range(call.n):
                             await response.write(sse(chunk({"index": j, "delta": {"role": "assistant", "content": ""},
                                                             "logprobs": None, "finish_reason": None})))
-                if isinstance(event, Token):
-                    if event.text or logprobs:
-                        await response.write(sse(chunk(chunk_choice(call.chat, i, event, None, logprobs,
-                                                                    offsets[i]))))
-                        offsets[i] += len(event.text)
-                else:
+                for choice in choices[i].choices(event):
+                    await response.write(sse(chunk(choice)))
+                if isinstance(event, Finished):
                     done[i] = event
-                    if call.chat and event.tool_calls:  # the calls, then the end, as OpenAI sends them
-                        await response.write(sse(chunk(chunk_choice(call.chat, i, None, event))))
-                        event = replace(event, tool_calls=())
-                    await response.write(sse(chunk(chunk_choice(call.chat, i, None, event))))
             if call.include_usage and done:
                 final = envelope(call, completion_id, created, model, [], chunk=True)
                 await response.write(sse({**final, "usage": usage(list(done.values()))}))

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from prima_rpc.client import Finished, Token
-from prima_rpc.request import GenerateRequest, ToolCall
+from prima_rpc.request import GenerateRequest, ToolCall, ToolCallDelta
 
 
 def seeded(request: GenerateRequest, i: int) -> GenerateRequest:
@@ -64,9 +64,22 @@ def completion_logprobs(tokens: list[Token], offset: int = 0) -> dict:
             "top_logprobs": [{s: lp for _, s, lp in t.top_logprobs} for t in tokens], "text_offset": offsets}
 
 
-def tool_calls_json(calls: tuple[ToolCall, ...], delta: bool) -> list[dict]:
+def tool_calls_json(calls: tuple[ToolCall, ...], delta: bool, start: int = 0) -> list[dict]:
+    """Whole calls, as a message's tool_calls or (delta: with their index, from `start`) a chunk's."""
     return [{**({"index": i} if delta else {}), "id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls, start)]
+
+
+def call_deltas_json(deltas: tuple[ToolCallDelta, ...]) -> list[dict]:
+    """A chunk's delta.tool_calls as OpenAI streams them: a call's index, id, type and name first (arguments ""),
+    then pieces of its arguments under its index."""
+    return [{"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+            if d.name else {"index": d.index, "function": {"arguments": d.arguments}} for d in deltas]
+
+
+def calls_choice(index: int, calls: list[dict]) -> dict:
+    """A stream chunk's choice that carries tool calls."""
+    return {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
 
 
 @dataclass
@@ -97,7 +110,7 @@ def whole_choice(chat: bool, index: int, a: Answer, logprobs: bool) -> dict:
 
 def chunk_choice(chat: bool, index: int, token: Token | None = None, done: Finished | None = None,
                  logprobs: bool = False, offset: int = 0) -> dict:
-    """A stream chunk's choice: one token's text (and logprobs), or the end (its tool calls and finish reason)."""
+    """A stream chunk's choice: one token's text (and logprobs), or the end (its finish reason)."""
     lp = None
     if token is not None and logprobs:
         lp = {"content": [token_logprob(token)]} if chat else completion_logprobs([token], offset)
@@ -106,6 +119,28 @@ def chunk_choice(chat: bool, index: int, token: Token | None = None, done: Finis
     if not chat:
         return {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
     delta = {"content": text} if text is not None else {}
-    if done is not None and done.tool_calls:
-        delta = {"tool_calls": tool_calls_json(done.tool_calls, delta=True)}
     return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+
+
+class ChoiceStream:
+    """One streamed choice's chunks from the head's events: its text (and logprobs), its calls as they are
+    generated, then the calls that were not streamed (whole) and its end."""
+
+    def __init__(self, chat: bool, index: int, logprobs: bool):
+        self.chat, self.index, self.logprobs = chat, index, logprobs
+        self.offset = 0  # completions' text offset
+        self.calls = 0  # calls streamed so far (the first of Finished's that are not)
+
+    def choices(self, event: Token | Finished) -> list[dict]:
+        if isinstance(event, Token):
+            out = []
+            if event.text or self.logprobs:
+                out.append(chunk_choice(self.chat, self.index, event, None, self.logprobs, self.offset))
+                self.offset += len(event.text)
+            if self.chat and event.tool_calls:
+                out.append(calls_choice(self.index, call_deltas_json(event.tool_calls)))
+                self.calls += sum(1 for d in event.tool_calls if d.name)
+            return out
+        rest = event.tool_calls[self.calls:] if self.chat else ()
+        out = [calls_choice(self.index, tool_calls_json(rest, True, self.calls))] if rest else []
+        return out + [chunk_choice(self.chat, self.index, None, event)]
