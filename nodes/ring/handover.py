@@ -33,7 +33,7 @@ async def hand_over(node, forget: bool) -> list[str]:
                                                     f"{exc.details()}") from None
     # Requests here end now; their clients find the new head (named in Info) and resume there.
     node.head, node.head_address = None, chosen
-    head.requests.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} handed the "
+    head.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} handed the "
                                                                        f"head role to {chosen}"))
     node.windows = None  # no longer the head (Info's role): it serves no frames of the new ring
     await head.close()
