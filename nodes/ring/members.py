@@ -83,20 +83,20 @@ class Members:
 
     async def check(self) -> None:
         """One probe round and what it decides. While this node is being assigned (prima-ctl start), and when the
-        ring changed while the probes were out, the round decides nothing: its answers are of another ring."""
-        if self.node.fetching:
+        ring changed while the probes were out (a join, a leave, a hand-over hold the lock), the round decides
+        nothing: its answers are of another ring."""
+        if self.node.fetching or self.lock.locked():
             return
         generation, targets = self.generation, recovery.probed(self.view())
         infos = await asyncio.gather(*(self._info(a) for a in targets))
-        if generation != self.generation or self.node.fetching:
-            return
-        newer = recovery.newer_ring(self.head, self.node.epoch, {a: (_head_of(i), i.epoch)
-                                                                 for a, i in zip(targets, infos) if i is not None})
-        if newer is not None:
-            await self._step_down(*newer)
-            return
         async with self.lock:
-            if generation == self.generation:
+            if generation != self.generation or self.node.fetching:
+                return
+            newer = recovery.newer_ring(self.head, self.node.epoch, {a: (_head_of(i), i.epoch)
+                                                                     for a, i in zip(targets, infos) if i is not None})
+            if newer is not None:
+                await self._step_down(*newer)
+            else:
                 await self._decide(targets, infos)
 
     async def _decide(self, targets: tuple[str, ...], infos: list[pb.NodeInfo | None]) -> None:
