@@ -9,9 +9,17 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from nodes.ring import discovery
 
 
+def test_a_node_announces_the_address_it_binds_or_each_of_the_machines_lan_first():
+    pytest.importorskip("ifaddr", reason="the discover extra (zeroconf) is not installed")
+    assert discovery.announced_hosts("192.168.1.5", "192.168.1.5") == ["192.168.1.5"]
+    every = discovery.announced_hosts("0.0.0.0", "127.0.0.1")
+    assert "127.0.0.1" in every and every == sorted(every, key=lambda ip: ip.startswith("127."))
+
+
+@pytest.mark.slow
 def test_a_node_with_discover_alone_finds_the_running_ring_and_joins_it(tiny_store, tmp_path):
     pytest.importorskip("zeroconf", reason="the discover extra (zeroconf) is not installed")
     if shutil.which("unshare") is None or shutil.which("ip") is None:

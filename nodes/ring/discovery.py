@@ -53,10 +53,15 @@ class Announcer:
         self._info = zc.ServiceInfo(SERVICE, f"{label}-{node_id[:8]}.{SERVICE}", port=port,
                                     addresses=[socket.inet_aton(h) for h in hosts], properties={"name": name})
         try:
-            self._zc = azc.AsyncZeroconf(ip_version=zc.IPVersion.V4Only)
-            await self._zc.async_register_service(self._info)
+            started = azc.AsyncZeroconf(ip_version=zc.IPVersion.V4Only)
         except OSError as exc:
             raise DiscoveryError(f"mDNS cannot run here: {exc}") from None
+        try:
+            await started.async_register_service(self._info)
+        except (OSError, zc.Error) as exc:
+            await started.async_close()
+            raise DiscoveryError(f"mDNS cannot announce this node: {exc}") from None
+        self._zc = started
 
     async def close(self) -> None:
         if self._zc is not None:
