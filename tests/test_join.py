@@ -2,7 +2,9 @@
 head while requests are in flight (none fails, each equals its reference) and takes layers at the next plan; a wrong
 token or another model is one line and changes nothing."""
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,8 +15,9 @@ import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports, last_line, wait_serving
+from prima_rpc.client import PrimaClient, Token
 from tests.ctl import ctl
-from tests.rings import collect, collect_all, greedy_reference, local_ring
+from tests.rings import collect, greedy_reference, local_ring
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["What is the capital of France?", "Name a colour.", "Count to five.", "What is 2 + 2?"]
@@ -27,30 +30,63 @@ def status(node: str, token: str | None = None) -> list[dict]:
     return json.loads(res.stdout)["nodes"]
 
 
-def joiner(member: str, log: Path, *args: str, token: str | None = None) -> tuple[subprocess.Popen, str]:
-    """A prima-node that joins the ring of `member`, and its address."""
+# prima-node's own main, its imports done before it waits for a line on stdin: a gated joiner joins within a
+# fraction of a second of the go, not after the seconds its imports take
+GATED = "import sys; import nodes.ring.main as m; sys.stdin.readline(); sys.argv[0] = 'prima-node'; m.app()"
+
+
+def joiner(member: str, log: Path, *args: str, token: str | None = None,
+           gated: bool = False) -> tuple[subprocess.Popen, str]:
+    """A prima-node that joins the ring of `member`, and its address; gated: once a line is written to its stdin."""
     address = f"127.0.0.1:{free_ports(1)[0]}"
-    env = {**__import__("os").environ, **({"PRIMA_TOKEN": token} if token else {})}
-    cmd = [sys.executable, "-m", "nodes.ring.main", "--host", "127.0.0.1", "--port", address.rpartition(":")[2],
-           "--join", member, "--name", "joiner", *args]
+    env = {**os.environ, **({"PRIMA_TOKEN": token} if token else {})}
+    cmd = [sys.executable, *(("-c", GATED) if gated else ("-m", "nodes.ring.main")), "--host", "127.0.0.1",
+           "--port", address.rpartition(":")[2], "--join", member, "--name", "joiner", *args]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.PIPE if gated else subprocess.DEVNULL)
     return proc, address
+
+
+def streams_under_way(head: str, prompts: list[str], max_tokens: int) -> tuple[threading.Thread, list, threading.Event]:
+    """Concurrent requests in a thread, their (tokens, finished) in prompt order once done, and an event set once
+    every stream has its first token (they are all in flight, past their prefill)."""
+    answers, started, firsts = [], threading.Event(), set()
+
+    async def one(client: PrimaClient, i: int, prompt: str):
+        tokens, done = [], None
+        async for event in client.generate(prompt, max_tokens=max_tokens):
+            if isinstance(event, Token):
+                tokens.append(event.token_id)
+                firsts.add(i)
+                if len(firsts) == len(prompts):
+                    started.set()
+            else:
+                done = event
+        return tokens, done
+
+    async def run():
+        async with PrimaClient(head) as client:
+            answers.extend(await asyncio.gather(*(one(client, i, p) for i, p in enumerate(prompts))))
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()))
+    thread.start()
+    return thread, answers, started
 
 
 def test_a_fourth_node_joins_during_four_requests_and_takes_layers(smol_store, tmp_path):
     expected = greedy_reference(smol_store, PROMPTS, 64)
     with local_ring(smol_store, 3, tmp_path, windows=[10, 10, 10]) as local:
         head, first, last = local.addresses
-        answers = []
-        requests = threading.Thread(target=lambda: answers.extend(collect_all(head, PROMPTS, 64)))
-        requests.start()
-        time.sleep(1.5)  # the requests are under way
-        proc, new = joiner(first, tmp_path / "joiner.log", "--cache", str(tmp_path / "cache"))
+        proc, new = joiner(first, tmp_path / "joiner.log", "--cache", str(tmp_path / "cache"), gated=True)
         try:
+            requests, answers, started = streams_under_way(head, PROMPTS, 64)
+            assert started.wait(60), "the four streams did not start"
+            proc.stdin.write(b"go\n")  # join now, while every stream is generating
+            proc.stdin.close()
             wait_serving(new, proc, 60, log=tmp_path / "joiner.log")
-            while new not in [n["address"] for n in status(last)] and proc.poll() is None:
-                time.sleep(0.2)
+            while new not in [a for a, _, _ in ring.status(last)] and proc.poll() is None:
+                time.sleep(0.05)
             assert requests.is_alive()  # it joined while the requests were in flight
             requests.join(120)
             assert [tokens for tokens, _ in answers] == [expected[p] for p in PROMPTS]

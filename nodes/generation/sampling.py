@@ -24,25 +24,30 @@ class SamplingParams:
 
 
 class Sampler:
+    """Each output position draws from its own generator, seeded by the request's seed and the position alone: a
+    token's draw does not depend on what was drafted before it, nor on where a step began, so a seeded request gives
+    the same tokens with speculation on or off, and one resumed on another head goes on with its own stream."""
+
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.generator = torch.Generator()
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
-        else:
-            self.generator.seed()
+        self.seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        self.position = 0  # of the next token this request emits
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """logits: [V] float32."""
-        if self.params.temperature == 0.0:
-            return int(logits.argmax())
-        return int(torch.multinomial(self.probs(logits), 1, generator=self.generator))
+        """logits: [V] float32; the next position's token."""
+        token = self._draw(logits, self.position)
+        self.position += 1
+        return token
 
     def skip(self, vocab: int) -> None:
-        """Advance the generator past one sampled token: multinomial of one draws `vocab` exponentials whatever the
-        probabilities, so a resumed request continues its own sample stream."""
-        if self.params.temperature != 0.0:
-            torch.multinomial(torch.ones(vocab), 1, generator=self.generator)
+        """Past one token that was emitted elsewhere (a resumed request): the next draws are the stream's own."""
+        self.position += 1
+
+    def _draw(self, logits: torch.Tensor, position: int) -> int:
+        if self.params.temperature == 0.0:
+            return int(logits.argmax())
+        generator = torch.Generator().manual_seed(_mix(self.seed, position))
+        return int(torch.multinomial(self.probs(logits), 1, generator=generator))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution sampling draws from: [V], after temperature, top-k and top-p."""
@@ -61,29 +66,26 @@ class Sampler:
     def verify(self, logits: torch.Tensor, draft: list[int]) -> list[int]:
         """The tokens a verification forward yields: the accepted prefix of `draft`, then one of the target's own.
 
-        logits [len(draft) + 1, V]: row i follows the context plus draft[:i]. Greedy accepts while the draft
-        equals the argmax. Sampling uses the standard rejection rule with the draft a point mass q = 1{x}:
-        accept x with probability p(x); on rejection sample from max(0, p - q) normalised, i.e. p without x;
-        so every emitted token is distributed exactly as the target model's p.
+        logits [len(draft) + 1, V]: row i follows the context plus draft[:i]. Each row's token is drawn as a plain
+        step draws it (its position's own generator; greedy: the argmax), and a draft token is accepted while it
+        equals that draw. With the draft a point mass on x this accepts with probability p(x), as the standard
+        rejection rule does, and every emitted token is exactly the one the request gives without speculation.
         """
         out = []
-        for i, x in enumerate(draft):
-            if self.params.temperature == 0.0:
-                token = int(logits[i].argmax())
-                out.append(token)
-                if token != x:
-                    return out
-                continue
-            p = self.probs(logits[i])
-            if float(torch.rand((), generator=self.generator)) < float(p[x]):
-                out.append(x)
-                continue
-            residual = p.clone()
-            residual[x] = 0.0  # p(x) < 1 here, so something is left
-            out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=self.generator)))
-            return out
-        out.append(self(logits[len(draft)]))
+        for i in range(len(draft) + 1):
+            out.append(self._draw(logits[i], self.position + i))
+            if i == len(draft) or out[-1] != draft[i]:
+                break
+        self.position += len(out)
         return out
+
+
+def _mix(seed: int, position: int) -> int:
+    """A 63-bit seed for one position (splitmix64's finaliser): neighbouring positions get unrelated streams."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
 
 
 @dataclass(frozen=True)

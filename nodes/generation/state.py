@@ -157,8 +157,9 @@ class Generation:
 
     def resume(self, tokens: list[int], vocab: int) -> None:
         """Continue after `tokens` that a broken stream already gave (the head failed over): each is taken as if
-        sampled here, and a seeded sampler draws once for each, so it goes on with its own stream (exact when
-        nothing was speculated). ValueError: a token outside the vocabulary, or more than the request may emit."""
+        sampled here, and a seeded sampler moves past its position, so it goes on with its own stream (each position
+        draws alone: also with speculation). ValueError: a token outside the vocabulary, or more than the request
+        may emit."""
         for token in tokens:
             if not 0 <= token < vocab or self.done:
                 raise ValueError(f"resume_tokens: {len(tokens)} tokens do not continue this request "

@@ -25,18 +25,20 @@ async def hand_over(node, forget: bool) -> list[str]:
         raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "no member holds a complete copy of the head's units "
                                                             "(status: standby...); try again once it has one")
     node.log.info("handing the head role over", to=chosen, forget=forget)
-    try:
-        async with AioControl(chosen, node.cfg.token, DEADLINES) as peer:
-            reply = await peer.take_over(ring[0], ring, forget)
-    except grpc.RpcError as exc:
-        raise Rejected(grpc.StatusCode.UNAVAILABLE, f"{chosen} did not take over: {exc.code().name}: "
-                                                    f"{exc.details()}") from None
-    # Requests here end now; their clients find the new head (named in Info) and resume there.
-    node.head, node.head_address = None, chosen
-    head.requests.fail_all(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} handed the "
-                                                                       f"head role to {chosen}"))
-    node.windows = None  # no longer the head (Info's role): it serves no frames of the new ring
-    await head.close()
+    async with head.members.lock:  # this head's watch decides nothing while the standby re-plans the ring
+        head.members.generation += 1
+        try:
+            async with AioControl(chosen, node.cfg.token, DEADLINES) as peer:
+                reply = await peer.take_over(ring[0], ring, forget)
+        except grpc.RpcError as exc:
+            raise Rejected(grpc.StatusCode.UNAVAILABLE, f"{chosen} did not take over: {exc.code().name}: "
+                                                        f"{exc.details()}") from None
+        # Requests here end now; their clients find the new head (named in Info) and resume there.
+        node.head, node.head_address = None, chosen
+        head.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} handed the "
+                                                                     f"head role to {chosen}"))
+        node.windows = None  # no longer the head (Info's role): it serves no frames of the new ring
+        await head.close()
     return list(reply.ring)
 
 

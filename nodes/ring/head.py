@@ -232,5 +232,8 @@ class Head:
                 r.deliver(h)
 
     async def close(self) -> None:
+        """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""
+        self.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{self.node.cfg.name or self.node.address} "
+                                                                     "is no longer the ring's head"))
         self.steps.close()
         await self.members.close()

@@ -31,6 +31,10 @@ class NodePort(Protocol):
     max_batch: int  # steps one batch takes at most
     micro_batches: int  # batches in the ring at once
     batching: tuple[int, int]  # (max_batch, micro_batches) as assigned: a re-plan keeps them
+    fetching: bool  # an assignment is being fetched or loaded: the watch decides nothing meanwhile
+    head: Any  # the Head this node holds, None once it gave way (members.py steps down on a split brain)
+    head_address: str  # the head it follows
+    windows: Windows | None  # None: it serves no frames
 
     def release(self, request_id: str) -> None:
         """Free the request's KV cache here."""

@@ -49,6 +49,7 @@ class HeadRequests:
 
     def __init__(self):
         self.by_id: dict[str, HeadRequest] = {}
+        self.ended: RequestFailed | None = None  # this head gave its role up: a request that comes late ends so too
         self.ring_ready = asyncio.Event()
         self.ring_ready.set()
 
@@ -69,7 +70,7 @@ class HeadRequests:
             raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is in use")
 
     def add(self, request_id: str) -> HeadRequest:
-        req = self.by_id[request_id] = HeadRequest()
+        req = self.by_id[request_id] = HeadRequest(failure=self.ended)
         return req
 
     def remove(self, request_id: str) -> None:
@@ -86,6 +87,11 @@ class HeadRequests:
     def fail_all(self, failure: RequestFailed) -> None:
         for req in self.by_id.values():
             req.fail(failure)
+
+    def end(self, failure: RequestFailed) -> None:
+        """This head is no longer the ring's: every request, also one under way into it, ends with `failure`."""
+        self.ended = self.ended or failure
+        self.fail_all(self.ended)
 
     def cancel(self, request_id: str) -> bool:
         if request_id not in self.by_id:

@@ -9,8 +9,12 @@ import grpc
 from nodes.ring import recovery
 from nodes.ring.head import Head
 from nodes.ring.members import DEADLINES, PROBE_INTERVAL
-from prima_rpc.control import AioControl
+from prima_rpc.control import AioControl, Deadlines
 from prima_rpc.v1 import prima_pb2 as pb
+
+# Before a member takes over, one last probe with a longer deadline: a head that is slow (loading, a busy machine)
+# rather than gone answers it, and no second head is made. A killed head refuses it at once.
+CONFIRM = Deadlines(info=5.0)
 
 
 class HeadWatch:
@@ -20,21 +24,27 @@ class HeadWatch:
         self.node = node
         self.watched = ""  # the head the misses count for
         self.misses = 0
+        self.loading = False  # the head's last answer said it loads an assignment: it may answer late
 
     async def round(self) -> None:
         await asyncio.sleep(PROBE_INTERVAL)
         node = self.node
         head, ring = node.head_address, node.standby.ring
-        if node.head is not None or node.windows is None or not head or head == node.address or len(ring) < 2:
+        if (node.head is not None or node.windows is None or node.fetching or not head or head == node.address
+                or len(ring) < 2):
             return
         if head != self.watched:
-            self.watched, self.misses = head, 0
-        if await info_of(head, node.cfg.token) is not None:
-            self.misses = 0
+            self.watched, self.misses, self.loading = head, 0, False
+        epoch = node.epoch
+        if (info := await info_of(head, node.cfg.token)) is not None:
+            self.misses, self.loading = 0, info.state == "fetching"
             return
         self.misses += 1
         busy = bool(node.shard and node.shard.caches)
-        if self.misses < (recovery.MISSES_BUSY if busy else recovery.MISSES_IDLE):
+        if self.misses < recovery.misses_allowed(busy, self.loading) or node.fetching or node.epoch != epoch:
+            return  # not yet; or this node was assigned while it probed (the head is alive)
+        if await info_of(head, node.cfg.token, CONFIRM) is not None or node.head is not None:
+            self.misses = 0
             return
         others = [a for a in ring if a not in (head, node.address)]
         infos = await asyncio.gather(*(info_of(a, node.cfg.token) for a in others))
@@ -60,9 +70,9 @@ async def take_over(node, lost: str, ring: list[str], handed: bool = False, forg
     await node.head.members.take_over(lost, order, handed, forget)
 
 
-async def info_of(address: str, token: str | None) -> pb.NodeInfo | None:
+async def info_of(address: str, token: str | None, deadlines: Deadlines = DEADLINES) -> pb.NodeInfo | None:
     try:
-        async with AioControl(address, token, DEADLINES) as peer:  # a fresh channel: a dead head fails at once
+        async with AioControl(address, token, deadlines) as peer:  # a fresh channel: a dead head fails at once
             return await peer.info()
     except grpc.RpcError:
         return None

@@ -12,7 +12,7 @@ import structlog
 import typer
 
 from nodes.errors import Rejected, RequestFailed
-from nodes.ring import handover, metrics
+from nodes.ring import discovery, handover, metrics
 from nodes.ring.auth import TokenAuth
 from nodes.ring.compute_pool import INLINE_S
 from nodes.ring.config import NodeConfig
@@ -49,9 +49,10 @@ def parse_size(text: str) -> int:
 
 
 async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0,
-                tls: grpc.ServerCredentials | None = None, join: str = "") -> None:
+                tls: grpc.ServerCredentials | None = None, join: str = "", discover: bool = False) -> None:
     """metrics_port: serve Prometheus metrics on cfg.host:metrics_port at /metrics (0: off).
-    tls: serve TLS with these credentials (else plaintext). join: a member of a running ring to join (JoinError)."""
+    tls: serve TLS with these credentials (else plaintext). join: a member of a running ring to join (JoinError).
+    discover: announce this node over mDNS, and (with no peer nor join) find a running ring to join (DiscoveryError)."""
     stop = asyncio.Event()
     interceptors = [TokenAuth(cfg.token)] if cfg.token else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
@@ -79,9 +80,9 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
             f"NO TOKEN: anyone who can reach {cfg.host}:{port} can drive this node; "
             "start every node with PRIMA_TOKEN=SECRET (or --token-file)")
     ready(node.address)
+    announcer = discovery.Announcer()
     try:
-        if join:  # before the actor runs: frames that reach the new relay wait in its outbox
-            await join_ring(node, join)
+        await _enter(node, join, discover, announcer)
         async with asyncio.TaskGroup() as tasks:
             actor = tasks.create_task(node.run(), name="node")
             await stop.wait()
@@ -93,9 +94,24 @@ async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int =
             await server.stop(grace=2)
             actor.cancel()  # the node closes its link, channels and compute thread
     finally:
+        await announcer.close()
         await server.stop(grace=2)
         if exporter is not None:
             await exporter.cleanup()
+
+
+async def _enter(node: Node, join: str, discover: bool, announcer: discovery.Announcer) -> None:
+    """Before the actor runs (frames that reach a new relay wait in its outbox): announce this node (discover), and
+    join the ring of `join`, or with neither a peer nor `join`, of a node discovery finds."""
+    if discover:
+        port = int(node.address.rpartition(":")[2])
+        await announcer.start(node.cfg.name, discovery.announced_hosts(node.cfg.host, node.address.rpartition(":")[0]),
+                              port, node.node_id)
+        if not join and not node.cfg.peer:
+            join = await discovery.find_ring(node.address, node.cfg.token)
+            node.log.info("found a running ring on the LAN", member=join)
+    if join:
+        await join_ring(node, join)
 
 
 async def _hand_over(node: Node) -> None:
@@ -124,6 +140,8 @@ def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: boo
 def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ring (or --join)"),
          join: str = typer.Option("", help="HOST:PORT of any member of a running ring: join it (inserted before "
                                            "its head; it takes layers at the next re-plan)"),
+         discover: bool = typer.Option(False, help="announce this node on the LAN over mDNS (_prima._tcp); with "
+                                                   "neither --peer nor --join, find a running ring and join it"),
          port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
          host: str = typer.Option("0.0.0.0", help="address to bind"),
          model: Path = typer.Option(None, help="layer store directory (none: fetch the assigned layers from the "
@@ -156,8 +174,9 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
-    if bool(peer) == bool(join):
-        raise typer.BadParameter("give --peer (a ring being built) or --join (a running ring), one of them")
+    if (bool(peer) == bool(join)) and (peer or not discover):
+        raise typer.BadParameter("give --peer (a ring being built) or --join (a running ring), one of them "
+                                 "(or --discover alone: join a ring found on the LAN)")
     if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
     from prima_rpc.spec.home import prima_home
@@ -172,8 +191,8 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
         raise typer.Exit(2) from None
     try:
         _runner()(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
-                     metrics_port=metrics_port, tls=tls, join=join))
-    except (StoreError, OSError, JoinError) as exc:
+                     metrics_port=metrics_port, tls=tls, join=join, discover=discover))
+    except (StoreError, OSError, JoinError, discovery.DiscoveryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
 

@@ -6,6 +6,7 @@ back in its old place. The decisions are pure functions in nodes/ring/recovery.p
 """
 
 import asyncio
+import time
 from dataclasses import replace
 
 import grpc
@@ -42,10 +43,13 @@ class Members:
         self.answers: dict[str, Probe] = {}  # the last round's
         self.wake = asyncio.Event()  # a frame could not be sent: probe now
         self.link_failures: dict[str, str] = {}  # request id -> why its frame was not sent
+        self.generation = 0  # counts the changes of the ring: a probe round that straddles one decides nothing
+        self.lock = asyncio.Lock()  # one change of the ring at a time (a round's decision, a join, a leave)
         self._peers: dict[str, AioControl] = {}
 
     def set_ring(self, head: str, members: list[str], fresh: bool) -> None:
         self.head, self.members = head, tuple(members)
+        self.generation += 1
         if fresh:  # a ring from prima-ctl forgets the old one's losses
             self.original, self.lost, self.misses, self.answers = tuple(members), frozenset(), {}, {}
             self.joined = frozenset()
@@ -78,10 +82,25 @@ class Members:
             await self.check()
 
     async def check(self) -> None:
-        targets = recovery.probed(self.view())
+        """One probe round and what it decides. While this node is being assigned (prima-ctl start), and when the
+        ring changed while the probes were out (a join, a leave, a hand-over hold the lock), the round decides
+        nothing: its answers are of another ring."""
+        if self.node.fetching or self.lock.locked():
+            return
+        generation, targets = self.generation, recovery.probed(self.view())
         infos = await asyncio.gather(*(self._info(a) for a in targets))
-        answers = {a: Probe(info is not None and a not in self.draining, info is not None and self._holds_model(info))
-                   for a, info in zip(targets, infos)}
+        async with self.lock:
+            if generation != self.generation or self.node.fetching:
+                return
+            newer = recovery.newer_ring(self.head, self.node.epoch, {a: (_head_of(i), i.epoch)
+                                                                     for a, i in zip(targets, infos) if i is not None})
+            if newer is not None:
+                await self._step_down(*newer)
+            else:
+                await self._decide(targets, infos)
+
+    async def _decide(self, targets: tuple[str, ...], infos: list[pb.NodeInfo | None]) -> None:
+        answers = {a: self._probe(a, info) for a, info in zip(targets, infos)}
         self.draining = frozenset(a for a, i in zip(targets, infos) if a in self.draining and i is not None)
         self.misses = dict(recovery.tally(self.misses, answers))
         self.answers = answers
@@ -97,6 +116,25 @@ class Members:
             case Keep():  # everyone answers: a frame lost on a broken link ends its request
                 for request_id, message in failures.items():
                     self.requests.fail(request_id, _unavailable(message))
+
+    def _probe(self, address: str, info: pb.NodeInfo | None) -> Probe:
+        """A member's answer; a miss keeps what its last answer said of loading (a loading node answers late)."""
+        if info is None:
+            return Probe(False, loading=self.answers.get(address, Probe(False)).loading)
+        return Probe(address not in self.draining, self._holds_model(info), info.state == "fetching")
+
+    async def _step_down(self, head: str, epoch: int) -> None:
+        """Split brain: a member follows a newer ring, so this head was cut off and another took over. It gives way
+        at once: its requests end UNAVAILABLE naming the new head (clients that know several members resume
+        there), it serves no frames, and the new head wires it back in as a member when it sees it answer."""
+        node, held = self.node, self.node.head
+        if held is None or held.members is not self:
+            return
+        node.log.warning("a newer ring has another head: stepping down", head=head, epoch=epoch, ours=node.epoch)
+        node.head, node.head_address, node.windows = None, head, None
+        self.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} is no "
+                                        f"longer the ring's head: {head} took over (epoch {epoch})"))
+        await held.close()
 
     async def _route_around(self, d: RouteAround, answers: dict[str, Probe]) -> None:
         node = self.node
@@ -117,6 +155,10 @@ class Members:
         """This node replaces the lost head: probe the others and re-plan on those that answer. order: the ring
         after this node, the lost head in its place (where it rejoins when it answers again). handed: it handed
         over and answers until it stops (it rejoins only once it was silent); forget: it never rejoins."""
+        async with self.lock:
+            await self._take_over(lost, order, handed, forget)
+
+    async def _take_over(self, lost: str, order: tuple[str, ...], handed: bool, forget: bool) -> None:
         self.original, self.lost = order, frozenset({lost})
         self.draining = frozenset({lost}) if handed else frozenset()
         others = tuple(a for a in order if a != lost)
@@ -130,6 +172,14 @@ class Members:
     async def leave(self, address: str) -> list[str]:
         """Take a member out of the ring: re-plan without it (waiting requests replay on the new ring), then stop
         it; it is forgotten (it does not rejoin). Rejected: the head itself, not a member, or no re-plan."""
+        async with self.lock:  # a probe round under way decides nothing on the ring it changes
+            self.generation += 1
+            try:
+                return await self._leave(address)
+            finally:
+                self.generation += 1
+
+    async def _leave(self, address: str) -> list[str]:
         if address == self.head or address == self.node.address:
             last = not self.members
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{address} is the ring's " + (
@@ -160,6 +210,14 @@ class Members:
         """Insert a new node before the head (the head's predecessor now sends to it) as a relay of the current
         epoch, so that requests in flight go on through it and none replays; it takes layers at the next re-plan
         (idle, when it holds the model; else prima-ctl start). Rejected: already a member, another model, silent."""
+        async with self.lock:  # a probe round under way decides nothing on the ring it changes
+            self.generation += 1
+            try:
+                return await self._join(address, model_id)
+            finally:
+                self.generation += 1
+
+    async def _join(self, address: str, model_id: str) -> list[str]:
         node, ring = self.node, [self.head, *self.members]
         if address in ring or address == node.address:
             raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"{address} is already a member of this ring")
@@ -215,7 +273,10 @@ class Members:
         node = self.node
         n_layers, model_id = node.store.config.n_layers, node.store.model_id
         plan = recovery.replan(self.head, members, n_layers)
-        epoch = node.epoch + 1
+        # newer than every ring before (prima-ctl start's are milliseconds too), and two heads of a split brain that
+        # re-plan apart do not share one: recovery.newer_ring tells them apart
+        epoch = max(node.epoch + 1, time.time_ns() // 1_000_000)
+        self.generation += 1
         for address, peer in plan.peers[1:]:
             await self._control(address).set_peer(peer)
         await node.set_peer(plan.peers[0][1])
@@ -264,6 +325,11 @@ class Members:
         peers, self._peers = self._peers, {}
         for peer in peers.values():
             await peer.close()
+
+
+def _head_of(info: pb.NodeInfo) -> str:
+    """The head a node follows: the one its assignment named, itself if it is a head."""
+    return info.head or (info.address if info.role == "head" else "")
 
 
 def _unavailable(message: str) -> RequestFailed:

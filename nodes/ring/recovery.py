@@ -15,6 +15,7 @@ from prima_rpc.spec.windows import even_windows, layer_ranges
 
 MISSES_IDLE = 2  # an idle ring waits for a second miss: a loaded machine may answer one probe late
 MISSES_BUSY = 1  # requests wait on the ring: the first miss counts
+MISSES_LOADING = 5  # its last answer said it loads an assignment, which can keep it from answering for seconds
 
 
 class MemberState(Enum):
@@ -30,6 +31,7 @@ class Probe:
 
     answered: bool
     holds_model: bool = False  # has the ring's model, so it can take layers
+    loading: bool = False  # it fetches or loads an assignment (a miss keeps the last answer's)
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,15 @@ def tally(misses: Mapping[str, int], answers: Mapping[str, Probe]) -> tuple[tupl
     return tuple((a, 0 if p.answered else misses.get(a, 0) + 1) for a, p in answers.items())
 
 
+def misses_allowed(busy: bool, loading: bool) -> int:
+    """Consecutive misses after which a member (or, to its members, the head) counts as lost."""
+    return MISSES_LOADING if loading else MISSES_BUSY if busy else MISSES_IDLE
+
+
 def decide(view: RingView, answers: Mapping[str, Probe]) -> Decision:
     misses = dict(view.misses)
-    threshold = MISSES_BUSY if view.busy else MISSES_IDLE
-    lost = tuple(a for a in view.members if misses.get(a, 0) >= threshold)
+    lost = tuple(a for a in view.members
+                 if misses.get(a, 0) >= misses_allowed(view.busy, answers.get(a, Probe(False)).loading))
     if lost:
         return RouteAround(lost, tuple(a for a in view.members if a not in lost))
     back = tuple(a for a in sorted(view.lost) if answers.get(a, Probe(False)).answered)
@@ -125,6 +132,15 @@ def new_head(ring: tuple[str, ...], lost_head: str, copies: Mapping[str, bool]) 
     """Whom the survivors make their head when `lost_head` (ring[0]) is gone: the first member after it in ring
     order that answers (is in `copies`) with a complete copy of the head's units; None: no member can."""
     return next((a for a in ring if a != lost_head and copies.get(a, False)), None)
+
+
+def newer_ring(head: str, epoch: int, heard: Mapping[str, tuple[str, int]]) -> tuple[str, int] | None:
+    """The ring a head gives way to (split brain: it was cut off, and a member took over meanwhile): heard maps each
+    member that answered to (the head it follows, its epoch); a member that follows another head at a greater
+    (epoch, head address) than this head's wins, the greatest of them. Both sides of a split compare the same pairs,
+    so exactly one head stays. None: no member follows a newer ring."""
+    newer = [(e, h) for h, e in heard.values() if h and h != head and (e, h) > (epoch, head)]
+    return (max(newer)[1], max(newer)[0]) if newer else None
 
 
 @dataclass(frozen=True)
