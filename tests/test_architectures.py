@@ -100,13 +100,13 @@ def test_a_gguf_missing_a_tensor_names_the_file_and_the_tensor(tmp_path, skip):
 def test_hf_config_names_its_unsupported_rope(models, tmp_path):
     hf = models("llama3.1")[0]
     cfg = json.loads((hf / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0}
-    (hf.parent / "yarn").mkdir()
+    cfg["rope_parameters"] = {"rope_type": "proportional", "factor": 4.0, "rope_theta": 500000.0}
+    (hf.parent / "unknown").mkdir()
     for f in hf.iterdir():
-        (hf.parent / "yarn" / f.name).write_bytes(f.read_bytes())
-    (hf.parent / "yarn" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(StoreError, match="rope scaling 'yarn' is not supported"):
-        import_hf(hf.parent / "yarn", tmp_path / "out")
+        (hf.parent / "unknown" / f.name).write_bytes(f.read_bytes())
+    (hf.parent / "unknown" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StoreError, match="rope scaling .proportional. is not supported"):
+        import_hf(hf.parent / "unknown", tmp_path / "out")
 
 
 SPM_TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n"

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -146,7 +147,15 @@ def test_bfloat16_checkpoint_keeps_its_dtype(tmp_path):
                                           "high_freq_factor": 4, "original_max_position_embeddings": 8192}},
      (5e5, {"type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
             "original_max_position_embeddings": 8192})),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "rope scaling 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4}, "max_position_embeddings": 32768},
+     (10000.0, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
+    ({"rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [2.0]}, "max_position_embeddings": 131072,
+      "original_max_position_embeddings": 4096},  # Phi-3.5's
+     (10000.0, {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                "original_max_position_embeddings": 4096,
+                "attention_factor": (1 + math.log(32) / math.log(4096)) ** 0.5})),
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}}, "longrope rope scaling lacks"),
+    ({"rope_scaling": {"rope_type": "mrope", "factor": 4}}, "rope scaling 'mrope' is not supported"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8}}, "llama3 rope scaling lacks"),
 ])
 def test_rope_table(hf, expected):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from nodes.engine.moe import Expert, MoE, moe_mlp
 from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
+from nodes.engine.rope import Rope
 from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import FUSED, SHARED_FUSED
@@ -140,57 +141,6 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv.values())
-
-
-class Rope:
-    """cos/sin tables [S, hd] for rotate-half RoPE (llama3, linear or per-frequency scaling), and the attention
-    window of the layers that use it; `layer(i)` picks a layer's (Gemma 3's local layers have their own base)."""
-
-    def __init__(self, cfg: ModelConfig, length: int, dtype: torch.dtype, local: bool = False):
-        theta = cfg.local_rope_theta if local else cfg.rope_theta
-        inv = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        inv = inv if local else scaled(inv, cfg.rope_scaling)
-        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv).float()
-        angles = torch.cat([angles, angles], dim=-1)
-        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        self.window = cfg.sliding_window if local else None  # None: every earlier position
-        self.local_layers = frozenset(cfg.local_layers)
-        self.local = Rope(cfg, length, dtype, local=True) if cfg.local_layers and not local else None
-
-    def layer(self, i: int) -> "Rope":
-        return self.local if i in self.local_layers else self
-
-    def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        # x: [heads, T, hd]
-        t = x.shape[1]
-        cos, sin = self.cos[pos:pos + t], self.sin[pos:pos + t]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
-
-
-def scaled(inv: torch.Tensor, s: dict | None) -> torch.Tensor:
-    """Inverse frequencies [hd / 2] after the store's rope scaling (ModelConfig.rope_scaling)."""
-    if s is None:
-        return inv
-    if s["type"] == "llama3":
-        return llama3_scaled(inv, s)
-    if s["type"] == "linear":
-        return inv / s["factor"]
-    assert s["type"] == "factors" and len(s["factors"]) == len(inv), s
-    return inv / torch.tensor(s["factors"], dtype=torch.float64)
-
-
-def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1's long-context frequency scaling (as in transformers' rope utils)."""
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s.get("original_max_position_embeddings", 8192)
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
-    mid = (1 - smooth) * scaled / factor + smooth * scaled
-    is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(is_mid, mid, scaled)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
