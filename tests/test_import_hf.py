@@ -166,16 +166,19 @@ def test_rope_table(hf, expected):
         assert rope(hf) == expected
 
 
-@pytest.mark.parametrize("extra, max_seq", [
-    ({"architectures": ["MistralForCausalLM"], "sliding_window": 16}, 16),  # exact only within the window
-    ({"architectures": ["MistralForCausalLM"], "sliding_window": None}, 128),
-    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}, 128),
-    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True}, 16),
+@pytest.mark.parametrize("extra, window, local", [
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 16}, 16, (0, 1, 2)),  # every layer
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": None}, None, ()),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}, None, ()),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True}, 16, (0, 1, 2)),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True,
+      "max_window_layers": 1}, 16, (1, 2)),
 ])
-def test_sliding_window_caps_context(extra, max_seq):
+def test_sliding_window_layers(extra, window, local):
     hf = {**DIMS, "head_dim": None, **extra}
     cfg = read_config(hf, {})
-    assert (cfg.max_seq_len, cfg.head_dim, cfg.tie_embeddings) == (max_seq, 16, True)
+    assert (cfg.max_seq_len, cfg.head_dim, cfg.tie_embeddings) == (128, 16, True)  # the context is not capped
+    assert (cfg.sliding_window, cfg.local_layers) == (window, local)
 
 
 def test_special_tokens(hf_dirs, tmp_path):

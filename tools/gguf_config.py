@@ -68,7 +68,11 @@ def factors(src: Path, t, rot_dim: int) -> list[float]:
 
 
 def local_attention(reader: GGUFReader, arch: str, n_layers: int, hidden: int, heads: int, head_dim: int) -> dict:
-    """Gemma 3's sliding-window layers and attention numbers, with llama.cpp's defaults where the file is silent."""
+    """Gemma 3's sliding-window layers and attention numbers, with llama.cpp's defaults where the file is silent;
+    a Phi-3 with a window (its converter writes 0 for none) has it in every layer, as llama.cpp reads it."""
+    if arch == "phi3" and int(field(reader, Keys.Attention.SLIDING_WINDOW.format(arch=arch), 0)):
+        window = int(field(reader, Keys.Attention.SLIDING_WINDOW.format(arch=arch)))
+        return dict(sliding_window=window, local_layers=tuple(range(n_layers)))
     if arch != "gemma3":
         return {}
     window = reader.fields.get(Keys.Attention.SLIDING_WINDOW.format(arch=arch))

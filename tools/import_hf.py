@@ -71,9 +71,16 @@ def architecture(hf: dict) -> str:
 
 
 def local_attention(hf: dict, arch: str) -> dict:
-    """Gemma 3's sliding-window layers: which they are, their window, RoPE base, and the attention's numbers."""
+    """Sliding-window layers: Gemma 3's (which they are, their window, RoPE base, and the attention's numbers), and
+    those of Mistral, Phi-3 and Qwen2 models that set a window (all layers; Qwen2's from max_window_layers on)."""
     if arch != "gemma3":
-        return {}
+        window = hf.get("sliding_window") if arch in ("mistral", "phi3", "mixtral") or hf.get("use_sliding_window") \
+            else None
+        first = int(hf.get("max_window_layers") or 0) if arch == "qwen2" else 0
+        kinds = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                          for i in range(int(hf["num_hidden_layers"]))]
+        local = tuple(i for i, k in enumerate(kinds) if k == "sliding_attention") if window else ()
+        return dict(sliding_window=int(window), local_layers=local) if local else {}
     n = int(hf["num_hidden_layers"])
     kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
                                       else "sliding_attention" for i in range(n)]
@@ -97,15 +104,12 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
         theta, scaling = rope(hf)
         max_seq = context_length(int(hf.get("max_position_embeddings", 4096)), scaling)
         head_dim = int(hf.get("head_dim") or hidden // heads)
-        # Sliding-window attention equals full attention on sequences no longer than the window.
-        windowed = arch in ("mistral", "phi3", "mixtral") or hf.get("use_sliding_window")
-        window = hf.get("sliding_window") if windowed else None
         return ModelConfig(
             architecture=arch, hidden=hidden, intermediate=int(hf["intermediate_size"]),
             n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
             n_kv_heads=int(hf.get("num_key_value_heads") or heads),
             head_dim=head_dim, vocab=int(hf["vocab_size"]),
-            max_seq_len=min(max_seq, int(window)) if window else max_seq,
+            max_seq_len=max_seq,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
             rotary_dim=rotary_dim(hf, head_dim),
             qkv_bias=any(f"model.layers.0.{n}" in tensors for n in BIASES),

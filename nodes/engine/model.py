@@ -132,15 +132,30 @@ def head_numerics(cfg: ModelConfig) -> dict:
 
 
 class KVCache:
-    """Keys and values of one request for the layers a node holds, preallocated to `capacity`."""
+    """Keys and values of one request for the layers a node holds, preallocated to `capacity`; a sliding-window
+    layer holds a ring of `window_slots` positions instead (position p in slot p % slots) when that is fewer."""
 
     def __init__(self, layers: list[int], cfg: ModelConfig, capacity: int, dtype: torch.dtype):
         self.capacity = capacity
-        shape = (2, cfg.n_kv_heads, capacity, cfg.head_dim)  # k and v: [nkv, S, hd]
-        self.kv = {i: torch.empty(shape, dtype=dtype) for i in layers}
+        ring = window_slots(cfg)
+        local = frozenset(cfg.local_layers) if ring < capacity else frozenset()
+        self.kv = {i: torch.empty((2, cfg.n_kv_heads, ring if i in local else capacity, cfg.head_dim), dtype=dtype)
+                   for i in layers}  # k and v: [nkv, S, hd]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv.values())
+
+    def reusable_prefix(self, n: int) -> int:
+        """How many of the first n positions another request may copy from this cache: all n where every layer
+        still holds them (a ring is not past its slots), else none (a windowed layer's ring lost the prompt's
+        start). Meant right after a prefill of n positions; later writes may wrap a ring further."""
+        return n if all(kv.shape[2] >= n for kv in self.kv.values()) else 0
+
+
+def window_slots(cfg: ModelConfig) -> int:
+    """A sliding-window layer's ring: its window plus a verify frame's rows (ROW_ATTENTION), so that rejected
+    drafts never overwrite a position the next step still sees."""
+    return cfg.sliding_window + ROW_ATTENTION if cfg.local_layers else 0
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -194,22 +209,47 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
         qk = torch.cat([rms_norm(qk[:nh], small["q_norm"], cfg.norm_eps), rms_norm(qk[nh:], small["k_norm"],
                                                                                    cfg.norm_eps)])
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
+    scale = (cfg.query_scale or hd) ** -0.5
+    if pos + t > kv.shape[2]:  # a sliding-window layer's ring has wrapped
+        return _attend_ring(q, k, heads[nh + nkv:], kv, pos, rope.window, scale)
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
-    scale = (cfg.query_scale or hd) ** -0.5
     if t <= ROW_ATTENTION:  # decode steps and verify frames: each row as a one-token step computes it
         return attend_rows(q, kv[:, :, :pos + t], pos, rope.window, scale)
     keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
-    mask = None
-    if rope.window is not None and pos + t > rope.window:  # a local layer sees its last `window` positions
-        rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
-        mask = (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - rope.window)
-    elif pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+    mask = window_mask(pos, t, rope.window)
+    if mask is None and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
         q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
         is_causal=(pos == 0 and mask is None), enable_gqa=nh != nkv, scale=scale,
     )  # [1, nh, T, hd]
+    return att[0].transpose(0, 1).reshape(t, nh * hd)
+
+
+def window_mask(pos: int, t: int, window: int | None) -> torch.Tensor | None:
+    """Queries at [pos, pos + T) over keys at [0, pos + T): a local layer sees its last `window` positions (None:
+    no window, or none of its rows reaches past one)."""
+    if window is None or pos + t <= window:
+        return None
+    rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
+    return (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - window)
+
+
+def _attend_ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: torch.Tensor, pos: int, window: int,
+                 scale: float) -> torch.Tensor:
+    """Attention of a windowed layer whose cache is a ring: the window's cached positions [lo, pos) in order and
+    the segment's own keys, as keys at positions [lo, pos + T); then the newest of them go into the ring."""
+    nh, t, hd = q.shape
+    slots, lo = ring.shape[2], max(0, pos - window + 1)
+    held = torch.arange(lo, pos) % slots
+    kv = torch.cat([ring[:, :, held], torch.stack([k, v])], dim=2)  # [2, nkv, pos + T - lo, hd]
+    new = torch.arange(max(pos, pos + t - slots), pos + t)
+    ring[:, :, new % slots] = kv[:, :, new - lo]
+    if t <= ROW_ATTENTION:
+        return attend_rows(q, kv, pos - lo, window, scale)
+    att = F.scaled_dot_product_attention(q[None], kv[None, 0], kv[None, 1], attn_mask=window_mask(pos - lo, t, window),
+                                         enable_gqa=nh != kv.shape[1], scale=scale)
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 
