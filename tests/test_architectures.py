@@ -48,9 +48,10 @@ def test_gguf_import_equals_transformers(models, family, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, "1"], ids=["resident", "streamed"])
 def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path, budget):
-    """Three nodes, two holding layers (k = 2), one relaying; "streamed": every layer read stage by stage."""
+    """Three nodes, two holding layers (k = 2), one relaying; "streamed": every layer read stage by stage. The
+    request (20 prompt tokens, 10 more) is longer than a local layer's ring (window 4 + ROW_ATTENTION): they wrap."""
     store = import_hf(models("gemma3")[0], tmp_path / "store")
-    prompt = "The capital of France is"
+    prompt = "The capital of France is Paris, the capital of Italy is Rome, and the capital of Spain is"
     expected = greedy_reference(store, [prompt], 10)[prompt]
     extra = [["--mem-budget", budget]] * 3 if budget else None
     with local_ring(store, 3, tmp_path / "logs", [3, 0, 3], extra_args=extra) as local:
