@@ -100,3 +100,17 @@ def test_longrope_short_factors_within_the_original_context(variant, tmp_path):
     assert torch.allclose(rope.cos, cos[0], atol=1e-6) and torch.allclose(rope.sin, sin[0], atol=1e-6)
     long = Rope(cfg, cfg.max_seq_len, torch.float32)  # 256 positions: past the original 8, the long factors
     assert not torch.allclose(long.cos[:8], cos[0], atol=1e-3)
+
+
+def test_every_scaling_a_manifest_names_has_its_maths():
+    from dataclasses import replace
+
+    from nodes.engine.rope import SCALINGS
+    from prima_rpc.spec.manifest import ROPE_SCALINGS, StoreError
+    from prima_rpc.spec.shapes import PRESETS
+
+    assert set(SCALINGS) == {"default", *ROPE_SCALINGS}
+    with pytest.raises(StoreError, match="rope scaling 'ntk-by-parts' is not supported; supported: linear"):
+        replace(PRESETS["tiny"], rope_scaling={"type": "ntk-by-parts", "factor": 2.0})
+    with pytest.raises(StoreError, match="rotary_dim 7 must be even"):
+        replace(PRESETS["tiny"], rotary_dim=7)

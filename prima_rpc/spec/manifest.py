@@ -11,6 +11,7 @@ FORMAT = "prima-store/1"
 MANIFEST = "manifest.json"
 ARCHITECTURES = tuple(ARCHS)
 MOE_FIELDS = ("n_experts", "n_experts_used", "moe_intermediate", "shared_intermediate", "norm_topk_prob")
+ROPE_SCALINGS = ("linear", "llama3", "factors", "yarn", "longrope", "dynamic")  # nodes/engine/rope.py computes each
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/engine/quant.py
 
 
@@ -85,6 +86,9 @@ class ModelConfig:
                                       and all(0 <= i < self.n_layers for i in self.local_layers)):
             raise StoreError(f"local layers {self.local_layers} need a positive sliding_window (got "
                              f"{self.sliding_window}) and indices below {self.n_layers}")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ROPE_SCALINGS:
+            raise StoreError(f"rope scaling {self.rope_scaling.get('type')!r} is not supported; supported: "
+                             f"{', '.join(ROPE_SCALINGS)}")
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise StoreError(f"rotary_dim {self.rotary_dim} must be even and within head_dim {self.head_dim}")
 
