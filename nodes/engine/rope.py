@@ -17,10 +17,9 @@ class Rope:
         theta = cfg.local_rope_theta if own_base else cfg.rope_theta
         self.dim = cfg.rotary_dim or cfg.head_dim
         angles, attention_factor = rope_angles(theta, self.dim, None if own_base else cfg.rope_scaling, length)
-        angles = torch.cat([angles, angles], dim=-1)
+        angles = torch.cat([angles, angles], dim=-1).float()  # cos/sin in float32, as transformers takes them
         # the attention factor (YaRN, LongRoPE) scales q and k alike: softmax's temperature
-        self.cos = (angles.cos() * attention_factor).float().to(dtype)
-        self.sin = (angles.sin() * attention_factor).float().to(dtype)
+        self.cos, self.sin = (angles.cos() * attention_factor).to(dtype), (angles.sin() * attention_factor).to(dtype)
         self.window = cfg.sliding_window if local else None  # None: every earlier position
         self.local_layers = frozenset(cfg.local_layers)
         self.local = Rope(cfg, length, dtype, local=True) if cfg.local_layers and not local else None
