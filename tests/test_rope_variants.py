@@ -50,7 +50,8 @@ def variant(smol_store, tmp_path_factory):
     def get(name: str):
         if name not in made:
             family, extra, _ = VARIANTS[name]
-            hf = write_model(family, smol_store / "tokenizer.json", tmp_path_factory.mktemp(name) / "hf", **extra)
+            hf = write_model(family, smol_store / "tokenizer.json", tmp_path_factory.mktemp(name) / "hf",
+                             chat_template=read_manifest(smol_store)[0].chat_template, **extra)
             made[name] = (hf, *generated(hf, PROMPT, STEPS))
         return made[name]
     return get
@@ -114,3 +115,17 @@ def test_every_scaling_a_manifest_names_has_its_maths():
         replace(PRESETS["tiny"], rope_scaling={"type": "ntk-by-parts", "factor": 2.0})
     with pytest.raises(StoreError, match="rotary_dim 7 must be even"):
         replace(PRESETS["tiny"], rotary_dim=7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["longrope-partial", "dynamic"])
+def test_a_ring_with_a_relay_equals_the_single_process(variant, name, tmp_path):
+    """Three nodes, two holding layers, one relaying: each node's tables are the single process's (a dynamic
+    row's base depends on its position only, not on how the ring's frames cut the sequence)."""
+    from tests.rings import collect, greedy_reference, local_ring
+
+    store = import_hf(variant(name)[0], tmp_path / "store")
+    prompt = "The capital of France is"  # raw: 5 tokens and 10 more cross the dynamic model's original 12
+    expected = greedy_reference(store, [prompt], 10, raw=True)[prompt]
+    with local_ring(store, 3, tmp_path / "logs", [1, 0, 1]) as local:
+        assert collect(local.addresses[0], prompt, 10, raw=True)[0] == expected
