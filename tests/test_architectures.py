@@ -48,9 +48,10 @@ def test_gguf_import_equals_transformers(models, family, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, "1"], ids=["resident", "streamed"])
 def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path, budget):
-    """Three nodes, two holding layers (k = 2), one relaying; "streamed": every layer read stage by stage."""
+    """Three nodes, two holding layers (k = 2), one relaying; "streamed": every layer read stage by stage. The
+    request (20 prompt tokens, 10 more) is longer than a local layer's ring (window 4 + ROW_ATTENTION): they wrap."""
     store = import_hf(models("gemma3")[0], tmp_path / "store")
-    prompt = "The capital of France is"
+    prompt = "The capital of France is Paris, the capital of Italy is Rome, and the capital of Spain is"
     expected = greedy_reference(store, [prompt], 10)[prompt]
     extra = [["--mem-budget", budget]] * 3 if budget else None
     with local_ring(store, 3, tmp_path / "logs", [3, 0, 3], extra_args=extra) as local:
@@ -100,13 +101,13 @@ def test_a_gguf_missing_a_tensor_names_the_file_and_the_tensor(tmp_path, skip):
 def test_hf_config_names_its_unsupported_rope(models, tmp_path):
     hf = models("llama3.1")[0]
     cfg = json.loads((hf / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0}
-    (hf.parent / "yarn").mkdir()
+    cfg["rope_parameters"] = {"rope_type": "proportional", "factor": 4.0, "rope_theta": 500000.0}
+    (hf.parent / "unknown").mkdir()
     for f in hf.iterdir():
-        (hf.parent / "yarn" / f.name).write_bytes(f.read_bytes())
-    (hf.parent / "yarn" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(StoreError, match="rope scaling 'yarn' is not supported"):
-        import_hf(hf.parent / "yarn", tmp_path / "out")
+        (hf.parent / "unknown" / f.name).write_bytes(f.read_bytes())
+    (hf.parent / "unknown" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StoreError, match="rope scaling .proportional. is not supported"):
+        import_hf(hf.parent / "unknown", tmp_path / "out")
 
 
 SPM_TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n"

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -146,7 +147,15 @@ def test_bfloat16_checkpoint_keeps_its_dtype(tmp_path):
                                           "high_freq_factor": 4, "original_max_position_embeddings": 8192}},
      (5e5, {"type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
             "original_max_position_embeddings": 8192})),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "rope scaling 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4}, "max_position_embeddings": 32768},
+     (10000.0, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})),
+    ({"rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [2.0]}, "max_position_embeddings": 131072,
+      "original_max_position_embeddings": 4096},  # Phi-3.5's
+     (10000.0, {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                "original_max_position_embeddings": 4096,
+                "attention_factor": (1 + math.log(32) / math.log(4096)) ** 0.5})),
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}}, "longrope rope scaling lacks"),
+    ({"rope_scaling": {"rope_type": "mrope", "factor": 4}}, "rope scaling 'mrope' is not supported"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8}}, "llama3 rope scaling lacks"),
 ])
 def test_rope_table(hf, expected):
@@ -157,16 +166,19 @@ def test_rope_table(hf, expected):
         assert rope(hf) == expected
 
 
-@pytest.mark.parametrize("extra, max_seq", [
-    ({"architectures": ["MistralForCausalLM"], "sliding_window": 16}, 16),  # exact only within the window
-    ({"architectures": ["MistralForCausalLM"], "sliding_window": None}, 128),
-    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}, 128),
-    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True}, 16),
+@pytest.mark.parametrize("extra, window, local", [
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 16}, 16, (0, 1, 2)),  # every layer
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": None}, None, ()),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}, None, ()),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True}, 16, (0, 1, 2)),
+    ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": True,
+      "max_window_layers": 1}, 16, (1, 2)),
 ])
-def test_sliding_window_caps_context(extra, max_seq):
+def test_sliding_window_layers(extra, window, local):
     hf = {**DIMS, "head_dim": None, **extra}
     cfg = read_config(hf, {})
-    assert (cfg.max_seq_len, cfg.head_dim, cfg.tie_embeddings) == (max_seq, 16, True)
+    assert (cfg.max_seq_len, cfg.head_dim, cfg.tie_embeddings) == (128, 16, True)  # the context is not capped
+    assert (cfg.sliding_window, cfg.local_layers) == (window, local)
 
 
 def test_special_tokens(hf_dirs, tmp_path):

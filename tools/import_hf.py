@@ -15,6 +15,7 @@ from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import layer_shapes, unit_shapes
 from tools import hf_moe
 from tools.hf_moe import moe_fields
+from tools.hf_rope import context_length, rope, rotary_dim
 from tools.store_writer import StoreWriter, quantize_unit
 
 HF_CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -50,7 +51,6 @@ POST_NORMS = {  # Gemma 3: post_attention_layernorm is the norm after attention,
 QK_NORMS = {"self_attn.q_norm.weight": ("q_norm.weight",), "self_attn.k_norm.weight": ("k_norm.weight",)}
 UNSUPPORTED = ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def read_json(path: Path) -> dict:
@@ -62,31 +62,6 @@ def read_json(path: Path) -> dict:
         raise StoreError(f"{path}: invalid JSON ({exc})") from None
 
 
-def rope(hf: dict, kind: str = "full_attention") -> tuple[float, dict | None]:
-    """rope_theta and the store's rope_scaling of one layer type, from transformers 5's `rope_parameters` (Gemma 3:
-    one per layer type) or the older keys."""
-    params = hf.get("rope_parameters") or {}
-    params = params.get(kind, params) if kind in params or "full_attention" in params else params
-    old_theta = hf.get("rope_local_base_freq", 10000.0) if kind == "sliding_attention" else hf.get("rope_theta")
-    theta = float(params.get("rope_theta", old_theta or 10000.0))
-    scaling = params if ("rope_type" in params or "type" in params) else (hf.get("rope_scaling") or {})
-    if kind == "sliding_attention" and "rope_parameters" not in hf:
-        scaling = {}  # Gemma 3's older configs: rope_scaling is the global layers'
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise StoreError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
-    if rope_type == "default":
-        return theta, None
-    if rope_type == "linear":
-        return theta, {"type": "linear", "factor": float(scaling["factor"])}
-    if rope_type != "llama3":
-        raise StoreError(f"rope scaling {rope_type!r} is not supported (only 'llama3' and 'linear')")
-    missing = [k for k in LLAMA3_KEYS if k not in scaling]
-    if missing:
-        raise StoreError(f"llama3 rope scaling lacks {missing}")
-    return theta, {"type": "llama3", **{k: scaling[k] for k in LLAMA3_KEYS}}
-
-
 def architecture(hf: dict) -> str:
     archs = hf.get("architectures") or [hf.get("model_type")]
     arch = next((HF_CLASSES[a] for a in archs if a in HF_CLASSES), None)
@@ -96,9 +71,16 @@ def architecture(hf: dict) -> str:
 
 
 def local_attention(hf: dict, arch: str) -> dict:
-    """Gemma 3's sliding-window layers: which they are, their window, RoPE base, and the attention's numbers."""
+    """Sliding-window layers: Gemma 3's (which they are, their window, RoPE base, and the attention's numbers), and
+    those of Mistral, Phi-3 and Qwen2 models that set a window (all layers; Qwen2's from max_window_layers on)."""
     if arch != "gemma3":
-        return {}
+        window = hf.get("sliding_window") if arch in ("mistral", "phi3", "mixtral") or hf.get("use_sliding_window") \
+            else None
+        first = int(hf.get("max_window_layers") or 0) if arch == "qwen2" else 0
+        kinds = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                          for i in range(int(hf["num_hidden_layers"]))]
+        local = tuple(i for i, k in enumerate(kinds) if k == "sliding_attention") if window else ()
+        return dict(sliding_window=int(window), local_layers=local) if local else {}
     n = int(hf["num_hidden_layers"])
     kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
                                       else "sliding_attention" for i in range(n)]
@@ -120,17 +102,16 @@ def read_config(hf: dict, tensors: dict[str, Path]) -> ModelConfig:
     try:
         hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         theta, scaling = rope(hf)
-        max_seq = int(hf.get("max_position_embeddings", 4096))
-        # Sliding-window attention equals full attention on sequences no longer than the window.
-        windowed = arch in ("mistral", "phi3", "mixtral") or hf.get("use_sliding_window")
-        window = hf.get("sliding_window") if windowed else None
+        max_seq = context_length(int(hf.get("max_position_embeddings", 4096)), scaling)
+        head_dim = int(hf.get("head_dim") or hidden // heads)
         return ModelConfig(
             architecture=arch, hidden=hidden, intermediate=int(hf["intermediate_size"]),
             n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
             n_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or hidden // heads), vocab=int(hf["vocab_size"]),
-            max_seq_len=min(max_seq, int(window)) if window else max_seq,
+            head_dim=head_dim, vocab=int(hf["vocab_size"]),
+            max_seq_len=max_seq,
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
+            rotary_dim=rotary_dim(hf, head_dim),
             qkv_bias=any(f"model.layers.0.{n}" in tensors for n in BIASES),
             tie_embeddings=bool(hf.get("tie_word_embeddings", "lm_head.weight" not in tensors)),
             **local_attention(hf, arch), **moe_fields(hf, arch),

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from nodes.engine.moe import Expert, MoE, moe_mlp
 from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
+from nodes.engine.rope import Rope
 from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import FUSED, SHARED_FUSED
@@ -131,67 +132,31 @@ def head_numerics(cfg: ModelConfig) -> dict:
 
 
 class KVCache:
-    """Keys and values of one request for the layers a node holds, preallocated to `capacity`."""
+    """Keys and values of one request for the layers a node holds, preallocated to `capacity`; a sliding-window
+    layer holds a ring of `window_slots` positions instead (position p in slot p % slots) when that is fewer."""
 
     def __init__(self, layers: list[int], cfg: ModelConfig, capacity: int, dtype: torch.dtype):
         self.capacity = capacity
-        shape = (2, cfg.n_kv_heads, capacity, cfg.head_dim)  # k and v: [nkv, S, hd]
-        self.kv = {i: torch.empty(shape, dtype=dtype) for i in layers}
+        ring = window_slots(cfg)
+        local = frozenset(cfg.local_layers) if ring < capacity else frozenset()
+        self.kv = {i: torch.empty((2, cfg.n_kv_heads, ring if i in local else capacity, cfg.head_dim), dtype=dtype)
+                   for i in layers}  # k and v: [nkv, S, hd]
         self.prefix_save: tuple[str, int] | None = None  # (key, length): keep [0, length) once computed (prefix cache)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv.values())
 
-
-class Rope:
-    """cos/sin tables [S, hd] for rotate-half RoPE (llama3, linear or per-frequency scaling), and the attention
-    window of the layers that use it; `layer(i)` picks a layer's (Gemma 3's local layers have their own base)."""
-
-    def __init__(self, cfg: ModelConfig, length: int, dtype: torch.dtype, local: bool = False):
-        theta = cfg.local_rope_theta if local else cfg.rope_theta
-        inv = 1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        inv = inv if local else scaled(inv, cfg.rope_scaling)
-        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv).float()
-        angles = torch.cat([angles, angles], dim=-1)
-        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        self.window = cfg.sliding_window if local else None  # None: every earlier position
-        self.local_layers = frozenset(cfg.local_layers)
-        self.local = Rope(cfg, length, dtype, local=True) if cfg.local_layers and not local else None
-
-    def layer(self, i: int) -> "Rope":
-        return self.local if i in self.local_layers else self
-
-    def apply(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        # x: [heads, T, hd]
-        t = x.shape[1]
-        cos, sin = self.cos[pos:pos + t], self.sin[pos:pos + t]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def reusable_prefix(self, n: int) -> int:
+        """How many of the first n positions another request may copy from this cache: all n where every layer
+        still holds them (a ring is not past its slots), else none (a windowed layer's ring lost the prompt's
+        start). Meant right after a prefill of n positions; later writes may wrap a ring further."""
+        return n if all(kv.shape[2] >= n for kv in self.kv.values()) else 0
 
 
-def scaled(inv: torch.Tensor, s: dict | None) -> torch.Tensor:
-    """Inverse frequencies [hd / 2] after the store's rope scaling (ModelConfig.rope_scaling)."""
-    if s is None:
-        return inv
-    if s["type"] == "llama3":
-        return llama3_scaled(inv, s)
-    if s["type"] == "linear":
-        return inv / s["factor"]
-    assert s["type"] == "factors" and len(s["factors"]) == len(inv), s
-    return inv / torch.tensor(s["factors"], dtype=torch.float64)
-
-
-def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1's long-context frequency scaling (as in transformers' rope utils)."""
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s.get("original_max_position_embeddings", 8192)
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
-    mid = (1 - smooth) * scaled / factor + smooth * scaled
-    is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(is_mid, mid, scaled)
+def window_slots(cfg: ModelConfig) -> int:
+    """A sliding-window layer's ring: its window plus a verify frame's rows (ROW_ATTENTION), so that rejected
+    drafts never overwrite a position the next step still sees."""
+    return cfg.sliding_window + ROW_ATTENTION if cfg.local_layers else 0
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -245,22 +210,47 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
         qk = torch.cat([rms_norm(qk[:nh], small["q_norm"], cfg.norm_eps), rms_norm(qk[nh:], small["k_norm"],
                                                                                    cfg.norm_eps)])
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
+    scale = (cfg.query_scale or hd) ** -0.5
+    if pos + t > kv.shape[2]:  # a sliding-window layer's ring has wrapped
+        return _attend_ring(q, k, heads[nh + nkv:], kv, pos, rope.window, scale)
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
-    scale = (cfg.query_scale or hd) ** -0.5
     if t <= ROW_ATTENTION:  # decode steps and verify frames: each row as a one-token step computes it
         return attend_rows(q, kv[:, :, :pos + t], pos, rope.window, scale)
     keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
-    mask = None
-    if rope.window is not None and pos + t > rope.window:  # a local layer sees its last `window` positions
-        rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
-        mask = (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - rope.window)
-    elif pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
+    mask = window_mask(pos, t, rope.window)
+    if mask is None and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
         q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
         is_causal=(pos == 0 and mask is None), enable_gqa=nh != nkv, scale=scale,
     )  # [1, nh, T, hd]
+    return att[0].transpose(0, 1).reshape(t, nh * hd)
+
+
+def window_mask(pos: int, t: int, window: int | None) -> torch.Tensor | None:
+    """Queries at [pos, pos + T) over keys at [0, pos + T): a local layer sees its last `window` positions (None:
+    no window, or none of its rows reaches past one)."""
+    if window is None or pos + t <= window:
+        return None
+    rows = torch.arange(pos, pos + t).unsqueeze(1)  # [T, 1] query positions; [1, pos + T] key positions
+    return (torch.arange(pos + t) <= rows) & (torch.arange(pos + t) > rows - window)
+
+
+def _attend_ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: torch.Tensor, pos: int, window: int,
+                 scale: float) -> torch.Tensor:
+    """Attention of a windowed layer whose cache is a ring: the window's cached positions [lo, pos) in order and
+    the segment's own keys, as keys at positions [lo, pos + T); then the newest of them go into the ring."""
+    nh, t, hd = q.shape
+    slots, lo = ring.shape[2], max(0, pos - window + 1)
+    held = torch.arange(lo, pos) % slots
+    kv = torch.cat([ring[:, :, held], torch.stack([k, v])], dim=2)  # [2, nkv, pos + T - lo, hd]
+    new = torch.arange(max(pos, pos + t - slots), pos + t)
+    ring[:, :, new % slots] = kv[:, :, new - lo]
+    if t <= ROW_ATTENTION:
+        return attend_rows(q, kv, pos - lo, window, scale)
+    att = F.scaled_dot_product_attention(q[None], kv[None, 0], kv[None, 1], attn_mask=window_mask(pos - lo, t, window),
+                                         enable_gqa=nh != kv.shape[1], scale=scale)
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 

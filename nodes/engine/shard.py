@@ -164,6 +164,8 @@ class Shard:
             if cache.prefix_save is None or pos + h.shape[0] < cache.prefix_save[1]:
                 continue
             (key, length), cache.prefix_save = cache.prefix_save, None
+            if not cache.reusable_prefix(pos + h.shape[0]):
+                continue  # a sliding-window layer's ring wrapped: the prompt's start is gone
             if self.kv_room is not None and length * self._per_position() > self._free() + self.prefixes.nbytes():
                 continue  # it would not fit even alone: keep the older ones
             while not self._fits(length) and self.prefixes.evict_one():

@@ -11,6 +11,7 @@ FORMAT = "prima-store/1"
 MANIFEST = "manifest.json"
 ARCHITECTURES = tuple(ARCHS)
 MOE_FIELDS = ("n_experts", "n_experts_used", "moe_intermediate", "shared_intermediate", "norm_topk_prob")
+ROPE_SCALINGS = ("linear", "llama3", "factors", "yarn", "longrope", "dynamic")  # nodes/engine/rope.py computes each
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")  # int8/int4: nodes/engine/quant.py
 
 
@@ -41,12 +42,16 @@ class ModelConfig:
     max_seq_len: int
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"type": "llama3", "factor", ...}, {"type": "linear", "factor"} or
-    # {"type": "factors", "factors": [hd / 2]} (a GGUF's rope_freqs: each frequency divided by its factor)
+    # {"type": T, ...}: T one of nodes/engine/rope.py's SCALINGS ("linear", "llama3", "yarn", "longrope",
+    # "dynamic", or "factors": a GGUF's rope_freqs, each frequency divided by its factor), with its numbers as
+    # transformers names them ("factor", "original_max_position_embeddings", "short_factor", ...)
+    rope_scaling: dict | None = None
+    rotary_dim: int | None = None  # RoPE turns the first rotary_dim of each head's dimensions (None: all of them)
     qkv_bias: bool = False
     tie_embeddings: bool = False
-    # Gemma 3's attention: layers in `local_layers` see only the last `sliding_window` positions and use their
-    # own RoPE base; queries scaled by query_scale ** -0.5 (None: head_dim); logits soft-capped at logit_softcap.
+    # Sliding-window attention: layers in `local_layers` see only the last `sliding_window` positions (Gemma 3's
+    # local layers, every layer of a Mistral with a window) and, where local_rope_theta is set, use that RoPE base
+    # unscaled (Gemma 3); queries scaled by query_scale ** -0.5 (None: head_dim); logits soft-capped at logit_softcap.
     sliding_window: int | None = None
     local_layers: tuple[int, ...] = ()
     local_rope_theta: float | None = None
@@ -77,10 +82,15 @@ class ModelConfig:
                 raise StoreError(f"model dimension {name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
             raise StoreError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.local_layers and not (self.sliding_window and self.sliding_window > 0 and self.local_rope_theta
+        if self.local_layers and not (self.sliding_window and self.sliding_window > 0
                                       and all(0 <= i < self.n_layers for i in self.local_layers)):
             raise StoreError(f"local layers {self.local_layers} need a positive sliding_window (got "
-                             f"{self.sliding_window}), a local_rope_theta and indices below {self.n_layers}")
+                             f"{self.sliding_window}) and indices below {self.n_layers}")
+        if self.rope_scaling is not None and self.rope_scaling.get("type") not in ROPE_SCALINGS:
+            raise StoreError(f"rope scaling {self.rope_scaling.get('type')!r} is not supported; supported: "
+                             f"{', '.join(ROPE_SCALINGS)}")
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise StoreError(f"rotary_dim {self.rotary_dim} must be even and within head_dim {self.head_dim}")
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,8 @@ class Manifest:
             "architecture": cfg.pop("architecture"),
             "dims": dims,
             "norm_eps": cfg.pop("norm_eps"),
-            "rope": {"theta": cfg.pop("rope_theta"), "scaling": cfg.pop("rope_scaling")},
+            "rope": {"theta": cfg.pop("rope_theta"), "scaling": cfg.pop("rope_scaling"),
+                     **({"dim": dim} if (dim := cfg.pop("rotary_dim")) else {})},  # partial rotary only
             "qkv_bias": cfg.pop("qkv_bias"),
             "tie_embeddings": cfg.pop("tie_embeddings"),
             # what is left: the Gemma-style attention fields, written only when some are set (old stores unchanged)
@@ -145,7 +156,7 @@ class Manifest:
             dims, rope, files = data["dims"], data["rope"], data["files"]
             config = ModelConfig(
                 architecture=data["architecture"], **dims, norm_eps=float(data["norm_eps"]),
-                rope_theta=float(rope["theta"]), rope_scaling=rope.get("scaling"),
+                rope_theta=float(rope["theta"]), rope_scaling=rope.get("scaling"), rotary_dim=rope.get("dim"),
                 qkv_bias=bool(data["qkv_bias"]), tie_embeddings=bool(data["tie_embeddings"]),
                 **attention_fields(data.get("attention", {})), **data.get("moe", {}),
             )

@@ -3,7 +3,8 @@ stores vs llama.cpp on the same GGUF (and transformers on SmolLM2's, with --tran
 
 Models: `smollm2` (the default model's Q4_1 GGUF; int4 keeps its blocks exactly) and `8b` (llama3-8b layer
 dims, 4 layers, seeded random Q4_0 / Q8_0 blocks written by tools.bench.make_gguf, SmolLM2's tokenizer; int4
-from the Q4_0 file, int8 and bfloat16 from the Q8_0 one). Stores and files are made on first use under
+from the Q4_0 file, int8 and bfloat16 from the Q8_0 one; Q4_K_M: llama.cpp's quantizer on the Q8_0 file,
+imported with its types kept, tools.bench.make_kquants). Stores and files are made on first use under
 --work. llama.cpp is llama-cpp-python: used when importable, installed with pip on demand with
 `--llama-cpp install`, skipped with `off` (it is not a dependency of the project).
 
@@ -131,8 +132,8 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
     from tools.default_model import default_gguf, ensure_default_store
     from tools.import_gguf import import_gguf
 
-    def store(gguf: Path, dtype: str) -> str:
-        out = work / f"{gguf.stem}-{dtype}"
+    def store(gguf: Path, dtype: str | None) -> str:  # None: its quantized types kept
+        out = work / f"{gguf.stem}-{dtype or 'kept'}"
         if not (out / "manifest.json").is_file():
             import_gguf(gguf, out, dtype=dtype)
         return str(out)
@@ -150,8 +151,9 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
                                                                          "bfloat16")]
         return rows
     from tools.bench.make_gguf import make_gguf
+    from tools.bench.make_kquants import make_8b
 
-    ggufs = {}
+    ggufs = {"Q4_K_M": make_8b(work)["Q4_K_M"]}  # llama.cpp's Q4_K_M of the Q8_0 file's weights
     for kind in ("Q4_0", "Q8_0"):
         ggufs[kind] = work / f"llama3-8b-4l.{kind}.gguf"
         if not ggufs[kind].is_file():
@@ -160,11 +162,14 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
             ("int8", "prima", store(ggufs["Q8_0"], "int8"), "bfloat16"),
             ("int4", "prima", store(ggufs["Q4_0"], "int4"), "bfloat16"),
             ("int4 f32", "prima", store(ggufs["Q4_0"], "int4"), "float32"),
+            ("Q4_K_M", "prima", store(ggufs["Q4_K_M"], None), "bfloat16"),
             ("Q8_0", "llama.cpp", str(ggufs["Q8_0"]), ""),
-            ("Q4_0", "llama.cpp", str(ggufs["Q4_0"]), "")]
+            ("Q4_0", "llama.cpp", str(ggufs["Q4_0"]), ""),
+            ("Q4_K_M", "llama.cpp", str(ggufs["Q4_K_M"]), "")]
 
 
-GOALS = {"smollm2": [("int4", "Q4_1", 0.5)], "8b": [("int4", "Q4_0", 0.6), ("int8", "Q8_0", 0.8)]}
+GOALS = {"smollm2": [("int4", "Q4_1", 0.5)],
+         "8b": [("int4", "Q4_0", 0.6), ("int8", "Q8_0", 0.8), ("Q4_K_M", "Q4_K_M", 0.9)]}
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """SmolLM2 in llama.cpp's quantization types, for the type benchmark: an F32 GGUF de-quantized from the default
 model's Q4_1 file (the base, written with gguf's writer), then each type made from it by llama.cpp's own quantizer
-(`llama_model_quantize` of llama-cpp-python's libllama, what `llama-quantize` runs).
+(`llama_model_quantize` of llama-cpp-python's libllama, what `llama-quantize` runs). With --8b also an 8B-shaped
+Q4_K_M: tools.bench.make_gguf's seeded Q8_0 blocks (4 layers of llama3-8b's dims; that file is the lossless base,
+its weights were drawn on Q8_0's grid) re-quantized by llama.cpp.
 
-    python -m tools.bench.make_kquants OUT_DIR [--types Q4_K_M Q5_K_M Q6_K Q8_0 IQ4_XS]
+    python -m tools.bench.make_kquants OUT_DIR [--types Q4_K_M Q5_K_M Q6_K Q8_0 IQ4_XS] [--8b]
 """
 
 import argparse
@@ -42,6 +44,7 @@ def quantize(base: Path, out: Path, kind: str) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
     params.nthread = 2
+    params.allow_requantize = True  # the 8B-shaped base is Q8_0
     if llama_cpp.llama_model_quantize(str(base).encode(), str(out).encode(), params) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {base} to {kind}")
     return out
@@ -61,11 +64,28 @@ def make_all(out_dir: Path, kinds=TYPES) -> dict[str, Path]:
     return files
 
 
+def make_8b(out_dir: Path, layers: int = 4) -> dict[str, Path]:
+    """The 8B-shaped base ('Q8_0') and its Q4_K_M, made once."""
+    from tools.bench.make_gguf import make_gguf
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"Q8_0": out_dir / f"llama3-8b-{layers}l.Q8_0.gguf", "Q4_K_M": out_dir / f"llama3-8b-{layers}l.Q4_K_M.gguf"}
+    if not files["Q8_0"].is_file():
+        make_gguf(files["Q8_0"], "Q8_0", layers)
+    if not files["Q4_K_M"].is_file():
+        quantize(files["Q8_0"], files["Q4_K_M"], "Q4_K_M")
+    return files
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--types", nargs="+", default=list(TYPES[:5]), choices=TYPES)
-    for kind, path in make_all(p.parse_args().out, p.parse_args().types).items():
+    p.add_argument("--8b", dest="eight_b", action="store_true", help="also the 8B-shaped Q4_K_M")
+    args = p.parse_args()
+    made = {**make_all(args.out, args.types), **({f"8b {k}": v for k, v in make_8b(args.out).items()}
+                                                  if args.eight_b else {})}
+    for kind, path in made.items():
         types = sorted({t.tensor_type.name for t in GGUFReader(path).tensors})
         print(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB; {', '.join(types)})")
 
