@@ -76,3 +76,28 @@ def test_prefill_chunks_and_rejected_drafts_keep_the_window(windowed):
     rows.append(model.step_all(drafts, n, cache)[:2])
     rows.append(model.step_all(ids[2:STEPS - 1], n + 2, cache))
     assert (torch.cat(rows) - logits).abs().max() < ATOL
+
+
+def test_a_wrapped_window_ring_keeps_no_prefix_and_a_whole_one_is_reused(windowed):
+    """The prefix cache copies positions [0, n): a windowed layer's ring that wrapped no longer has them."""
+    from nodes.engine.prefix_cache import Prefix
+    from nodes.engine.shard import Shard
+    from nodes.engine.store import LayerStore
+    from prima_rpc.spec.windows import Windows
+
+    store = LayerStore(windowed[0])
+    n_layers = store.config.n_layers
+    shard = Shard(store, Windows(((0, n_layers),), n_layers, True), torch.float32)
+
+    def prefill(rid, ids, pos, prefix=Prefix()):
+        cache = shard.cache_for(rid, pos, len(PROMPT) + STEPS, len(ids) - pos, prefix)
+        return shard.logits(shard.compute(shard.embed(ids[pos:]), cache, pos, 0)[0])
+
+    prefill("long", PROMPT, 0, Prefix(save_key="long", save_len=32, prefill=True))  # 40 rows wrap a ring of 21
+    assert shard.prefixes.positions() == 0
+    short = PROMPT[:12]
+    cold = prefill("cold", short, 0)
+    prefill("first", short[:10], 0, Prefix(save_key="p", save_len=8, prefill=True))
+    assert shard.prefixes.positions() == 8
+    warm = prefill("warm", short, 8, Prefix("p", 8, prefill=True))  # 4 rows: matmuls of another shape
+    assert warm.argmax() == cold.argmax() and (warm - cold).abs().max() < 1e-4  # last row's logits

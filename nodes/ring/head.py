@@ -133,6 +133,8 @@ class Head:
     async def _prefix_plan(self, prompt_ids: list[int]) -> PrefixPlan:
         """What the prompt takes from and gives to the prefix cache; first it waits for a prefill in flight of the
         same prefix (the n choices of one prompt, agents with one system prompt) so that it is computed once."""
+        if self.node.store.config.local_layers:
+            return COLD  # sliding-window layers keep a ring of their window: a long prompt's start is not kept
         self.prefixes.renew(self.node.epoch)
         while (sibling := self.prefixes.waits_for(prompt_ids)) is not None:
             try:
