@@ -1,7 +1,8 @@
 """Decode matmul kernels side by side on SmolLM2's and llama3-8b's matrices: ms per call for M activation rows,
 the weight bytes each reads a second, and the memory-bandwidth floor (the weights' bytes over this machine's
 measured read bandwidth). Kernels: torch's int4 (`_weight_int4pack_mm_for_cpu`, bfloat16 activations), ours
-(nodes/engine/kernels/q4.c, float32 activations, where it builds), torch's int8 (`_weight_int8pack_mm`,
+(nodes/engine/kernels/q4.c, float32 activations as ggml's Q8_0 or two int8 terms, where it
+builds), torch's int8 (`_weight_int8pack_mm`,
 bfloat16), oneDNN's int8 (`Int8` where its sums are exact) and float32 (`linear`, as the model calls it).
 Run it as it is and under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` for
 AVX2. Small matrices are timed in turn over copies of ~64 MB in all, so they are read from memory as in decode.
@@ -48,7 +49,10 @@ def kernels(n: int, k: int, gen: torch.Generator) -> dict:
     scale = torch.rand(n, generator=gen) * 1e-3
     out = {"int4 torch bf16": (Int4.from_dm(packed, dm, torch.bfloat16, machine_layout()), torch.bfloat16, int4)}
     if q4.available():
-        out["int4 q4.c f32"] = (Int4.from_dm(packed, dm, torch.float32, machine_layout()), torch.float32, int4)
+        for mode in q4.MODES:  # activations as ggml's Q8_0, or two int8 terms
+            ours = Int4.from_dm(packed, dm, torch.float32, machine_layout())
+            ours.mode = q4.MODES[mode]
+            out[f"int4 q4.c {mode}"] = (ours, torch.float32, int4)
     small = Int8(q8, scale, torch.bfloat16)
     small.onednn = False
     out["int8 torch bf16"] = (small, torch.bfloat16, n * k)
@@ -116,9 +120,11 @@ def main() -> None:
         gbs = bandwidth(args.repeats)
         results = measure(args.models, args.rows, args.repeats, gbs)
     if args.json:
-        print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(), "bandwidth_gb_s": gbs, "results": results}))
+        print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(), "q4": q4.build(), "bandwidth_gb_s": gbs,
+                          "results": results}))
         return
-    print(f"ISA {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads, read bandwidth {gbs:.1f} GB/s")
+    print(f"ISA {torch.backends.cpu.get_cpu_capability()}, q4.c {q4.build()}, {args.threads} threads, read bandwidth"
+          f" {gbs:.1f} GB/s")
     print(table(results))
 
 
