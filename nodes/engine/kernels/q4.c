@@ -166,16 +166,20 @@ static inline void wide_tile(const uint8_t *const *qr, const uint16_t *const *dr
     __m512 acc[RB][MT];
     for (int i = 0; i < RB; i++)
         for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();
+    __m512 d16[RB]; /* 16 groups' d of each weight row, converted once for 8 pairs */
     for (int64_t p = 0; p < pairs; p++) {
+        if ((p & 7) == 0) {
+            const __mmask16 live = (__mmask16)(x->groups - 2 * p >= 16 ? 0xffff : (1u << (x->groups - 2 * p)) - 1);
+            for (int i = 0; i < RB; i++) d16[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, dr[i] + 2 * p));
+        }
+        const __m512i at = _mm512_add_epi32(pick, _mm512_set1_epi32((int)(2 * (p & 7))));
         __m512i w[RB];
         __m512 dw[RB];
         for (int i = 0; i < RB; i++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(qr[i] + p * 32));
             w[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low)),
                                       _mm256_and_si256(_mm256_srli_epi16(raw, 4), low), 1);
-            int32_t dpair;
-            memcpy(&dpair, dr[i] + 2 * p, 4);
-            dw[i] = _mm512_permutexvar_ps(pick, _mm512_cvtph_ps(_mm256_set1_epi32(dpair)));
+            dw[i] = _mm512_permutexvar_ps(at, d16[i]);
         }
         for (int r = 0; r < MT; r++) {
             if (r < mt) {
