@@ -60,7 +60,7 @@ MAX_ERROR = 0.01  # the most |result - exact product| may reach, over the exact 
 # (bfloat16 activations and scales: ~0.3-0.5 %; a broken or overflowing path: far more)
 MARGIN = 1.1  # a dtype less exact than float32 must be this much faster: a tie, or noise, keeps float32
 CACHE_NAME = "compute-dtypes.json"
-FORMAT = "prima-dtypes/2"
+FORMAT = "prima-dtypes/1"  # entries gained "by_rows"; readers use only "choice", so older ones read them
 
 
 @dataclass(frozen=True)

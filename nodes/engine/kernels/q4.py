@@ -12,10 +12,10 @@ import torch
 from nodes.engine.kernels.build import chosen, library
 
 GROUP = 32  # weights per (d, m) along K, as nodes/engine/quant.py's int4
-# How activations are quantized (q4.c): "q8", ggml's Q8_0 (one int8 term a value, a float16 scale per 32: llama.cpp's
-# numerics, half the dot products), or "exact", two int8 terms a value (~14 bits; an exact activation gives the
-# weights back bit for bit). PRIMA_INT4_ACTIVATIONS picks one; q8 by default (docs/quantization.md: measured faster,
-# and its error is below bfloat16 activations').
+# How activations are quantized (q4.c): "exact", two int8 terms a value (~14 bits; an exact activation gives the
+# weights back bit for bit), or "q8", ggml's Q8_0 (one int8 term a value, a float16 scale per 32: llama.cpp's
+# numerics, half the dot products). PRIMA_INT4_ACTIVATIONS picks one; exact by default: q8 was 10-30 % faster a
+# matmul here but less exact (SmolLM2 Q4_1 lost "Paris" as llama.cpp does; docs/quantization.md).
 MODES = {"exact": 0, "q8": 1}
 MODE_ENV = "PRIMA_INT4_ACTIVATIONS"
 # The most an activation may be off in each mode, over its group's largest |x| (q4.c's header): exact 1 / 16256;
@@ -25,8 +25,8 @@ TINY_SCALE = 127 * 2.0 ** -25  # q8: the absolute part of the bound where the sc
 
 
 def mode() -> str:
-    """The activation mode of this process (PRIMA_INT4_ACTIVATIONS, else q8)."""
-    name = os.environ.get(MODE_ENV, "q8").strip().lower()
+    """The activation mode of this process (PRIMA_INT4_ACTIVATIONS, else exact)."""
+    name = os.environ.get(MODE_ENV, "exact").strip().lower()
     if name not in MODES:
         raise ValueError(f"{MODE_ENV}={name!r}: expected one of {', '.join(MODES)}")
     return name
