@@ -2,7 +2,7 @@
 bit (GGUF Q4_0 / Q4_1), its result is within each activation mode's stated bound of the exact product (q8: the
 product with ggml's Q8_0 activations, to float32 rounding), a row's bits do not depend on what shares its call, every
 build this CPU runs (AVX2, AVX-512BW, AVX-512 VNNI) holds the same, and it is built for the instruction set torch
-may use (or torch's kernels stay)."""
+may use (or torch's kernels stay). Its int8 path (float32 int8 matrices outside oneDNN) holds the same bounds."""
 
 import os
 import platform
@@ -15,7 +15,17 @@ import torch
 
 from nodes.engine.kernels import q4
 from nodes.engine.kernels.build import BUILDS
-from nodes.engine.quant import LAYOUTS, Int4, gguf_q4, linear, machine_layout, pack_int4, quantize_int4
+from nodes.engine.quant import (
+    LAYOUTS,
+    Int4,
+    Int8,
+    gguf_q4,
+    linear,
+    machine_layout,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+)
 
 pytestmark = pytest.mark.skipif(not q4.available(), reason="q4.c has no build here (not x86 with AVX2, or no C "
                                 "compiler): int4 keeps torch's kernels, which tests/test_quant.py covers")
@@ -185,3 +195,29 @@ def test_without_a_build_for_the_isa_torch_kernels_stay(tmp_path):
 def test_without_a_compiler_torch_kernels_stay(tmp_path):
     out = run_here(CHECK, {"CC": str(tmp_path / "no-such-compiler"), "PRIMA_HOME": str(tmp_path)})
     assert out[1] == "Int4"
+
+
+def int8_weight(shape: tuple[int, int]) -> tuple[torch.Tensor, Int8]:
+    """A float32 int8 matrix on q4.c's int8 path (below oneDNN's size, or where its sums are not exact) and its
+    de-quantized values (float64)."""
+    q, scale = quantize_int8(torch.randn(*shape) * 0.05)
+    w = Int8(q, scale, torch.float32)
+    w.onednn = False
+    return q.double() * scale.double()[:, None], w
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (37, 96)])
+def test_int8_weights_come_back_bit_for_bit(shape, exact):
+    deq, w = int8_weight(shape)
+    assert torch.equal(w.mm(torch.eye(shape[1])).t(), deq.float())
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (37, 96)])
+def test_int8_is_within_the_stated_bound_and_a_row_is_its_own(shape, mode):
+    torch.manual_seed(sum(shape))
+    deq, w = int8_weight(shape)
+    x = torch.randn(9, shape[1]) * torch.logspace(-6, 2, shape[1])
+    err = (w.mm(x).double() - x.double() @ deq.t()).abs()
+    assert (err <= activation_bound(x.double(), deq, mode)).all()
+    alone = torch.cat([w.mm(r) for r in x.split(1)])
+    assert all(torch.equal(w.mm(x[:rows]), alone[:rows]) for rows in range(2, 10))

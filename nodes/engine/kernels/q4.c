@@ -1,4 +1,4 @@
-/* int4 x float32 matmul (llama.cpp's way: activations to int8, integer dot products), built per instruction set by
+/* int4 (and int8) x float32 matmul (llama.cpp's way: activations to int8, integer dot products), built per instruction set by
  * nodes/engine/kernels/build.py: AVX2 (_mm256_maddubs_epi16), AVX-512BW (the same 64 bytes at a time) and AVX-512
  * VNNI (_mm512_dpbusd_epi32). The build's flags pick the path (__AVX512BW__, __AVX512VNNI__).
  *
@@ -50,13 +50,15 @@ int prima_cpu_ok(void) {
 
 /* Where value j of a group pair's 64 bytes goes: the order the wide path unpacks weights in ([g 0-15, g+1 0-15,
  * g 16-31, g+1 16-31]); the natural order for the last group of an odd count and for AVX2. */
-static inline int64_t slot(int64_t g, int j, int64_t groups) {
-    if (!WIDE || (g | 1) >= groups) return g * GROUP + j;
+static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
+    if (!WIDE || natural || (g | 1) >= groups) return g * GROUP + j;
     return (g & ~1) * GROUP + (j >> 4) * 32 + (g & 1) * 16 + (j & 15);
 }
 
-/* One activation row x [K] -> int8 terms a (and b in EXACT) in slot order, each group's scale and sum. */
-static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, float *sums, int64_t k, int mode) {
+/* One activation row x [K] -> int8 terms a (and b in EXACT) in slot order (or the natural one), each group's scale
+ * and sum. */
+static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, float *sums, int64_t k, int mode,
+                         int natural) {
     const int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
         const float *v = x + g * GROUP;
@@ -70,7 +72,7 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, flo
             int isum = 0;
             for (int j = 0; j < GROUP; j++) {
                 const int8_t q = (int8_t)nearbyintf(v[j] * id);
-                a[slot(g, j, groups)] = q;
+                a[slot(g, j, groups, natural)] = q;
                 isum += q;
             }
             scale[g] = d;
@@ -81,8 +83,8 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, flo
             const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
             for (int j = 0; j < GROUP; j++) {
                 const float hi = nearbyintf(v[j] / s);
-                a[slot(g, j, groups)] = (int8_t)hi;
-                b[slot(g, j, groups)] = (int8_t)nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
+                a[slot(g, j, groups, natural)] = (int8_t)hi;
+                b[slot(g, j, groups, natural)] = (int8_t)nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
             }
             scale[g] = s / 128.0f;
             sums[g] = sum;
@@ -167,6 +169,7 @@ static inline void wide_tile(const uint8_t *const *qr, const uint16_t *const *dr
     for (int i = 0; i < RB; i++)
         for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();
     __m512 d16[RB]; /* 16 groups' d of each weight row, converted once for 8 pairs */
+    for (int i = 0; i < RB; i++) d16[i] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; p++) {
         if ((p & 7) == 0) {
             const __mmask16 live = (__mmask16)(x->groups - 2 * p >= 16 ? 0xffff : (1u << (x->groups - 2 * p)) - 1);
@@ -255,25 +258,73 @@ static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x
                                                                            groups);
 }
 
+/* The activations of a call quantized into one allocation (free(xs->a) after); -1 out of memory. */
+static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, acts *xs) {
+    const int64_t groups = k / GROUP;
+    int8_t *a = malloc((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
+    if (a == NULL) return -1;
+    float *f = (float *)(a + m * k * (mode == EXACT ? 2 : 1));
+    *xs = (acts){a, a + m * k, f, f + m * groups, k, groups, mode};
+    for (int64_t r = 0; r < m; r++)
+        quantize_row(x + r * k, a + r * k, a + m * k + r * k, f + r * groups, f + m * groups + r * groups, k, mode,
+                     natural);
+    return 0;
+}
+
 /* y [M, N] = x [M, K] @ w.T; mode EXACT or Q8 (the activations' quantization). Returns 0, or -1 out of memory. */
 int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                 int mode, int threads) {
-    const int64_t groups = k / GROUP;
-    int8_t *a = malloc((size_t)(m * k * (mode == EXACT ? 2 : 1)));
-    float *f = malloc((size_t)(m * groups * 2) * sizeof(float));
-    if (a == NULL || f == NULL) {
-        free(a);
-        free(f);
-        return -1;
-    }
-    const acts xs = {a, a + m * k, f, f + m * groups, k, groups, mode};
-    for (int64_t r = 0; r < m; r++)
-        quantize_row(x + r * k, a + r * k, a + m * k + r * k, f + r * groups, f + m * groups + r * groups, k, mode);
+    acts xs;
+    if (quantize(x, m, k, mode, 0, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
-    free(a);
-    free(f);
+    free((void *)xs.a);
+    return 0;
+}
+
+/* int8 weights (one scale a row, nodes/engine/quant.py Int8): y [M, N] for weight rows [row, row + RB) and
+ * activation rows [r0, r0 + mt), 8 lanes a group; w signed, so |w| (unsigned) meets x with w's sign (llama.cpp's
+ * Q8_0 x Q8_0 way): |w| |x| <= 127 * 127, so a pair sums in int16 without saturating. */
+static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *x, float *y, int64_t r0, int64_t mt,
+                             int64_t n, int64_t row) {
+    const int8_t *wr[RB];
+    for (int i = 0; i < RB; i++) wr[i] = w8 + (row + i < n ? row + i : n - 1) * x->k; /* past N: row N-1, unstored */
+    __m256 acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i w[RB], u[RB];
+        for (int i = 0; i < RB; i++) {
+            w[i] = _mm256_loadu_si256((const __m256i *)(wr[i] + g * GROUP));
+            u[i] = _mm256_abs_epi8(w[i]);
+        }
+        for (int r = 0; r < mt && r < MT; r++) {
+            const int64_t off = (r0 + r) * x->k + g * GROUP;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(x->a + off));
+            const __m256 sx = _mm256_set1_ps(x->scale[(r0 + r) * x->groups + g]);
+            for (int i = 0; i < RB; i++) {
+                __m256i dot = dot256(u[i], _mm256_sign_epi8(a, w[i]));
+                if (x->mode == EXACT)
+                    dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 7), dot256(u[i], _mm256_sign_epi8(
+                        _mm256_loadu_si256((const __m256i *)(x->b + off)), w[i])));
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sx, acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < RB && row + i < n; i++)
+        for (int r = 0; r < mt; r++) y[(r0 + r) * n + row + i] = hsum8(acc[i][r]) * wscale[row + i];
+}
+
+/* y [M, N] = x [M, K] @ (w8 * wscale[:, None]).T for int8 weights [N, K]; as prima_q4_mm. */
+int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *y, int64_t m, int64_t n, int64_t k,
+                  int mode, int threads) {
+    acts xs;
+    if (quantize(x, m, k, mode, 1, &xs)) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t row = 0; row < n; row += RB)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
+    free((void *)xs.a);
     return 0;
 }
 

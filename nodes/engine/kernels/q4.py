@@ -39,6 +39,8 @@ def _lib() -> ctypes.CDLL | None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
         lib.prima_q4_mm.restype = ctypes.c_int
+        lib.prima_int8_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+        lib.prima_int8_mm.restype = ctypes.c_int
         lib.prima_q4_from_torch.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int] * 3
     return lib
 
@@ -51,6 +53,19 @@ def build() -> str | None:
     """The build q4.c runs here and its activation mode (e.g. "avx512vnni q8"), None where it has none."""
     found = chosen("q4")
     return None if found is None else f"{found[0]} {mode()}"
+
+
+def int8_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (float32) @ (q * scale[:, None]).T for int8 weights q [N, K] and float32 row scales [N] (quant.py's
+    Int8): activations quantized as for int4 (mode()), the same bound; exact mode and an exact activation give
+    q * scale back bit for bit. torch's int8 kernel is a scalar loop for float32 activations."""
+    x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    (m, k), n = x.shape, q.shape[0]
+    y = torch.empty(m, n)
+    if _lib().prima_int8_mm(q.data_ptr(), scale.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k, MODES[mode()],
+                            torch.get_num_threads()):
+        raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
+    return y
 
 
 class Q4Rows:
