@@ -4,8 +4,8 @@ candidate dtype, the fastest exact enough kept, cached per machine in $PRIMA_HOM
 Why measure: the same kernel is 10-30x faster in one dtype than another, and which one depends on the CPU and the
 torch build (ARM's kernels have float16 paths x86's lack). On this AVX-512 box with native bfloat16, and under
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, the int4 and int8 kernels are vectorised for bfloat16 activations
-only (float32 and float16 take scalar loops, 20-30x slower); int4's float32 candidate is our own kernel wherever it
-builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
+only (float32 and float16 take scalar loops, 20-30x slower); int4's and int8's float32 candidates are our own kernel
+wherever it builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
 Float stores always compute in float32: their weights stay exactly as stored, and the single-process reference on
 them is the oracle every ring is checked against (their probe is timed for the record only).
 """
