@@ -51,18 +51,20 @@ def candidates() -> list[str]:
 
 @cache
 def chosen(name: str) -> tuple[str, ctypes.CDLL] | None:
-    """(build, library) of nodes/engine/kernels/NAME.c for this machine, or None (no build for its ISA, no compiler,
-    or the compiler failed: said once in the log; torch's kernels are used instead)."""
+    """(build, library) of nodes/engine/kernels/NAME.c for this machine: the first of candidates() that compiles and
+    that the CPU runs; None where none does (no build for its ISA, no compiler, or every build failed: said in the
+    log; torch's kernels are used instead)."""
     cc = compiler()
     if platform.machine().lower() not in ("x86_64", "amd64") or cc is None:
         return None
     for build in candidates():
         try:
             lib = ctypes.CDLL(str(built(name, cc, BUILDS[build][0])))
-        except (OSError, subprocess.CalledProcessError) as exc:  # no such compiler, it failed, or the file won't load
+        except (OSError, subprocess.CalledProcessError) as exc:  # no such compiler, it failed (an old one without
+            # these flags: the next build may do), or the file won't load
             structlog.get_logger().warning("kernel_build_failed", kernel=name, build=build, compiler=cc,
                                            error=str(exc), stderr=(getattr(exc, "stderr", "") or "")[-2000:])
-            return None
+            continue
         if lib.prima_cpu_ok():
             return build, lib
     return None
