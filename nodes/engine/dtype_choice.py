@@ -101,10 +101,11 @@ def native_bfloat16() -> bool:
 
 def machine_key() -> str:
     """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), our int4
-    kernel's build and activation mode (nodes/engine/kernels), threads."""
+    kernel's build and activation mode (nodes/engine/kernels). Not the thread count: every process of a machine
+    computes in one dtype, so a ring of 1-thread nodes gives the tokens of a 2-thread single process (with the
+    count in the key, under AVX2 they chose float32 and bfloat16 on a near-tie and differed)."""
     return (f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
-            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.build()}"
-            f" threads={torch.get_num_threads()}")
+            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.build()}")
 
 
 @cache
