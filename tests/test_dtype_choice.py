@@ -73,13 +73,15 @@ def test_float_stores_and_asked_dtypes_are_not_measured(fresh):
 
 @pytest.mark.parametrize("fmt", ["float", "int8", "int4"])
 def test_the_probes_are_exact_here(fmt):
-    """float32 is exact on every format (to rounding; int4 through our kernel, where it builds, to its bound of
-    activations in ~14 bits: tests/test_kernels.py); the quantized formats' choice is within MAX_ERROR."""
+    """float32 is exact on every format (to rounding; int4 and small int8 matrices through our kernel, where it
+    builds, to its activation mode's bound, tests/test_kernels.py: ~14 bits exact, ggml's Q8_0 q8 ~0.5 %); every row
+    count is timed; the quantized formats' choice is within MAX_ERROR."""
     from nodes.engine.kernels import q4
 
     probes = probe_format(fmt)
-    assert probes["float32"].error < (3e-4 if fmt == "int4" and q4.available() else 1e-5)
-    assert all(p.seconds > 0 and p.rounds >= 2 for p in probes.values())
+    ours = fmt != "float" and q4.available()  # int8's probe matrix is below oneDNN's size: q4.c's int8 path
+    assert probes["float32"].error < ({"exact": 3e-4, "q8": MAX_ERROR}[q4.mode()] if ours else 1e-5)
+    assert all(p.seconds > 0 and p.rounds >= 2 and set(p.by_rows) == set(dtype_choice.ROWS) for p in probes.values())
     if fmt != "float":
         assert probes[choose(probes)].error <= MAX_ERROR
 

@@ -1,6 +1,8 @@
 """Our int4 kernel (nodes/engine/kernels/q4.c through q4.py): the weights it multiplies by are the stored ones bit for
-bit (GGUF Q4_0 / Q4_1), its result is within its stated bound of the exact product, a row's bits do not depend on
-what shares its call, and it is built for the instruction set torch may use (or torch's kernels stay)."""
+bit (GGUF Q4_0 / Q4_1), its result is within each activation mode's stated bound of the exact product (q8: the
+product with ggml's Q8_0 activations, to float32 rounding), a row's bits do not depend on what shares its call, every
+build this CPU runs (AVX2, AVX-512BW, AVX-512 VNNI) holds the same, and it is built for the instruction set torch
+may use (or torch's kernels stay). Its int8 path (float32 int8 matrices outside oneDNN) holds the same bounds."""
 
 import os
 import platform
@@ -12,7 +14,18 @@ import pytest
 import torch
 
 from nodes.engine.kernels import q4
-from nodes.engine.quant import LAYOUTS, Int4, gguf_q4, linear, machine_layout, pack_int4, quantize_int4
+from nodes.engine.kernels.build import BUILDS
+from nodes.engine.quant import (
+    LAYOUTS,
+    Int4,
+    Int8,
+    gguf_q4,
+    linear,
+    machine_layout,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+)
 
 pytestmark = pytest.mark.skipif(not q4.available(), reason="q4.c has no build here (not x86 with AVX2, or no C "
                                 "compiler): int4 keeps torch's kernels, which tests/test_quant.py covers")
@@ -25,10 +38,27 @@ def dequantized(q: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
     return d * q.float() + m
 
 
+@pytest.fixture(params=list(q4.MODES))
+def mode(request, monkeypatch):
+    """Each activation mode in turn (read when a weight is made)."""
+    monkeypatch.setenv(q4.MODE_ENV, request.param)
+    return request.param
+
+
+@pytest.fixture
+def exact(monkeypatch):
+    monkeypatch.setenv(q4.MODE_ENV, "exact")
+
+
+def weight(shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, q4.Q4Rows]:
+    q, dm = quantize_int4(torch.randn(*shape) * 0.05)
+    return q, dm, Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rows", [128, 112])  # whole blocks of every layout; a last partial block of 64-row ones
-def test_the_kernel_multiplies_by_the_gguf_weights_bit_for_bit(kind, layout, rows):
+def test_the_kernel_multiplies_by_the_gguf_weights_bit_for_bit(kind, layout, rows, exact):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
@@ -42,29 +72,56 @@ def test_the_kernel_multiplies_by_the_gguf_weights_bit_for_bit(kind, layout, row
     assert torch.equal(w.mm(torch.eye(96)).t(), gguf)  # an exact activation: the weights come back as stored
 
 
-def activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """q4.c's stated bound [M, N]: each activation off by at most its group's largest |x| / 16256, plus float32
-    rounding of the sums (K * 2^-24 of sum |x| |w|, with room)."""
+def rounding(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float32 rounding of the sums [M, N]: K * 2^-24 of sum |x| |w|, with room."""
+    return x.shape[1] * 2.0 ** -24 * (x.abs() @ w.abs().t())
+
+
+def activation_bound(x: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:
+    """q4.c's stated bound [M, N]: each activation off by at most BOUND[mode] of its group's largest |x| (q8: plus
+    the absolute part where its float16 scale is subnormal), plus float32 rounding of the sums."""
     groups = x.abs().view(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, dim=1)  # [M, K]
-    return (groups / 16256) @ w.abs().t() + x.shape[1] * 2.0 ** -24 * (x.abs() @ w.abs().t())
+    tiny = q4.TINY_SCALE if mode == "q8" else 0.0
+    return (groups * q4.BOUND[mode] + tiny) @ w.abs().t() + rounding(x, w)
 
 
-@pytest.mark.parametrize("shape", [(576, 1536), (960, 576), (64, 4096)])
-def test_the_result_is_within_the_stated_bound_and_near_float32(shape):
-    w = torch.randn(*shape) * 0.05
-    q, dm = quantize_int4(w)
-    weight = Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
-    x = torch.randn(9, shape[1]) * torch.logspace(-3, 2, shape[1])  # groups of very different magnitudes
+@pytest.mark.parametrize("shape", [(576, 1536), (960, 576), (64, 4096), (36, 96)])  # an odd count of groups too
+def test_the_result_is_within_the_stated_bound_and_near_float32(shape, mode):
+    torch.manual_seed(sum(shape))
+    q, dm, w = weight(shape)
+    x = torch.randn(9, shape[1]) * torch.logspace(-6, 2, shape[1])  # groups of very different magnitudes
     exact = x.double() @ dequantized(q, dm).double().t()
-    err = (weight.mm(x).double() - exact).abs()
-    assert (err <= activation_bound(x.double(), dequantized(q, dm).double())).all()
-    assert err.max() / exact.abs().max() < 3e-4  # ~1e-4 measured: 30x closer than bfloat16 activations (~3.5e-3)
+    err = (w.mm(x).double() - exact).abs()
+    assert (err <= activation_bound(x.double(), dequantized(q, dm).double(), mode)).all()
+    # measured: exact 1-3e-4 (10-30x closer than bfloat16 activations, ~3.5e-3), q8 4-9e-3 (llama.cpp's numerics)
+    assert err.max() / exact.abs().max() < {"exact": 6e-4, "q8": 0.02}[mode]
 
 
-@pytest.mark.parametrize("shape", [(576, 1536), (1728, 576)])
-def test_a_row_has_the_same_bits_in_any_call(shape):
+def q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x as ggml's quantize_row_q8_0 (its AVX path) leaves it: d q, d = max |x| / 127 in float16, q = x 127 / max |x|
+    rounded to nearest even."""
+    g = x.view(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    d = (amax / 127).half().float()
+    q = torch.where(amax > 0, g * (127 / amax), torch.zeros_like(g)).round()
+    return (d * q).view_as(x)
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (37, 96)])  # a weight row count that is not a whole tile too
+def test_q8_is_the_product_with_ggml_q8_0_activations(shape, monkeypatch):
+    monkeypatch.setenv(q4.MODE_ENV, "q8")
     q, dm = quantize_int4(torch.randn(*shape) * 0.05)
-    w = Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+    w = q4.Q4Rows.from_values(q, dm)
+    x = torch.randn(6, shape[1]) * 3
+    xq = q8_0(x).double()
+    err = (w.mm(x).double() - xq @ dequantized(q, dm).double().t()).abs()
+    assert (err <= rounding(xq, dequantized(q, dm).double())).all()
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (1728, 576), (37, 96)])
+def test_a_row_has_the_same_bits_in_any_call(shape, mode):
+    q, dm = quantize_int4(torch.randn(*shape) * 0.05)
+    w = q4.Q4Rows.from_values(q, dm)
     x = torch.randn(40, shape[1])
     alone = torch.cat([linear(row, w) for row in x.split(1)])
     for rows in range(2, 41):
@@ -83,12 +140,51 @@ CHECK = ("import torch; from nodes.engine.kernels import q4; from nodes.engine.q
          "q, dm = quantize_int4(torch.randn(64, 64)); p = pack_int4(q, machine_layout()); "
          "w = Int4.from_dm(p, dm, torch.float32, machine_layout()); "
          "print(torch.backends.cpu.get_cpu_capability(), type(w).__name__, "
-         "torch.equal(w.mm(torch.eye(64)).t(), w.rows(torch.arange(64))))")
+         "torch.equal(w.mm(torch.eye(64)).t(), w.rows(torch.arange(64))), q4.build())")
+EXACT = {q4.MODE_ENV: "exact"}
+X86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="q4.c's builds are x86's")
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="ATEN_CPU_CAPABILITY=avx2 is x86's")
+@X86
 def test_limited_to_avx2_the_kernel_is_built_for_it_and_exact(tmp_path):
-    assert run_here(CHECK, {**AVX2, "PRIMA_HOME": str(tmp_path)}) == ["AVX2", "Q4Rows", "True"]
+    out = run_here(CHECK, {**AVX2, **EXACT, "PRIMA_HOME": str(tmp_path)})
+    assert out == ["AVX2", "Q4Rows", "True", "avx2", "exact"]
+
+
+def build_check() -> None:
+    """This process's build (PRIMA_KERNEL_ISA) in both modes: a row's bits are its own in any call, exact gives the
+    weights back, q8 is the product with ggml's Q8_0 activations (run by the test below in a process of its own)."""
+    if q4.build() is None:
+        return print("none")
+    q, dm = quantize_int4(torch.randn(36, 160) * 0.05)  # 5 groups a row: pairs and a last odd group
+    w, x = q4.Q4Rows.from_values(q, dm), torch.randn(9, 160)
+    ok = []
+    for value in q4.MODES.values():
+        w.mode = value
+        alone = torch.cat([w.mm(r) for r in x.split(1)])
+        ok.append(all(torch.equal(w.mm(x[:rows]), alone[:rows]) for rows in range(2, 10)))
+    w.mode = q4.MODES["exact"]
+    ok.append(torch.equal(w.mm(torch.eye(160)).t(), w.rows(torch.arange(36))))
+    w.mode, xq = q4.MODES["q8"], q8_0(x).double()
+    ok.append(bool(((w.mm(x) - xq @ dequantized(q, dm).double().t()).abs()
+                    <= rounding(xq, dequantized(q, dm).double())).all()))
+    print(q4.build().split()[0], *ok)
+
+
+@X86
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_every_build_this_cpu_runs_is_exact_and_row_invariant(build, tmp_path):
+    out = run_here("from tests.test_kernels import build_check; build_check()",
+                   {"PRIMA_KERNEL_ISA": build, "PRIMA_HOME": str(tmp_path)})
+    if out == ["none"]:
+        pytest.skip(f"this CPU (or torch's ISA limit) does not run q4.c's {build} build; another build covers it")
+    assert out == [build, "True", "True", "True", "True"]
+
+
+def test_an_unknown_kernel_isa_is_a_clear_error(tmp_path):
+    env = {**os.environ, "PRIMA_KERNEL_ISA": "sse9", "PRIMA_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "PRIMA_KERNEL_ISA='sse9' is not a kernel build" in out.stderr
 
 
 def test_without_a_build_for_the_isa_torch_kernels_stay(tmp_path):
@@ -99,3 +195,29 @@ def test_without_a_build_for_the_isa_torch_kernels_stay(tmp_path):
 def test_without_a_compiler_torch_kernels_stay(tmp_path):
     out = run_here(CHECK, {"CC": str(tmp_path / "no-such-compiler"), "PRIMA_HOME": str(tmp_path)})
     assert out[1] == "Int4"
+
+
+def int8_weight(shape: tuple[int, int]) -> tuple[torch.Tensor, Int8]:
+    """A float32 int8 matrix on q4.c's int8 path (below oneDNN's size, or where its sums are not exact) and its
+    de-quantized values (float64)."""
+    q, scale = quantize_int8(torch.randn(*shape) * 0.05)
+    w = Int8(q, scale, torch.float32)
+    w.onednn = False
+    return q.double() * scale.double()[:, None], w
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (37, 96)])
+def test_int8_weights_come_back_bit_for_bit(shape, exact):
+    deq, w = int8_weight(shape)
+    assert torch.equal(w.mm(torch.eye(shape[1])).t(), deq.float())
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (37, 96)])
+def test_int8_is_within_the_stated_bound_and_a_row_is_its_own(shape, mode):
+    torch.manual_seed(sum(shape))
+    deq, w = int8_weight(shape)
+    x = torch.randn(9, shape[1]) * torch.logspace(-6, 2, shape[1])
+    err = (w.mm(x).double() - x.double() @ deq.t()).abs()
+    assert (err <= activation_bound(x.double(), deq, mode)).all()
+    alone = torch.cat([w.mm(r) for r in x.split(1)])
+    assert all(torch.equal(w.mm(x[:rows]), alone[:rows]) for rows in range(2, 10))

@@ -4,8 +4,8 @@ candidate dtype, the fastest exact enough kept, cached per machine in $PRIMA_HOM
 Why measure: the same kernel is 10-30x faster in one dtype than another, and which one depends on the CPU and the
 torch build (ARM's kernels have float16 paths x86's lack). On this AVX-512 box with native bfloat16, and under
 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, the int4 and int8 kernels are vectorised for bfloat16 activations
-only (float32 and float16 take scalar loops, 20-30x slower); int4's float32 candidate is our own kernel wherever it
-builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
+only (float32 and float16 take scalar loops, 20-30x slower); int4's and int8's float32 candidates are our own kernel
+wherever it builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
 Float stores always compute in float32: their weights stay exactly as stored, and the single-process reference on
 them is the oracle every ring is checked against (their probe is timed for the record only).
 """
@@ -48,21 +48,27 @@ CANDIDATES = ("float32", "bfloat16", "float16")
 FORMATS = ("float", "int8", "int4")  # float: a float32 store's matrices (reported; float stores use float32)
 SHAPE = (2048, 1024)  # [N, K] of the probe's weight: a small model's projection. 2M int8 values stay below
 # ONEDNN_MIN_WEIGHTS, in the int8pack kernel, whose speed depends on the activation dtype (oneDNN's quantizes them)
-ROWS = (1, 4)  # activation rows per call: a decode step, a short verify frame; a candidate's time is both calls'
+# activation rows per call: a decode step, a verify frame, a prefill chunk. A candidate's time is the sum of each
+# call's time per row (t1 + t4 / 4 + t16 / 16): what a token costs in each, so decode counts most without prefill
+# being ignored (q4.c lost to torch's bfloat16 kernel at 16 rows). One dtype serves every row count: choosing per
+# row count would hold each int4 matrix twice (torch's packed layout and q4.c's rows); each count's time is kept in
+# the probe ("by_rows") so what that would win is on record.
+ROWS = (1, 4, 16)
 ROUNDS = 5  # candidates timed in turn, each keeping its fastest round (the least disturbed by other work)
 LOSER = 3.0  # a candidate this much slower than the best after two rounds is timed no more (it cannot win)
 MAX_ERROR = 0.01  # the most |result - exact product| may reach, over the exact product's largest magnitude
 # (bfloat16 activations and scales: ~0.3-0.5 %; a broken or overflowing path: far more)
 MARGIN = 1.1  # a dtype less exact than float32 must be this much faster: a tie, or noise, keeps float32
 CACHE_NAME = "compute-dtypes.json"
-FORMAT = "prima-dtypes/1"
+FORMAT = "prima-dtypes/1"  # entries gained "by_rows"; readers use only "choice", so older ones read them
 
 
 @dataclass(frozen=True)
 class Probe:
-    seconds: float  # the fastest of its rounds of the ROWS calls
+    seconds: float  # the sum over ROWS of the fastest round's time per row
     error: float  # against the exact product of the weights as stored, relative to its largest magnitude
     rounds: int  # fewer than ROUNDS: dropped as too slow to win
+    by_rows: dict | None = None  # {rows: fastest seconds of that call}
 
 
 def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
@@ -94,11 +100,12 @@ def native_bfloat16() -> bool:
 
 
 def machine_key() -> str:
-    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), whether our
-    int4 kernel is built (nodes/engine/kernels), threads."""
+    """What the choice depends on: torch, the kernels' instruction sets (as limited by the environment), our int4
+    kernel's build and activation mode (nodes/engine/kernels). Not the thread count: every process of a machine
+    computes in one dtype, so a ring of 1-thread nodes gives the tokens of a 2-thread single process (with the
+    count in the key, under AVX2 they chose float32 and bfloat16 on a near-tie and differed)."""
     return (f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
-            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.available()}"
-            f" threads={torch.get_num_threads()}")
+            f" bf16={native_bfloat16()} onednn-int8-exact={onednn_int8_exact()} q4={q4.build()}")
 
 
 @cache
@@ -141,18 +148,23 @@ def probe_format(fmt: str) -> dict[str, Probe]:
     for d in CANDIDATES:  # the first call warms each up
         ys = [linear(x, weights[d]) for x in inputs[d]]
         errors[d] = max(_error(y, e) for y, e in zip(ys, exact))
-    seconds, rounds, alive = dict.fromkeys(CANDIDATES, math.inf), dict.fromkeys(CANDIDATES, 0), list(CANDIDATES)
+    best = {d: dict.fromkeys(ROWS, math.inf) for d in CANDIDATES}
+    rounds, alive = dict.fromkeys(CANDIDATES, 0), list(CANDIDATES)
     for turn in range(ROUNDS):
         for d in alive:
-            began = time.perf_counter()
-            for x in inputs[d]:
+            for rows, x in zip(ROWS, inputs[d]):
+                began = time.perf_counter()
                 linear(x, weights[d])
-            seconds[d] = min(seconds[d], time.perf_counter() - began)
+                best[d][rows] = min(best[d][rows], time.perf_counter() - began)
             rounds[d] += 1
         if turn:  # after two rounds: one alone may have been disturbed
-            fastest = min(seconds[d] for d in alive)
-            alive = [d for d in alive if seconds[d] <= LOSER * fastest]
-    return {d: Probe(seconds[d], errors[d], rounds[d]) for d in CANDIDATES}
+            fastest = min(_score(best[d]) for d in alive)
+            alive = [d for d in alive if _score(best[d]) <= LOSER * fastest]
+    return {d: Probe(_score(best[d]), errors[d], rounds[d], best[d]) for d in CANDIDATES}
+
+
+def _score(by_rows: dict[int, float]) -> float:
+    return sum(t / rows for rows, t in by_rows.items())
 
 
 def _stored(fmt: str, w: torch.Tensor) -> tuple:
@@ -182,7 +194,10 @@ def _dequantized(fmt: str, stored: tuple) -> torch.Tensor:
 
 
 def _json(p: Probe) -> dict:
-    return {k: v if math.isfinite(v) else None for k, v in asdict(p).items()}  # strict JSON: no Infinity
+    def finite(v):  # strict JSON: no Infinity
+        return {str(k): finite(x) for k, x in v.items()} if isinstance(v, dict) else v if math.isfinite(v) else None
+
+    return {k: finite(v) for k, v in asdict(p).items() if v is not None}
 
 
 def _error(y: torch.Tensor, exact: torch.Tensor) -> float:

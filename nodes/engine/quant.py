@@ -7,16 +7,14 @@ Every path gives a row the same result whatever other rows share its call (a bat
 tokens do not depend on speculation or batching: the quantized kernels compute each row alone, float ones go
 through fixed-width GEMMs (FEW_ROWS).
 
-int4 with float32 activations goes through our kernel (nodes/engine/kernels/q4.c) wherever it builds: torch's float32
-int4 path is a scalar loop, and under AVX2 its bfloat16 one reads 1.5-3.8x slower than ours (docs/performance.md).
+int4 with float32 activations goes through our kernel (nodes/engine/kernels/q4.c) wherever it builds, and so do
+float32 int8 matrices oneDNN does not take: torch's float32 int4 and int8 paths are scalar loops (docs/performance.md).
 
-Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu`
-and `_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less
-with float32 or float16 ones (those paths are not vectorised); which activation dtype a machine runs them in is
-measured on it (nodes/engine/dtype_choice.py). Large int8 matrices go through oneDNN's int8 x int8 kernel
-instead (`Int8`), which reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`, where its sums are
-exact (VNNI).
-"""
+Why these kernels (measured on this 2-core AVX-512 box, docs in DESIGN.md 6.1): `_weight_int4pack_mm_for_cpu` and
+`_weight_int8pack_mm` read ~18 and ~24 GB/s of packed weights with bfloat16 activations, 10-30x less with float32 or
+float16 ones (those paths are not vectorised); which activation dtype a machine runs them in is measured on it
+(nodes/engine/dtype_choice.py). Large int8 matrices go through oneDNN's int8 x int8 kernel instead (`Int8`), which
+reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`, where its sums are exact (VNNI)."""
 
 from dataclasses import dataclass
 from functools import cache
@@ -256,6 +254,8 @@ class Int8:
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         if not self.onednn:
+            if self.scale.dtype == torch.float32 and self.shape[1] % GROUP == 0 and q4.available():  # torch's: scalar
+                return q4.int8_mm(x, self.q, self.scale)
             return torch.ops.aten._weight_int8pack_mm(as_kernel_input(x, self.scale.dtype), self.q, self.scale)
         if self.packed is None:
             self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.shape[1]])

@@ -1,12 +1,17 @@
 """Decode matmul kernels side by side on SmolLM2's and llama3-8b's matrices: ms per call for M activation rows,
 the weight bytes each reads a second, and the memory-bandwidth floor (the weights' bytes over this machine's
 measured read bandwidth). Kernels: torch's int4 (`_weight_int4pack_mm_for_cpu`, bfloat16 activations), ours
-(nodes/engine/kernels/q4.c, float32 activations, where it builds), torch's int8 (`_weight_int8pack_mm`,
+(nodes/engine/kernels/q4.c, float32 activations as ggml's Q8_0 or two int8 terms, where it
+builds), torch's int8 (`_weight_int8pack_mm`,
 bfloat16), oneDNN's int8 (`Int8` where its sums are exact) and float32 (`linear`, as the model calls it).
 Run it as it is and under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` for
 AVX2. Small matrices are timed in turn over copies of ~64 MB in all, so they are read from memory as in decode.
 
     python -m tools.bench.bench_kernels [--models smollm2 8b] [--rows 1 16] [--repeats 5] [--threads 2] [--json]
+        [--clock cpu]
+
+`--clock cpu` (with --threads 1: the kernels then run on the calling thread) times the thread's CPU time instead of
+the wall clock: on a shared machine a kernel's time does not count the spells its thread waited for a core.
 """
 
 import argparse
@@ -48,7 +53,10 @@ def kernels(n: int, k: int, gen: torch.Generator) -> dict:
     scale = torch.rand(n, generator=gen) * 1e-3
     out = {"int4 torch bf16": (Int4.from_dm(packed, dm, torch.bfloat16, machine_layout()), torch.bfloat16, int4)}
     if q4.available():
-        out["int4 q4.c f32"] = (Int4.from_dm(packed, dm, torch.float32, machine_layout()), torch.float32, int4)
+        for mode in q4.MODES:  # activations as ggml's Q8_0, or two int8 terms
+            ours = Int4.from_dm(packed, dm, torch.float32, machine_layout())
+            ours.mode = q4.MODES[mode]
+            out[f"int4 q4.c {mode}"] = (ours, torch.float32, int4)
     small = Int8(q8, scale, torch.bfloat16)
     small.onednn = False
     out["int8 torch bf16"] = (small, torch.bfloat16, n * k)
@@ -60,19 +68,22 @@ def kernels(n: int, k: int, gen: torch.Generator) -> dict:
     return out
 
 
-def time_ms(weights: list, x: torch.Tensor, repeats: int) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def time_ms(weights: list, x: torch.Tensor, repeats: int, clock=time.perf_counter) -> float:
     """Best of `repeats` passes over the copies, per call."""
     linear(x, weights[0])  # warm-up (oneDNN lays its weights out on first use)
     best = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         for w in weights:
             linear(x, w)
-        best = min(best, (time.perf_counter() - start) / len(weights))
+        best = min(best, (clock() - start) / len(weights))
     return best * 1e3
 
 
-def measure(models: list[str], rows: list[int], repeats: int, gbs: float) -> list[dict]:
+def measure(models: list[str], rows: list[int], repeats: int, gbs: float, clock=time.perf_counter) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     out = []
     for model in models:
@@ -85,7 +96,7 @@ def measure(models: list[str], rows: list[int], repeats: int, gbs: float) -> lis
                 for kernel, entries in found.items():
                     nbytes = entries[0][2]
                     x = torch.randn(m, k, generator=gen).to(entries[0][1])
-                    ms = time_ms([e[0] for e in entries], x, repeats)
+                    ms = time_ms([e[0] for e in entries], x, repeats, clock)
                     out.append({"model": model, "matrix": f"{name} {n}x{k}", "rows": m, "kernel": kernel, "ms": ms,
                                 "gb_s": nbytes / ms / 1e6, "floor_ms": nbytes / gbs / 1e6})
     return out
@@ -110,15 +121,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--clock", choices=list(CLOCKS), default="wall", help="cpu: the thread's CPU time (--threads 1)")
     args = p.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu times the calling thread only: use it with --threads 1")
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
         gbs = bandwidth(args.repeats)
-        results = measure(args.models, args.rows, args.repeats, gbs)
+        results = measure(args.models, args.rows, args.repeats, gbs, CLOCKS[args.clock])
     if args.json:
-        print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(), "bandwidth_gb_s": gbs, "results": results}))
+        print(json.dumps({"isa": torch.backends.cpu.get_cpu_capability(), "q4": q4.build(), "bandwidth_gb_s": gbs,
+                          "results": results}))
         return
-    print(f"ISA {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads, read bandwidth {gbs:.1f} GB/s")
+    print(f"ISA {torch.backends.cpu.get_cpu_capability()}, q4.c {q4.build()}, {args.threads} threads, {args.clock}"
+          f" clock, read bandwidth {gbs:.1f} GB/s")
     print(table(results))
 
 

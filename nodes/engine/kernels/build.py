@@ -17,10 +17,18 @@ import torch
 from prima_rpc.spec.home import prima_home
 
 HERE = Path(__file__).parent
-# The flags of each instruction set a kernel has a build for, by torch's name for what it may use here (so
-# ATEN_CPU_CAPABILITY=avx2 limits these kernels as it limits torch's). AVX-512 machines run the AVX2 build.
-FLAGS = {"AVX2": ("-mavx2", "-mfma", "-mf16c"), "AVX512": ("-mavx2", "-mfma", "-mf16c")}
+AVX2 = ("-mavx2", "-mfma", "-mf16c")
+AVX512 = (*AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
+# Each build: the flags it is compiled with and the torch CPU capabilities under which it may run (so
+# ATEN_CPU_CAPABILITY=avx2 limits these kernels as it limits torch's), best first. A build is used where the CPU
+# runs it (the library's own prima_cpu_ok, __builtin_cpu_supports); PRIMA_KERNEL_ISA=NAME asks for one.
+BUILDS = {
+    "avx512vnni": ((*AVX512, "-mavx512vnni"), ("AVX512",)),
+    "avx512": (AVX512, ("AVX512",)),
+    "avx2": (AVX2, ("AVX2", "AVX512")),
+}
 COMMON = ("-O3", "-fopenmp", "-fPIC", "-shared")  # libgomp: torch's own, already loaded, so one thread pool
+ENV = "PRIMA_KERNEL_ISA"
 
 
 def isa() -> str:
@@ -32,19 +40,39 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def candidates() -> list[str]:
+    """The builds that may run here, best first: PRIMA_KERNEL_ISA's alone where it is set."""
+    asked = os.environ.get(ENV, "").strip().lower()
+    if asked and asked not in BUILDS:
+        raise ValueError(f"{ENV}={asked!r} is not a kernel build; known: {', '.join(BUILDS)}")
+    names = [asked] if asked else list(BUILDS)
+    return [b for b in names if isa() in BUILDS[b][1]]
+
+
 @cache
+def chosen(name: str) -> tuple[str, ctypes.CDLL] | None:
+    """(build, library) of nodes/engine/kernels/NAME.c for this machine: the first of candidates() that compiles and
+    that the CPU runs; None where none does (no build for its ISA, no compiler, or every build failed: said in the
+    log; torch's kernels are used instead)."""
+    cc = compiler()
+    if platform.machine().lower() not in ("x86_64", "amd64") or cc is None:
+        return None
+    for build in candidates():
+        try:
+            lib = ctypes.CDLL(str(built(name, cc, BUILDS[build][0])))
+        except (OSError, subprocess.CalledProcessError) as exc:  # no such compiler, it failed (an old one without
+            # these flags: the next build may do), or the file won't load
+            structlog.get_logger().warning("kernel_build_failed", kernel=name, build=build, compiler=cc,
+                                           error=str(exc), stderr=(getattr(exc, "stderr", "") or "")[-2000:])
+            continue
+        if lib.prima_cpu_ok():
+            return build, lib
+    return None
+
+
 def library(name: str) -> ctypes.CDLL | None:
-    """nodes/engine/kernels/NAME.c built for this machine, or None (no build for its ISA, no compiler, or the
-    compiler failed: said once in the log; torch's kernels are used instead)."""
-    flags, cc = FLAGS.get(isa()), compiler()
-    if platform.machine().lower() not in ("x86_64", "amd64") or flags is None or cc is None:
-        return None
-    try:
-        return ctypes.CDLL(str(built(name, cc, flags)))
-    except (OSError, subprocess.CalledProcessError) as exc:  # no such compiler, it failed, or the file won't load
-        structlog.get_logger().warning("kernel_build_failed", kernel=name, compiler=cc,
-                                       error=str(exc), stderr=(getattr(exc, "stderr", "") or "")[-2000:])
-        return None
+    found = chosen(name)
+    return None if found is None else found[1]
 
 
 def built(name: str, cc: str, flags: tuple[str, ...]) -> Path:

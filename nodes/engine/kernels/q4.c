@@ -1,42 +1,94 @@
-/* int4 x float32 matmul for AVX2 (llama.cpp's way: activations to int8, _mm256_maddubs_epi16 dot products), for
- * CPUs where torch's int4 kernel is slow. Compiled at first use by nodes/engine/kernels/build.py.
+/* int4 (and int8) x float32 matmul (llama.cpp's way: activations to int8, integer dot products), built per instruction set by
+ * nodes/engine/kernels/build.py: AVX2 (_mm256_maddubs_epi16), AVX-512BW (the same 64 bytes at a time) and AVX-512
+ * VNNI (_mm512_dpbusd_epi32). The build's flags pick the path (__AVX512BW__, __AVX512VNNI__).
  *
  * Weights: q [N, K/2] bytes, each row's group g of 32 as 16 bytes, byte i = q[32g + i] | q[32g + 16 + i] << 4 (GGUF's
  * Q4 order); dm [N, 2, G] float16: d then m per group, w = d q + m (GGUF Q4_0 / Q4_1 exactly).
- * Activations: each group of 32 of a row, scaled by a power of two s = 2^e with max |x| / s <= 127, becomes two int8
- * terms a = round(x / s) and b = round((x - a s) * 128 / s), so x ~ (128 a + b) s / 128 with an error of at most
- * s / 256 (<= max |x| / 16256): with the products summed exactly in int32, the result is the exact product of the
- * weights as stored with these activations, rounded a few times in float32 (tests/test_kernels.py holds its bound).
- * The scales are powers of two, so an activation that is exact in 14 bits (an identity matrix's 1) gives the
- * weights back bit for bit: d q exactly, then + m once, as GGUF's de-quantization rounds.
- * Each output is summed in one fixed order whatever rows share its call and however rows split across threads. */
+ * Activations, one of two modes:
+ *  - EXACT: each group of 32 of a row, scaled by a power of two s = 2^e with max |x| / s <= 127, becomes two int8
+ *    terms a = round(x / s) and b = round((x - a s) * 128 / s), so x ~ (128 a + b) s / 128 with an error of at most
+ *    s / 256 (<= max |x| / 16256). An activation exact in 14 bits (an identity's 1) gives the weights back bit for bit.
+ *  - Q8: ggml's Q8_0 exactly (quantize_row_q8_0's AVX path): d = max |x| / 127 rounded to float16, q = round(x 127 /
+ *    max |x|) to nearest even, x ~ d q: an error of at most max |x| / 254 plus 127 |d - fp16(d)|. One int8 term, half
+ *    EXACT's dot products.
+ * The products are summed exactly in int32, so the result is the exact product of the weights as stored with the
+ * activations as quantized, rounded a few times in float32 (tests/test_kernels.py holds each mode's bound). Each
+ * output is summed in one fixed order whatever rows share its call and however rows split across threads. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define GROUP 32
-#define MT 4 /* activation rows per pass over a weight row: its bytes are unpacked once for them */
+#define EXACT 0
+#define Q8 1
+/* A tile: RB weight rows, unpacked once for MT activation rows (RB * MT accumulators, in registers) */
+#if defined(__AVX512BW__)
+#define WIDE 1 /* two groups per 64-byte register */
+#define RB 4
+#define MT 4
+#else
+#define WIDE 0
+#define RB 4
+#define MT 2
+#endif
 
-/* x [M, K] -> a, b int8 [M, K], s / 128 [M, G] and the sum of each group of x [M, G]. */
-void prima_q4_quantize(const float *x, int8_t *a, int8_t *b, float *step, float *sums, int64_t m, int64_t k) {
+/* Whether this CPU runs this build's instructions. */
+int prima_cpu_ok(void) {
+    __builtin_cpu_init();
+    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__AVX512BW__)
+    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__AVX512VNNI__)
+    ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+    return ok;
+}
+
+/* Where value j of a group pair's 64 bytes goes: the order the wide path unpacks weights in ([g 0-15, g+1 0-15,
+ * g 16-31, g+1 16-31]); the natural order for the last group of an odd count and for AVX2. */
+static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
+    if (!WIDE || natural || (g | 1) >= groups) return g * GROUP + j;
+    return (g & ~1) * GROUP + (j >> 4) * 32 + (g & 1) * 16 + (j & 15);
+}
+
+/* One activation row x [K] -> int8 terms a (and b in EXACT) in slot order (or the natural one), each group's scale
+ * and sum. */
+static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, float *sums, int64_t k, int mode,
+                         int natural) {
     const int64_t groups = k / GROUP;
-    for (int64_t i = 0; i < m * groups; i++) {
-        const float *v = x + i * GROUP;
+    for (int64_t g = 0; g < groups; g++) {
+        const float *v = x + g * GROUP;
         float amax = 0.0f, sum = 0.0f;
         for (int j = 0; j < GROUP; j++) {
             amax = fmaxf(amax, fabsf(v[j]));
             sum += v[j];
         }
-        int e = 0;
-        frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
-        const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
-        for (int j = 0; j < GROUP; j++) {
-            const float hi = nearbyintf(v[j] / s);
-            a[i * GROUP + j] = (int8_t)hi;
-            b[i * GROUP + j] = (int8_t)nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
+        if (mode == Q8) {
+            const float d = _cvtsh_ss(_cvtss_sh(amax / 127.0f, 0)), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int isum = 0;
+            for (int j = 0; j < GROUP; j++) {
+                const int8_t q = (int8_t)nearbyintf(v[j] * id);
+                a[slot(g, j, groups, natural)] = q;
+                isum += q;
+            }
+            scale[g] = d;
+            sums[g] = d * (float)isum;
+        } else {
+            int e = 0;
+            frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
+            const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
+            for (int j = 0; j < GROUP; j++) {
+                const float hi = nearbyintf(v[j] / s);
+                a[slot(g, j, groups, natural)] = (int8_t)hi;
+                b[slot(g, j, groups, natural)] = (int8_t)nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
+            }
+            scale[g] = s / 128.0f;
+            sums[g] = sum;
         }
-        step[i] = s / 128.0f;
-        sums[i] = sum;
     }
 }
 
@@ -58,41 +110,222 @@ static inline float m_dot(const uint16_t *mh, const float *sums, int64_t groups)
     return tot;
 }
 
-/* y [M, N] = x @ w.T for weight rows [n0, n1) and activation rows [r0, r0 + mt), mt <= MT. */
-static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const int8_t *a, const int8_t *b,
-                             const float *step, const float *sums, float *y, int64_t r0, int64_t mt, int64_t n,
-                             int64_t k, int64_t row) {
-    const int64_t groups = k / GROUP;
-    const uint8_t *qr = q + row * (k / 2);
-    const uint16_t *dr = dm + row * 2 * groups;
-    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), big = _mm256_set1_epi16(128);
-    __m256 acc[MT];
-    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(qr + g * 16));
-        const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low); /* 32 x u8 */
-        const float d = _cvtsh_ss(dr[g]);
+/* 8 int32: sums of 4 products of unsigned w and signed x bytes each. */
+static inline __m256i dot256(__m256i w, __m256i x) {
+#if defined(__AVX512VNNI__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* The int32 dot of one group (8 lanes) for activation terms at a (and b, EXACT: 128 a + b). */
+static inline __m256i group_dot(__m256i w, const int8_t *a, const int8_t *b, int mode) {
+    const __m256i hi = dot256(w, _mm256_loadu_si256((const __m256i *)a));
+    if (mode == Q8) return hi;
+    return _mm256_add_epi32(_mm256_slli_epi32(hi, 7), dot256(w, _mm256_loadu_si256((const __m256i *)b)));
+}
+
+/* Per-row state of a call: activation rows' terms, scales and sums, each row's [K] or [G]. */
+typedef struct {
+    const int8_t *a, *b;
+    const float *scale, *sums;
+    int64_t k, groups, mode;
+} acts;
+
+/* 32 unsigned weights of group g of a row, in the natural order. */
+static inline __m256i unpack256(const uint8_t *qr, int64_t g) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(qr + g * 16));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+
+#if WIDE
+static inline __m512i dot512(__m512i w, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+#endif
+}
+
+/* The sum of each of 4 vectors' 16 lanes, as [a, b, c, d]: every vector in the same order whatever its place. */
+static inline __m128 hsum4x16(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+/* Float sums out[i][r] of weight rows rows[i] (i < RB) times activation rows [r0, r0 + mt) over group pairs. */
+static inline void wide_tile(const uint8_t *const *qr, const uint16_t *const *dr, const acts *x, int64_t r0,
+                             int64_t mt, float out[RB][MT]) {
+    const int64_t pairs = x->groups / 2;
+    /* lanes 0-3 and 8-11 hold group g, 4-7 and 12-15 group g + 1 (slot order) */
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m256i low = _mm256_set1_epi8(15);
+    __m512 acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();
+    __m512 d16[RB]; /* 16 groups' d of each weight row, converted once for 8 pairs */
+    for (int i = 0; i < RB; i++) d16[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        if ((p & 7) == 0) {
+            const __mmask16 live = (__mmask16)(x->groups - 2 * p >= 16 ? 0xffff : (1u << (x->groups - 2 * p)) - 1);
+            for (int i = 0; i < RB; i++) d16[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, dr[i] + 2 * p));
+        }
+        const __m512i at = _mm512_add_epi32(pick, _mm512_set1_epi32((int)(2 * (p & 7))));
+        __m512i w[RB];
+        __m512 dw[RB];
+        for (int i = 0; i < RB; i++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qr[i] + p * 32));
+            w[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low)),
+                                      _mm256_and_si256(_mm256_srli_epi16(raw, 4), low), 1);
+            dw[i] = _mm512_permutexvar_ps(at, d16[i]);
+        }
         for (int r = 0; r < MT; r++) {
             if (r < mt) {
-                const int64_t off = (r0 + r) * k + g * GROUP;
-                const __m256i pa = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(a + off)));
-                const __m256i pb = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)(b + off)));
-                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pa, big), _mm256_madd_epi16(pb, ones));
-                const __m256 scale = _mm256_set1_ps(d * step[(r0 + r) * groups + g]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+                const int64_t row = r0 + r, off = row * x->k + p * 64;
+                const __m512i a = _mm512_loadu_si512(x->a + off);
+                double spair;
+                memcpy(&spair, x->scale + row * x->groups + 2 * p, 8);
+                const __m512 ds = _mm512_permutexvar_ps(pick, _mm512_castpd_ps(_mm512_set1_pd(spair)));
+                for (int i = 0; i < RB; i++) {
+                    __m512i dot = dot512(w[i], a);
+                    if (x->mode == EXACT)
+                        dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 7), dot512(w[i], _mm512_loadu_si512(x->b + off)));
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], ds), acc[i][r]);
+                }
             }
         }
     }
-    for (int r = 0; r < mt; r++)
-        y[(r0 + r) * n + row] = hsum8(acc[r]) + m_dot(dr + groups, sums + (r0 + r) * groups, groups);
+    for (int r = 0; r < mt; r++) {
+        float s[4];
+        _mm_storeu_ps(s, hsum4x16(acc[0][r], acc[1][r], acc[2][r], acc[3][r]));
+        for (int i = 0; i < RB; i++) out[i][r] = s[i];
+    }
+}
+#endif
+
+/* Float sums out[i][r] of groups [g0, G) in 8 lanes a group (AVX2, and the last group of an odd count). */
+static inline void narrow_tile(const uint8_t *const *qr, const uint16_t *const *dr, const acts *x, int64_t r0,
+                               int64_t mt, int64_t g0, float out[RB][MT]) {
+    __m256 acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t g = g0; g < x->groups; g++) {
+        __m256i w[RB];
+        float d[RB];
+        for (int i = 0; i < RB; i++) {
+            w[i] = unpack256(qr[i], g);
+            d[i] = _cvtsh_ss(dr[i][g]);
+        }
+        for (int r = 0; r < mt && r < MT; r++) {
+            const int64_t off = (r0 + r) * x->k + g * GROUP;
+            const float sx = x->scale[(r0 + r) * x->groups + g];
+            for (int i = 0; i < RB; i++) {
+                const __m256i dot = group_dot(w[i], x->a + off, x->b + off, (int)x->mode);
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d[i] * sx), acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < mt && r < MT; r++) out[i][r] = hsum8(acc[i][r]);
 }
 
-void prima_q4_mm(const uint8_t *q, const uint16_t *dm, const int8_t *a, const int8_t *b, const float *step,
-                 const float *sums, float *y, int64_t m, int64_t n, int64_t k, int threads) {
+/* y [M, N] = x @ w.T for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt). */
+static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x, float *y, int64_t r0, int64_t mt,
+                             int64_t n, int64_t row) {
+    const int64_t groups = x->groups;
+    const uint8_t *qr[RB];
+    const uint16_t *dr[RB];
+    for (int i = 0; i < RB; i++) { /* rows past N compute row N - 1 again, unstored */
+        const int64_t at = row + i < n ? row + i : n - 1;
+        qr[i] = q + at * (x->k / 2);
+        dr[i] = dm + at * 2 * groups;
+    }
+    float wide[RB][MT] = {{0}}, tail[RB][MT] = {{0}};
+    int64_t g0 = 0;
+#if WIDE
+    wide_tile(qr, dr, x, r0, mt, wide);
+    g0 = groups & ~(int64_t)1;
+#endif
+    narrow_tile(qr, dr, x, r0, mt, g0, tail);
+    for (int i = 0; i < RB && row + i < n; i++)
+        for (int r = 0; r < mt; r++)
+            y[(r0 + r) * n + row + i] = (wide[i][r] + tail[i][r]) + m_dot(dr[i] + groups, x->sums + (r0 + r) * groups,
+                                                                           groups);
+}
+
+/* The activations of a call quantized into one allocation (free(xs->a) after); -1 out of memory. */
+static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, acts *xs) {
+    const int64_t groups = k / GROUP;
+    int8_t *a = malloc((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
+    if (a == NULL) return -1;
+    float *f = (float *)(a + m * k * (mode == EXACT ? 2 : 1));
+    *xs = (acts){a, a + m * k, f, f + m * groups, k, groups, mode};
+    for (int64_t r = 0; r < m; r++)
+        quantize_row(x + r * k, a + r * k, a + m * k + r * k, f + r * groups, f + m * groups + r * groups, k, mode,
+                     natural);
+    return 0;
+}
+
+/* y [M, N] = x [M, K] @ w.T; mode EXACT or Q8 (the activations' quantization). Returns 0, or -1 out of memory. */
+int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, int64_t m, int64_t n, int64_t k,
+                int mode, int threads) {
+    acts xs;
+    if (quantize(x, m, k, mode, 0, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t row = 0; row < n; row++)
-        for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, a, b, step, sums, y, r0, m - r0 < MT ? m - r0 : MT,
-                                                          n, k, row);
+    for (int64_t row = 0; row < n; row += RB)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
+    free((void *)xs.a);
+    return 0;
+}
+
+/* int8 weights (one scale a row, nodes/engine/quant.py Int8): y [M, N] for weight rows [row, row + RB) and
+ * activation rows [r0, r0 + mt), 8 lanes a group; w signed, so |w| (unsigned) meets x with w's sign (llama.cpp's
+ * Q8_0 x Q8_0 way): |w| |x| <= 127 * 127, so a pair sums in int16 without saturating. */
+static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *x, float *y, int64_t r0, int64_t mt,
+                             int64_t n, int64_t row) {
+    const int8_t *wr[RB];
+    for (int i = 0; i < RB; i++) wr[i] = w8 + (row + i < n ? row + i : n - 1) * x->k; /* past N: row N-1, unstored */
+    __m256 acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i w[RB], u[RB];
+        for (int i = 0; i < RB; i++) {
+            w[i] = _mm256_loadu_si256((const __m256i *)(wr[i] + g * GROUP));
+            u[i] = _mm256_abs_epi8(w[i]);
+        }
+        for (int r = 0; r < mt && r < MT; r++) {
+            const int64_t off = (r0 + r) * x->k + g * GROUP;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(x->a + off));
+            const __m256 sx = _mm256_set1_ps(x->scale[(r0 + r) * x->groups + g]);
+            for (int i = 0; i < RB; i++) {
+                __m256i dot = dot256(u[i], _mm256_sign_epi8(a, w[i]));
+                if (x->mode == EXACT)
+                    dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 7), dot256(u[i], _mm256_sign_epi8(
+                        _mm256_loadu_si256((const __m256i *)(x->b + off)), w[i])));
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sx, acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < RB && row + i < n; i++)
+        for (int r = 0; r < mt; r++) y[(r0 + r) * n + row + i] = hsum8(acc[i][r]) * wscale[row + i];
+}
+
+/* y [M, N] = x [M, K] @ (w8 * wscale[:, None]).T for int8 weights [N, K]; as prima_q4_mm. */
+int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *y, int64_t m, int64_t n, int64_t k,
+                  int mode, int threads) {
+    acts xs;
+    if (quantize(x, m, k, mode, 1, &xs)) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t row = 0; row < n; row += RB)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
+    free((void *)xs.a);
+    return 0;
 }
 
 /* out [N, K/2] in this kernel's order from torch's packed layout of whole blocks of `block` rows ("lanes": row j

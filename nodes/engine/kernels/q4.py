@@ -1,16 +1,35 @@
-"""int4 weights in GGUF's Q4 order multiplied through q4.c (activations as two int8 terms a group, maddubs dot
-products): the int4 path for float32 activations wherever q4.c builds (AVX2 and up), where torch's float32 int4
-kernel is a scalar loop. Which activation dtype a machine runs int4 in is measured (nodes/engine/dtype_choice.py):
-on AVX2 this kernel in float32 wins, on AVX-512 torch's bfloat16 kernel stays where it is faster."""
+"""int4 weights in GGUF's Q4 order multiplied through q4.c (activations quantized to int8, integer dot products
+per instruction set): the int4 path for float32 activations wherever q4.c builds (AVX2 and up), where torch's float32
+int4 kernel is a scalar loop. Which activation dtype a machine runs int4 in is measured (nodes/engine/dtype_choice.py).
+"""
 
 import ctypes
+import os
 from functools import cache
 
 import torch
 
-from nodes.engine.kernels.build import library
+from nodes.engine.kernels.build import chosen, library
 
 GROUP = 32  # weights per (d, m) along K, as nodes/engine/quant.py's int4
+# How activations are quantized (q4.c): "exact", two int8 terms a value (~14 bits; an exact activation gives the
+# weights back bit for bit), or "q8", ggml's Q8_0 (one int8 term a value, a float16 scale per 32: llama.cpp's
+# numerics, half the dot products). PRIMA_INT4_ACTIVATIONS picks one; exact by default: q8 was 10-25 % faster a
+# matmul here but less exact (SmolLM2 Q4_1 lost "Paris" as llama.cpp does; docs/quantization.md).
+MODES = {"exact": 0, "q8": 1}
+MODE_ENV = "PRIMA_INT4_ACTIVATIONS"
+# The most an activation may be off in each mode, over its group's largest |x| (q4.c's header): exact 1 / 16256;
+# q8 1 / 254 from the rounding plus 127 times the float16 rounding of its scale (2^-11 of it, 2^-25 below 2^-14).
+BOUND = {"exact": 1 / 16256, "q8": 1 / 254 + 2.0 ** -11 + 2.0 ** -20}  # (2^-20: x 127 / max |x| rounds in float32)
+TINY_SCALE = 127 * 2.0 ** -25  # q8: the absolute part of the bound where the scale is a float16 subnormal
+
+
+def mode() -> str:
+    """The activation mode of this process (PRIMA_INT4_ACTIVATIONS, else exact)."""
+    name = os.environ.get(MODE_ENV, "exact").strip().lower()
+    if name not in MODES:
+        raise ValueError(f"{MODE_ENV}={name!r}: expected one of {', '.join(MODES)}")
+    return name
 
 
 @cache
@@ -18,14 +37,35 @@ def _lib() -> ctypes.CDLL | None:
     lib = library("q4")
     if lib is not None:
         p, i = ctypes.c_void_p, ctypes.c_int64
-        lib.prima_q4_quantize.argtypes = [p] * 5 + [i] * 2
-        lib.prima_q4_mm.argtypes = [p] * 7 + [i] * 3 + [ctypes.c_int]
+        lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+        lib.prima_q4_mm.restype = ctypes.c_int
+        lib.prima_int8_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+        lib.prima_int8_mm.restype = ctypes.c_int
         lib.prima_q4_from_torch.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int] * 3
     return lib
 
 
 def available() -> bool:
     return _lib() is not None
+
+
+def build() -> str | None:
+    """The build q4.c runs here and its activation mode (e.g. "avx512vnni q8"), None where it has none."""
+    found = chosen("q4")
+    return None if found is None else f"{found[0]} {mode()}"
+
+
+def int8_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (float32) @ (q * scale[:, None]).T for int8 weights q [N, K] and float32 row scales [N] (quant.py's
+    Int8): activations quantized as for int4 (mode()), the same bound; exact mode and an exact activation give
+    q * scale back bit for bit. torch's int8 kernel is a scalar loop for float32 activations."""
+    x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    (m, k), n = x.shape, q.shape[0]
+    y = torch.empty(m, n)
+    if _lib().prima_int8_mm(q.data_ptr(), scale.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k, MODES[mode()],
+                            torch.get_num_threads()):
+        raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
+    return y
 
 
 class Q4Rows:
@@ -37,6 +77,7 @@ class Q4Rows:
         self.q = q
         self.dm = dm.permute(1, 2, 0).contiguous()  # float16 [N, 2, K/32]: each row's d, then its m
         self.shape = (q.shape[0], q.shape[1] * 2)
+        self.mode = MODES[mode()]
 
     @staticmethod
     def from_values(q: torch.Tensor, dm: torch.Tensor) -> "Q4Rows":
@@ -56,18 +97,14 @@ class Q4Rows:
         return Q4Rows(out, dm)
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] (float32) @ w.T -> float32 [M, N]; within 1 / 16256 of each group's largest |x| per activation
-        (q4.c), so with an exact activation (an identity) the weights come back bit for bit."""
+        """x [M, K] (float32) @ w.T -> float32 [M, N]; each activation within BOUND[mode()] of its group's largest
+        |x| (q4.c), so in exact mode an exact activation (an identity) gives the weights back bit for bit."""
         x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         m, (n, k) = x.shape[0], self.shape
-        terms = torch.empty(2, m, k, dtype=torch.int8)  # a, b
-        groups = torch.empty(2, m, k // GROUP)  # step s / 128, sum of x
         y = torch.empty(m, n)
-        lib = _lib()
-        lib.prima_q4_quantize(x.data_ptr(), terms[0].data_ptr(), terms[1].data_ptr(), groups[0].data_ptr(),
-                              groups[1].data_ptr(), m, k)
-        lib.prima_q4_mm(self.q.data_ptr(), self.dm.data_ptr(), terms[0].data_ptr(), terms[1].data_ptr(),
-                        groups[0].data_ptr(), groups[1].data_ptr(), y.data_ptr(), m, n, k, torch.get_num_threads())
+        if _lib().prima_q4_mm(self.q.data_ptr(), self.dm.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k,
+                              self.mode, torch.get_num_threads()):
+            raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
         return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
