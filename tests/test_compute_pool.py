@@ -15,6 +15,29 @@ def where() -> str:
     return threading.current_thread().name
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A node that computes on one torch thread (a local ring's share of the cores): the one that inlines."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_node_on_several_threads_keeps_every_job_on_its_thread():
+    """Two OpenMP teams (the loop's and the thread's) would fight for the cores."""
+    async def main():
+        pool = ComputePool(Spans(), inline_s=1.0)
+        loop = asyncio.get_running_loop()
+        try:
+            return [await loop.run_in_executor(pool, where) for _ in range(3)]
+        finally:
+            pool.shutdown()
+
+    torch.set_num_threads(2)
+    assert all(name.startswith("compute") for name in asyncio.run(main()))
+
+
 def test_rows_counts_tensor_rows_and_ids_one_level_into_lists():
     h = torch.zeros(3, 8)
     assert [rows(args) for args in [(h,), ([h, h],), ([(h, None, 5)], 0), ([1, 2, 3],), (7,), ()]] == \
