@@ -117,3 +117,14 @@ def test_a_cached_prefix_gives_the_logits_of_a_full_prefill(shard):
     with pytest.raises(PrefixMissed):
         prefill(shard, "gone", ids, 64, 160, Prefix("nope", 64))
     assert "gone" not in shard.caches
+
+
+@pytest.mark.parametrize("fields", [dict(prefix_key="p", prefix_len=0), dict(save_key="p", save_len=0),
+                                    dict(prefix_key="p", prefix_len=64, start_pos=0), dict(save_key="k" * 300)])
+def test_a_frame_with_a_broken_prefix_is_refused_before_use(fields):
+    from nodes.errors import Rejected
+    from nodes.ring.admit import check_structure
+    from prima_rpc.v1 import prima_pb2 as pb
+
+    with pytest.raises(Rejected, match="prefix"):
+        check_structure(pb.Frame(kind=pb.FORWARD, request_id="r", **fields))

@@ -25,6 +25,8 @@ def check_structure(frame: pb.Frame) -> None:
                                               "and 0 except on FORWARD frames")
     if len(frame.prefix_key) > MAX_ID or len(frame.save_key) > MAX_ID:
         raise Rejected(Code.INVALID_ARGUMENT, f"prefix keys must have at most {MAX_ID} characters")
+    if (frame.prefix_key and not frame.prefix_len) or (frame.save_key and not frame.save_len):
+        raise Rejected(Code.INVALID_ARGUMENT, "a prefix key needs a length of at least one position")
     if frame.prefix_key and frame.start_pos != frame.prefix_len:
         raise Rejected(Code.INVALID_ARGUMENT, f"a frame from prefix {frame.prefix_key[:12]} of {frame.prefix_len} "
                                               f"positions must start there, not at {frame.start_pos}")
