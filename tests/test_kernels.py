@@ -103,7 +103,8 @@ def q8_0(x: torch.Tensor) -> torch.Tensor:
     g = x.view(x.shape[0], -1, 32)
     amax = g.abs().amax(-1, keepdim=True)
     d = (amax / 127).half().float()
-    q = torch.where(amax > 0, g * (127 / amax), torch.zeros_like(g)).round()
+    id = torch.full_like(amax, 127.0) / amax  # a true division: torch's `127 / amax` is 127 * (1 / amax), rounded twice
+    q = torch.where(amax > 0, g * id, torch.zeros_like(g)).round()
     return (d * q).view_as(x)
 
 
