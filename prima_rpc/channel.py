@@ -7,14 +7,23 @@ from pathlib import Path
 import grpc
 
 MAX_MESSAGE_BYTES = 64 << 20  # a prefill chunk of 512 tokens x 8192 hidden x fp32 is 16 MiB
+# A peer that stops answering with its connection still open (SIGSTOP, a frozen laptop, a cable pulled while TCP
+# stays up) is noticed by HTTP/2 pings: one after KEEPALIVE_S without a read, the connection closed (UNAVAILABLE,
+# which clients that know several members resume from) when it is not acknowledged within PING_TIMEOUT_S.
+KEEPALIVE_S, PING_TIMEOUT_S = 10, 5
+STALL_S = KEEPALIVE_S + PING_TIMEOUT_S  # the longest a call waits on a stopped peer
 OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_timeout_ms", PING_TIMEOUT_S * 1000),
+    # gRPC core (1.85) waits for the keepalive ping's ack this long, not keepalive_timeout_ms; its default is a
+    # minute (an internal argument: chttp2's GRPC_ARG_PING_TIMEOUT_MS)
+    ("grpc.http2.ping_timeout_ms", PING_TIMEOUT_S * 1000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# a server takes those pings: at most one per KEEPALIVE_S, more often than every 5 s is a strike (2 close it)
 SERVER_OPTIONS = OPTIONS + [("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 TOKEN_KEY = "x-prima-token"
 TOKEN_ENV = "PRIMA_TOKEN"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from prima_rpc.channel import aio_channel, metadata
+from prima_rpc.channel import PING_TIMEOUT_S, aio_channel, metadata
 from prima_rpc.request import GenerateRequest, Message, RequestError, ToolCall, ToolCallDelta
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
@@ -188,6 +188,8 @@ class PrimaClient:
     def _explain(self, address: str, exc: grpc.aio.AioRpcError) -> str:
         """The node's message; when no node answered, which address could not be reached."""
         details = exc.details() or exc.code().name
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and "ping timeout" in details:  # keepalive closed it
+            return f"node {address} stopped answering (a keepalive ping went unanswered for {PING_TIMEOUT_S} s)"
         if exc.code() == grpc.StatusCode.UNAVAILABLE and \
                 self._channels[address].get_state() != grpc.ChannelConnectivity.READY:
             return f"cannot reach node {address}: {details}"

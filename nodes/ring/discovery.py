@@ -7,6 +7,7 @@ import socket
 import time
 
 import grpc
+import psutil
 
 from prima_rpc.control import AioControl, Deadlines
 
@@ -30,14 +31,18 @@ def _zeroconf():
 
 
 def announced_hosts(host: str, advertised: str) -> list[str]:
-    """The IPv4 addresses a node announces: the one it binds, or (bound to every interface) each of this machine's,
-    the LAN's before loopback's."""
+    """The IPv4 addresses a node announces: the one it binds, or (bound to every interface) this machine's."""
     if host not in WILDCARD:
         return [advertised]
-    import ifaddr  # zeroconf's own dependency
+    return lan_addresses(psutil.net_if_addrs()) or [advertised]
 
-    ips = [ip.ip for adapter in ifaddr.get_adapters() for ip in adapter.ips if isinstance(ip.ip, str)]
-    return sorted(set(ips) | {advertised}, key=lambda ip: (ip.startswith("127."), ip))
+
+def lan_addresses(interfaces: dict[str, list]) -> list[str]:
+    """Every IPv4 address of these interfaces (psutil.net_if_addrs()'s shape) but loopback's, which no other device
+    can dial; loopback's only when there is no other (a machine off every network, or a namespace of its own)."""
+    ips = {a.address for addresses in interfaces.values() for a in addresses if a.family == socket.AF_INET}
+    lan = sorted(ip for ip in ips if not ip.startswith("127."))
+    return lan or sorted(ips)
 
 
 class Announcer:
