@@ -1,6 +1,7 @@
 """`prima-node`: one device of the ring. Serves Ring, Control and Inference until stopped."""
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -189,6 +190,9 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
+    # The imports' ~200k objects (torch's) become permanent: a full collection no longer walks them (0.33 s each,
+    # loaded 2-core machine), nor does the interpreter's exit (a 3-node ring stopped in 3.9 s instead of 12.4).
+    gc.freeze()
     try:
         _runner()(serve(cfg, ready=lambda address: print(f"prima-node listening on {address}", flush=True),
                      metrics_port=metrics_port, tls=tls, join=join, discover=discover))
