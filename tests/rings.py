@@ -4,7 +4,7 @@ tokens from a head, the single-process greedy reference every ring must equal, a
 import asyncio
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +31,45 @@ def local_ring(model: Path | None, n: int, log_dir: Path, windows: list[int] | N
         yield local
     finally:
         local.stop()
+
+
+class Rings:
+    """Local rings of one store by size, each started at its first use and kept until close(): `rings(n, windows)`,
+    assigned `windows` (head first) on every call that gives them."""
+
+    def __init__(self, store: Path, log_dir: Callable[[str], Path]):
+        self.store, self.log_dir = store, log_dir
+        self.started: dict[int, LocalRing] = {}
+
+    def __call__(self, n: int, windows: list[int] | None = None) -> LocalRing:
+        if n not in self.started:
+            self.started[n] = launch(self.store, n, log_dir=self.log_dir(f"ring{n}"), detach=False)
+        if windows is not None:
+            ring.start(self.started[n].addresses[0], windows)
+        return self.started[n]
+
+    def restore(self, n: int) -> None:
+        """Ring n as it was started, for a module that reads from it after others: one that is not (a node gone,
+        the successors rewired, a request still held) is stopped, to start afresh at its next use."""
+        local = self.started.get(n)
+        if local is not None and not as_started(local):
+            local.stop()
+            del self.started[n]
+
+    def close(self) -> None:
+        for local in self.started.values():
+            local.stop()
+        self.started.clear()
+
+
+def as_started(local: LocalRing) -> bool:
+    """Every node of `local` alive, wired in its first order and holding no request."""
+    if any(p.poll() is not None for p in local.processes):
+        return False
+    try:
+        return [a for a, _ in ring.walk(local.addresses[0])] == local.addresses and released(local.addresses[0])
+    except ring.RingError:
+        return False
 
 
 def greedy_reference(store: Path, prompts: list[str], max_tokens: int, raw: bool = False) -> dict[str, list[int]]:
