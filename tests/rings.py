@@ -2,6 +2,7 @@
 tokens from a head, the single-process greedy reference every ring must equal, and raw frames for a node."""
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from prima_rpc.app import ring
 from prima_rpc.app.local_ring import LocalRing, launch
 from prima_rpc.channel import aio_channel
 from prima_rpc.client import Finished, PrimaClient, Token
+from prima_rpc.spec.manifest import MANIFEST
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -72,9 +74,16 @@ def as_started(local: LocalRing) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=2)
+def _reference_model(store: Path, manifest_mtime_ns: int) -> ReferenceModel:
+    return ReferenceModel(store)  # generating keeps no state in it: each generation has a KV cache of its own
+
+
 def greedy_reference(store: Path, prompts: list[str], max_tokens: int, raw: bool = False) -> dict[str, list[int]]:
-    """Each prompt's greedy token ids from the single process: what every ring must give."""
-    model = ReferenceModel(store)
+    """Each prompt's greedy token ids from the single process: what every ring must give. The model is loaded once
+    for the tests that ask about the same store (SmolLM2: 2-6 s a load on 2 cores), again if its manifest changed."""
+    store = Path(store).resolve()
+    model = _reference_model(store, (store / MANIFEST).stat().st_mtime_ns)
     return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=max_tokens), raw=raw)]
             for p in prompts}
 
