@@ -1,5 +1,6 @@
 """Shared fixtures: the real SmolLM2 store (imported once), tiny synthetic stores, and SmolLM2 rings by size."""
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,12 @@ import pytest
 from tests.rings import Rings
 from tools.default_model import ensure_default_store
 from tools.synth import synth
+
+
+def pytest_collection_finish(session):
+    # What collecting imported (torch, transformers, the test modules: ~240k objects) is kept for the session: the
+    # tests' full collections walk only what they made (160 in-process tests, load 9: 5.1 s in gen2 against 9.9).
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
