@@ -2,9 +2,10 @@
 tokens from a head, the single-process greedy reference every ring must equal, and raw frames for a node."""
 
 import asyncio
+import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from prima_rpc.app import ring
 from prima_rpc.app.local_ring import LocalRing, launch
 from prima_rpc.channel import aio_channel
 from prima_rpc.client import Finished, PrimaClient, Token
+from prima_rpc.spec.manifest import MANIFEST
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
@@ -33,9 +35,55 @@ def local_ring(model: Path | None, n: int, log_dir: Path, windows: list[int] | N
         local.stop()
 
 
+class Rings:
+    """Local rings of one store by size, each started at its first use and kept until close(): `rings(n, windows)`,
+    assigned `windows` (head first) on every call that gives them."""
+
+    def __init__(self, store: Path, log_dir: Callable[[str], Path]):
+        self.store, self.log_dir = store, log_dir
+        self.started: dict[int, LocalRing] = {}
+
+    def __call__(self, n: int, windows: list[int] | None = None) -> LocalRing:
+        if n not in self.started:
+            self.started[n] = launch(self.store, n, log_dir=self.log_dir(f"ring{n}"), detach=False)
+        if windows is not None:
+            ring.start(self.started[n].addresses[0], windows)
+        return self.started[n]
+
+    def restore(self, n: int) -> None:
+        """Ring n as it was started, for a module that reads from it after others: one that is not (a node gone,
+        the successors rewired, a request still held) is stopped, to start afresh at its next use."""
+        local = self.started.get(n)
+        if local is not None and not as_started(local):
+            local.stop()
+            del self.started[n]
+
+    def close(self) -> None:
+        for local in self.started.values():
+            local.stop()
+        self.started.clear()
+
+
+def as_started(local: LocalRing) -> bool:
+    """Every node of `local` alive, wired in its first order and holding no request."""
+    if any(p.poll() is not None for p in local.processes):
+        return False
+    try:
+        return [a for a, _ in ring.walk(local.addresses[0])] == local.addresses and released(local.addresses[0])
+    except ring.RingError:
+        return False
+
+
+@functools.lru_cache(maxsize=2)
+def _reference_model(store: Path, manifest_mtime_ns: int) -> ReferenceModel:
+    return ReferenceModel(store)  # generating keeps no state in it: each generation has a KV cache of its own
+
+
 def greedy_reference(store: Path, prompts: list[str], max_tokens: int, raw: bool = False) -> dict[str, list[int]]:
-    """Each prompt's greedy token ids from the single process: what every ring must give."""
-    model = ReferenceModel(store)
+    """Each prompt's greedy token ids from the single process: what every ring must give. The model is loaded once
+    for the tests that ask about the same store (SmolLM2: 2-6 s a load on 2 cores), again if its manifest changed."""
+    store = Path(store).resolve()
+    model = _reference_model(store, (store / MANIFEST).stat().st_mtime_ns)
     return {p: [t.token_id for t in model.generate(p, GenerateParams(max_tokens=max_tokens), raw=raw)]
             for p in prompts}
 

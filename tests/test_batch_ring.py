@@ -24,6 +24,11 @@ TOKENS = 12
 
 
 @pytest.fixture(scope="module")
+def rings(own_rings):
+    return own_rings  # max_batch_seen is a high-water mark: this module's batches must be the only ones it counts
+
+
+@pytest.fixture(scope="module")
 def reference(smol_store):
     return greedy_reference(smol_store, PROMPTS, TOKENS)
 
