@@ -5,7 +5,8 @@
         [--rows 25]
 
 --compute is the activation dtype (default: the machine's measured choice, nodes/engine/dtype_choice.py). q4.c's
-calls (ctypes, not aten ops) are wrapped here in record_function, so they show as "q4.c ..." rows.
+and ops.c's calls (ctypes, not aten ops) are wrapped here in record_function, so they show as "q4.c ..." and
+"ops.c ..." rows.
 """
 
 import argparse
@@ -14,7 +15,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nodes.engine.kernels import q4
+from nodes.engine.kernels import ops, q4
 from nodes.generation.reference import ReferenceModel
 from tools.default_model import ensure_default_store
 
@@ -40,6 +41,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     q4.Q4Rows.mm = traced("q4.c int4 mm", q4.Q4Rows.mm)  # this process only: its own op rows
     q4.int8_mm = traced("q4.c int8 mm", q4.int8_mm)
+    ops.rms_norm = traced("ops.c rms_norm", ops.rms_norm)
+    ops.attend_rows = traced("ops.c attend_rows", ops.attend_rows)
     store = args.store or str(ensure_default_store(dtype=None if args.dtype == "float32" else args.dtype))
     model = ReferenceModel(store, dtype=getattr(torch, args.compute) if args.compute else None)
     ids = model.codec.prompt_ids(PROMPT, raw=True)
