@@ -60,7 +60,7 @@ static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
 }
 
 /* One activation row x [K] -> int8 terms a (and b in EXACT; X16 builds: x16 = 128 a + b in the natural order
- * instead) in slot order (or the natural one), each group's scale and sum. */
+ * instead, 8 lanes at a time) in slot order (or the natural one), each group's scale and sum. */
 static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, float *scale, float *sums, int64_t k,
                          int mode, int natural) {
     const int64_t groups = k / GROUP;
@@ -85,14 +85,27 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
             int e = 0;
             frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
             const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
+            if (X16) { /* the loop below in 8 lanes: the same correctly rounded divisions and roundings to even */
+                const __m256 sv = _mm256_set1_ps(s), fine = _mm256_set1_ps(128.0f / s), step = _mm256_set1_ps(128.0f);
+                __m256i t[4];
+                for (int c = 0; c < 4; c++) {
+                    const __m256 xv = _mm256_loadu_ps(v + 8 * c);
+                    const __m256 hi = _mm256_round_ps(_mm256_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m256 lo = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(xv, _mm256_mul_ps(hi, sv)), fine),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    t[c] = _mm256_cvtps_epi32(_mm256_add_ps(_mm256_mul_ps(hi, step), lo)); /* exact: |x| <= 16320 */
+                }
+                for (int c = 0; c < 2; c++) /* packs works per 128-bit half: the permute restores the order */
+                    _mm256_storeu_si256((__m256i *)(x16 + g * GROUP + 16 * c),
+                                        _mm256_permute4x64_epi64(_mm256_packs_epi32(t[2 * c], t[2 * c + 1]), 0xD8));
+                scale[g] = s / 128.0f;
+                sums[g] = sum;
+                continue;
+            }
             for (int j = 0; j < GROUP; j++) {
                 const float hi = nearbyintf(v[j] / s), lo = nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
-                if (X16) {
-                    x16[g * GROUP + j] = (int16_t)(128 * (int)hi + (int)lo);
-                } else {
-                    a[slot(g, j, groups, natural)] = (int8_t)hi;
-                    b[slot(g, j, groups, natural)] = (int8_t)lo;
-                }
+                a[slot(g, j, groups, natural)] = (int8_t)hi;
+                b[slot(g, j, groups, natural)] = (int8_t)lo;
             }
             scale[g] = s / 128.0f;
             sums[g] = sum;
@@ -301,10 +314,23 @@ static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x
                                                                            groups);
 }
 
-/* The activations of a call quantized into one allocation (free(xs->a) after); -1 out of memory. */
+/* The calling thread's buffer for a call's quantized activations, kept for its next call (a decode step makes ~120:
+ * a malloc and free each cost as much as a small matmul's quantization); NULL out of memory. */
+static void *scratch(size_t bytes) {
+    static __thread void *held = NULL;
+    static __thread size_t size = 0;
+    if (bytes > size || held == NULL) { /* held NULL: a first call of no rows still gets a buffer */
+        free(held);
+        held = malloc(bytes > 0 ? bytes : 1);
+        size = held == NULL ? 0 : bytes;
+    }
+    return held;
+}
+
+/* The activations of a call quantized into the thread's scratch buffer; -1 out of memory. */
 static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, acts *xs) {
     const int64_t groups = k / GROUP;
-    int8_t *a = malloc((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
+    int8_t *a = scratch((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
     if (a == NULL) return -1;
     float *f = (float *)(a + m * k * (mode == EXACT ? 2 : 1));
     int16_t *x16 = (int16_t *)a;
@@ -320,10 +346,9 @@ int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, 
                 int mode, int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 0, &xs)) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
-    free((void *)xs.a);
     return 0;
 }
 
@@ -376,10 +401,9 @@ int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *
                   int mode, int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 1, &xs)) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
-    free((void *)xs.a);
     return 0;
 }
 
