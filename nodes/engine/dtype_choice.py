@@ -146,7 +146,7 @@ def measure() -> dict:
     probes = {fmt: probe_format(fmt, native) for fmt in FORMATS}
     choice = {fmt: "float32" if fmt == "float" else choose(probes[fmt], native) for fmt in FORMATS}
     return {"choice": choice, "probes": {f: {d: _json(p) for d, p in ps.items()} for f, ps in probes.items()},
-            "native_bfloat16": native_bfloat16(), "measured_at": time.time(), "measure_s": time.perf_counter() - start}
+            "native_bfloat16": native, "measured_at": time.time(), "measure_s": time.perf_counter() - start}
 
 
 @torch.inference_mode()
