@@ -10,7 +10,19 @@ import sys
 import pytest
 
 from nodes.engine import dtype_choice
-from nodes.engine.dtype_choice import MAX_ERROR, Probe, choose, compute_dtype, machine_choice, probe_format
+from nodes.engine.dtype_choice import (
+    MAX_ERROR,
+    MAX_ROUNDS,
+    ROUNDS,
+    ROWS,
+    STABLE,
+    Probe,
+    choose,
+    compute_dtype,
+    machine_choice,
+    probe_format,
+    timed_rounds,
+)
 
 FAST, SLOW = 0.001, 0.02
 EXACT, ROUNDED = 1e-6, 0.004
@@ -29,6 +41,56 @@ EXACT, ROUNDED = 1e-6, 0.004
 ])
 def test_the_fastest_exact_enough_dtype_is_chosen(probes, expected):
     assert choose(probes) == expected
+
+
+@pytest.mark.parametrize("faster, native, expected", [
+    (1.2, True, "bfloat16"),  # native bfloat16: MARGIN (1.1) is enough
+    (1.2, False, "float32"),  # without: a near-tie keeps float32
+    (1.4, False, "bfloat16"),  # measured clearly faster: bfloat16 even without
+])
+def test_without_native_bfloat16_a_near_tie_keeps_float32(faster, native, expected):
+    probes = {"float32": Probe(FAST, EXACT, 5), "bfloat16": Probe(FAST / faster, ROUNDED, 5)}
+    assert choose(probes, native_bf16=native) == expected
+
+
+def scripted(times: dict[str, list[float]]):
+    """call(dtype, row index) -> seconds for timed_rounds: round r of a dtype takes times[dtype][r] a row (the
+    last one repeats)."""
+    calls = dict.fromkeys(times, 0)
+
+    def call(d: str, i: int) -> float:
+        r = calls[d] // len(ROWS)
+        calls[d] += 1
+        return times[d][min(r, len(times[d]) - 1)] * ROWS[i]
+    return call
+
+
+def probes_of(best: dict, rounds: dict, errors: dict) -> dict[str, Probe]:
+    return {d: Probe(sum(t / r for r, t in best[d].items()), errors[d], rounds[d]) for d in errors}
+
+
+def test_a_busy_spell_does_not_decide_the_probe():
+    """float32 disturbed at first, less and less (other work on a shared box): ROUNDS rounds alone choose bfloat16;
+    the rounds go on until the times settle and the choice holds, and it is float32."""
+    errors = {"float32": EXACT, "bfloat16": ROUNDED}
+    spell = {"float32": [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4, 1.3, 1.2, 1.0], "bfloat16": [1.4]}
+    first = {d: {r: t[min(ROUNDS, len(t)) - 1] * r for r in ROWS} for d, t in spell.items()}  # best of ROUNDS
+    assert choose(probes_of(first, dict.fromkeys(errors, ROUNDS), errors)) == "bfloat16"
+    best, rounds = timed_rounds(scripted(spell), errors)
+    assert choose(probes_of(best, rounds, errors)) == "float32" and rounds["float32"] == len(spell["float32"]) + \
+        STABLE - 1
+
+
+def test_a_quiet_probe_stops_after_its_rounds():
+    call = scripted({"float32": [1.0], "bfloat16": [2.0], "float16": [30.0]})
+    _, rounds = timed_rounds(call, {"float32": EXACT, "bfloat16": ROUNDED, "float16": ROUNDED})
+    assert rounds == {"float32": ROUNDS, "bfloat16": ROUNDS, "float16": 2}  # float16 dropped as a loser
+
+
+def test_times_that_never_settle_stop_at_max_rounds():
+    call = scripted({"float32": [0.9 ** r for r in range(MAX_ROUNDS + 1)], "bfloat16": [0.5]})
+    _, rounds = timed_rounds(call, {"float32": EXACT, "bfloat16": ROUNDED})
+    assert rounds["float32"] == MAX_ROUNDS
 
 
 def test_no_exact_enough_dtype_is_an_error():

@@ -54,13 +54,25 @@ SHAPE = (2048, 1024)  # [N, K] of the probe's weight: a small model's projection
 # row count would hold each int4 matrix twice (torch's packed layout and q4.c's rows); each count's time is kept in
 # the probe ("by_rows") so what that would win is on record.
 ROWS = (1, 4, 16)
-ROUNDS = 5  # candidates timed in turn, each keeping its fastest round (the least disturbed by other work)
+# Candidates are timed in turn, round after round, each keeping its fastest time (the least disturbed by other
+# work), until those times have settled (none got more than SETTLE faster over the last STABLE rounds) and the
+# choice they make has held for those rounds, at least ROUNDS and at most MAX_ROUNDS rounds: five rounds in one
+# busy spell decided and stuck in the cache before (a real AVX2 box under load chose bfloat16 by 0.3 % past MARGIN).
+ROUNDS = 5
+STABLE = 4
+SETTLE = 0.05
+MAX_ROUNDS = 16
 LOSER = 3.0  # a candidate this much slower than the best after two rounds is timed no more (it cannot win)
 MAX_ERROR = 0.01  # the most |result - exact product| may reach, over the exact product's largest magnitude
 # (bfloat16 activations and scales: ~0.3-0.5 %; a broken or overflowing path: far more)
 MARGIN = 1.1  # a dtype less exact than float32 must be this much faster: a tie, or noise, keeps float32
+# ... and bfloat16 this much where the CPU has no bfloat16 instructions: its kernels there widen every value by
+# shifts, so a near-tie is noise, and float32 (q4.c where it builds) is the more exact
+EMULATED_MARGIN = 1.25
 CACHE_NAME = "compute-dtypes.json"
-FORMAT = "prima-dtypes/1"  # entries gained "by_rows"; readers use only "choice", so older ones read them
+# /2: chosen by rounds until stable, and a wider margin for bfloat16 without native bfloat16; a /1 file, whose
+# choice one busy round may have made, is measured again
+FORMAT = "prima-dtypes/2"
 
 
 @dataclass(frozen=True)
@@ -80,13 +92,15 @@ def compute_dtype(store_dtype: str, requested: str | None = None) -> str:
     return machine_choice()["choice"][store_dtype] if store_dtype in QUANTIZED else "float32"
 
 
-def choose(probes: dict[str, Probe]) -> str:
-    """The fastest candidate within MAX_ERROR; float32 unless another is MARGIN faster."""
+def choose(probes: dict[str, Probe], native_bf16: bool = True) -> str:
+    """The fastest candidate within MAX_ERROR; float32 unless another is MARGIN faster (bfloat16 on a CPU without
+    native bfloat16: EMULATED_MARGIN)."""
     exact = {d: p for d, p in probes.items() if p.error <= MAX_ERROR}
     if not exact:
         raise RuntimeError(f"no activation dtype computes within {MAX_ERROR:.0%} here: {probes}")
     best = min(exact, key=lambda d: (exact[d].seconds, d != "float32"))
-    if "float32" in exact and exact[best].seconds * MARGIN > exact["float32"].seconds:
+    margin = EMULATED_MARGIN if best == "bfloat16" and not native_bf16 else MARGIN
+    if "float32" in exact and exact[best].seconds * margin > exact["float32"].seconds:
         return "float32"
     return best
 
@@ -128,14 +142,15 @@ def machine_choice() -> dict:
 def measure() -> dict:
     """Every format's candidates timed and checked here, and the choice they make."""
     start = time.perf_counter()
-    probes = {fmt: probe_format(fmt) for fmt in FORMATS}
-    choice = {fmt: "float32" if fmt == "float" else choose(probes[fmt]) for fmt in FORMATS}
+    native = native_bfloat16()
+    probes = {fmt: probe_format(fmt, native) for fmt in FORMATS}
+    choice = {fmt: "float32" if fmt == "float" else choose(probes[fmt], native) for fmt in FORMATS}
     return {"choice": choice, "probes": {f: {d: _json(p) for d, p in ps.items()} for f, ps in probes.items()},
-            "native_bfloat16": native_bfloat16(), "measured_at": time.time(), "measure_s": time.perf_counter() - start}
+            "native_bfloat16": native, "measured_at": time.time(), "measure_s": time.perf_counter() - start}
 
 
 @torch.inference_mode()
-def probe_format(fmt: str) -> dict[str, Probe]:
+def probe_format(fmt: str, native_bf16: bool = True) -> dict[str, Probe]:
     """Each candidate's time and error on SHAPE's matmuls for weights of format `fmt`."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(SHAPE, generator=gen) * 0.02
@@ -148,19 +163,44 @@ def probe_format(fmt: str) -> dict[str, Probe]:
     for d in CANDIDATES:  # the first call warms each up
         ys = [linear(x, weights[d]) for x in inputs[d]]
         errors[d] = max(_error(y, e) for y, e in zip(ys, exact))
-    best = {d: dict.fromkeys(ROWS, math.inf) for d in CANDIDATES}
-    rounds, alive = dict.fromkeys(CANDIDATES, 0), list(CANDIDATES)
-    for turn in range(ROUNDS):
+
+    def call(d: str, i: int) -> float:
+        began = time.perf_counter()
+        linear(inputs[d][i], weights[d])
+        return time.perf_counter() - began
+
+    best, rounds = timed_rounds(call, errors, native_bf16)
+    return {d: Probe(_score(best[d]), errors[d], rounds[d], best[d]) for d in CANDIDATES}
+
+
+def timed_rounds(call, errors: dict[str, float], native_bf16: bool = True) -> tuple[dict, dict]:
+    """({dtype: {rows: fastest seconds}}, {dtype: rounds timed}) of rounds of call(dtype, index into ROWS) -> seconds,
+    until the times have settled and their choice (choose) has held STABLE rounds, ROUNDS to MAX_ROUNDS rounds."""
+    best = {d: dict.fromkeys(ROWS, math.inf) for d in errors}
+    rounds, alive, leaders = dict.fromkeys(errors, 0), list(errors), []
+    scores = {d: [] for d in errors}  # each round's best score so far
+    for turn in range(MAX_ROUNDS):
         for d in alive:
-            for rows, x in zip(ROWS, inputs[d]):
-                began = time.perf_counter()
-                linear(x, weights[d])
-                best[d][rows] = min(best[d][rows], time.perf_counter() - began)
+            for i, rows in enumerate(ROWS):
+                best[d][rows] = min(best[d][rows], call(d, i))
             rounds[d] += 1
+            scores[d].append(_score(best[d]))
         if turn:  # after two rounds: one alone may have been disturbed
             fastest = min(_score(best[d]) for d in alive)
             alive = [d for d in alive if _score(best[d]) <= LOSER * fastest]
-    return {d: Probe(_score(best[d]), errors[d], rounds[d], best[d]) for d in CANDIDATES}
+        leaders.append(_leader(best, errors, native_bf16))
+        settled = all(len(scores[d]) >= STABLE and scores[d][-STABLE] <= scores[d][-1] * (1 + SETTLE) for d in alive)
+        if turn + 1 >= ROUNDS and len(set(leaders[-STABLE:])) == 1 and settled:
+            break
+    return best, rounds
+
+
+def _leader(best: dict, errors: dict[str, float], native_bf16: bool) -> str | None:
+    """What choose() makes of the times so far (None: no candidate is exact enough, which measure() reports)."""
+    try:
+        return choose({d: Probe(_score(best[d]), errors[d], 0) for d in best}, native_bf16)
+    except RuntimeError:
+        return None
 
 
 def _score(by_rows: dict[int, float]) -> float:

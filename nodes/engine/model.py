@@ -8,6 +8,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from nodes.engine.kernels import ops
 from nodes.engine.moe import Expert, MoE, moe_mlp
 from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
 from nodes.engine.rope import Rope
@@ -160,6 +161,8 @@ def window_slots(cfg: ModelConfig) -> int:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if ops.fits(x, w):  # float32: one C call for these 7 ops
+        return ops.rms_norm(x, w, eps)
     # Normalise in float32 like the reference implementations, then scale in the compute dtype.
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -204,13 +207,15 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
     """One segment's attention: qkv [T, (nh + 2 nkv) hd] -> [T, nh hd]; its keys and values go to its cache."""
     t, kv, pos = seg.t, seg.kv, seg.pos
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    scale = (cfg.query_scale or hd) ** -0.5
+    if t <= ROW_ATTENTION and pos + t <= kv.shape[2] and small["q_norm"] is None and ops.fits(qkv, kv, rope.cos):
+        return ops.attend_rows(qkv, rope.cos, rope.sin, kv, pos, nh, rope.window, scale)  # what follows, one C call
     heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
     qk = heads[:nh + nkv]
     if small["q_norm"] is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
         qk = torch.cat([rms_norm(qk[:nh], small["q_norm"], cfg.norm_eps), rms_norm(qk[nh:], small["k_norm"],
                                                                                    cfg.norm_eps)])
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
-    scale = (cfg.query_scale or hd) ** -0.5
     if pos + t > kv.shape[2]:  # a sliding-window layer's ring has wrapped
         return _attend_ring(q, k, heads[nh + nkv:], kv, pos, rope.window, scale)
     kv[0, :, pos:pos + t] = k

@@ -28,6 +28,8 @@ BUILDS = {
     "avx2": (AVX2, ("AVX2", "AVX512")),
 }
 COMMON = ("-O3", "-fopenmp", "-fPIC", "-shared")  # libgomp: torch's own, already loaded, so one thread pool
+# a kernel's own flags: ops.c's products and sums round one at a time, as torch's elementwise ops (no fused a*b+c)
+OWN = {"ops": ("-ffp-contract=off",)}
 ENV = "PRIMA_KERNEL_ISA"
 
 
@@ -59,7 +61,7 @@ def chosen(name: str) -> tuple[str, ctypes.CDLL] | None:
         return None
     for build in candidates():
         try:
-            lib = ctypes.CDLL(str(built(name, cc, BUILDS[build][0])))
+            lib = ctypes.CDLL(str(built(name, cc, BUILDS[build][0] + OWN.get(name, ()))))
         except (OSError, subprocess.CalledProcessError) as exc:  # no such compiler, it failed (an old one without
             # these flags: the next build may do), or the file won't load
             structlog.get_logger().warning("kernel_build_failed", kernel=name, build=build, compiler=cc,

@@ -33,6 +33,10 @@
 #define RB 4
 #define MT 2
 #endif
+/* AVX2 builds hold EXACT's two terms as one int16 x = 128 a + b (|x| <= 16320) and multiply with _mm256_madd_epi16:
+ * the same exact int32 sums in 3 instructions a group where the two int8 terms took 6 (maddubs, madd, for each,
+ * and the shift and add), and weights widen from 16 bytes to int16 in 3. The AVX-512 builds keep the two terms. */
+#define X16 (!WIDE)
 
 /* Whether this CPU runs this build's instructions. */
 int prima_cpu_ok(void) {
@@ -55,10 +59,10 @@ static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
     return (g & ~1) * GROUP + (j >> 4) * 32 + (g & 1) * 16 + (j & 15);
 }
 
-/* One activation row x [K] -> int8 terms a (and b in EXACT) in slot order (or the natural one), each group's scale
- * and sum. */
-static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, float *sums, int64_t k, int mode,
-                         int natural) {
+/* One activation row x [K] -> int8 terms a (and b in EXACT; X16 builds: x16 = 128 a + b in the natural order
+ * instead, 8 lanes at a time) in slot order (or the natural one), each group's scale and sum. */
+static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, float *scale, float *sums, int64_t k,
+                         int mode, int natural) {
     const int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
         const float *v = x + g * GROUP;
@@ -81,10 +85,27 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, float *scale, flo
             int e = 0;
             frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
             const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
+            if (X16) { /* the loop below in 8 lanes: the same correctly rounded divisions and roundings to even */
+                const __m256 sv = _mm256_set1_ps(s), fine = _mm256_set1_ps(128.0f / s), step = _mm256_set1_ps(128.0f);
+                __m256i t[4];
+                for (int c = 0; c < 4; c++) {
+                    const __m256 xv = _mm256_loadu_ps(v + 8 * c);
+                    const __m256 hi = _mm256_round_ps(_mm256_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    const __m256 lo = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(xv, _mm256_mul_ps(hi, sv)), fine),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    t[c] = _mm256_cvtps_epi32(_mm256_add_ps(_mm256_mul_ps(hi, step), lo)); /* exact: |x| <= 16320 */
+                }
+                for (int c = 0; c < 2; c++) /* packs works per 128-bit half: the permute restores the order */
+                    _mm256_storeu_si256((__m256i *)(x16 + g * GROUP + 16 * c),
+                                        _mm256_permute4x64_epi64(_mm256_packs_epi32(t[2 * c], t[2 * c + 1]), 0xD8));
+                scale[g] = s / 128.0f;
+                sums[g] = sum;
+                continue;
+            }
             for (int j = 0; j < GROUP; j++) {
-                const float hi = nearbyintf(v[j] / s);
+                const float hi = nearbyintf(v[j] / s), lo = nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
                 a[slot(g, j, groups, natural)] = (int8_t)hi;
-                b[slot(g, j, groups, natural)] = (int8_t)nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
+                b[slot(g, j, groups, natural)] = (int8_t)lo;
             }
             scale[g] = s / 128.0f;
             sums[g] = sum;
@@ -128,7 +149,8 @@ static inline __m256i group_dot(__m256i w, const int8_t *a, const int8_t *b, int
 
 /* Per-row state of a call: activation rows' terms, scales and sums, each row's [K] or [G]. */
 typedef struct {
-    const int8_t *a, *b;
+    const int8_t *a, *b; /* X16 builds in EXACT: x16 instead, in a's allocation */
+    const int16_t *x16;
     const float *scale, *sums;
     int64_t k, groups, mode;
 } acts;
@@ -234,6 +256,37 @@ static inline void narrow_tile(const uint8_t *const *qr, const uint16_t *const *
         for (int r = 0; r < mt && r < MT; r++) out[i][r] = hsum8(acc[i][r]);
 }
 
+/* narrow_tile for X16 activations (EXACT in AVX2 builds): a group's 16 bytes widen to int16 (low nibbles: values
+ * 0-15, high: 16-31) and meet x16 in two _mm256_madd_epi16. */
+static inline void narrow_tile16(const uint8_t *const *qr, const uint16_t *const *dr, const acts *x, int64_t r0,
+                                 int64_t mt, float out[RB][MT]) {
+    const __m256i low = _mm256_set1_epi16(15);
+    __m256 acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < x->groups; g++) {
+        __m256i lo[RB], hi[RB];
+        float d[RB];
+        for (int i = 0; i < RB; i++) {
+            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qr[i] + g * 16)));
+            lo[i] = _mm256_and_si256(w, low);
+            hi[i] = _mm256_srli_epi16(w, 4);
+            d[i] = _cvtsh_ss(dr[i][g]);
+        }
+        for (int r = 0; r < mt && r < MT; r++) {
+            const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP;
+            const __m256i xl = _mm256_loadu_si256((const __m256i *)xr), xh = _mm256_loadu_si256((const __m256i *)(xr + 16));
+            const float sx = x->scale[(r0 + r) * x->groups + g];
+            for (int i = 0; i < RB; i++) {
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo[i], xl), _mm256_madd_epi16(hi[i], xh));
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d[i] * sx), acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < mt && r < MT; r++) out[i][r] = hsum8(acc[i][r]);
+}
+
 /* y [M, N] = x @ w.T for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt). */
 static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x, float *y, int64_t r0, int64_t mt,
                              int64_t n, int64_t row) {
@@ -251,23 +304,40 @@ static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x
     wide_tile(qr, dr, x, r0, mt, wide);
     g0 = groups & ~(int64_t)1;
 #endif
-    narrow_tile(qr, dr, x, r0, mt, g0, tail);
+    if (X16 && x->mode == EXACT)
+        narrow_tile16(qr, dr, x, r0, mt, tail);
+    else
+        narrow_tile(qr, dr, x, r0, mt, g0, tail);
     for (int i = 0; i < RB && row + i < n; i++)
         for (int r = 0; r < mt; r++)
             y[(r0 + r) * n + row + i] = (wide[i][r] + tail[i][r]) + m_dot(dr[i] + groups, x->sums + (r0 + r) * groups,
                                                                            groups);
 }
 
-/* The activations of a call quantized into one allocation (free(xs->a) after); -1 out of memory. */
+/* The calling thread's buffer for a call's quantized activations, kept for its next call (a decode step makes ~120:
+ * a malloc and free each cost as much as a small matmul's quantization); NULL out of memory. */
+static void *scratch(size_t bytes) {
+    static __thread void *held = NULL;
+    static __thread size_t size = 0;
+    if (bytes > size || held == NULL) { /* held NULL: a first call of no rows still gets a buffer */
+        free(held);
+        held = malloc(bytes > 0 ? bytes : 1);
+        size = held == NULL ? 0 : bytes;
+    }
+    return held;
+}
+
+/* The activations of a call quantized into the thread's scratch buffer; -1 out of memory. */
 static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, acts *xs) {
     const int64_t groups = k / GROUP;
-    int8_t *a = malloc((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
+    int8_t *a = scratch((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
     if (a == NULL) return -1;
     float *f = (float *)(a + m * k * (mode == EXACT ? 2 : 1));
-    *xs = (acts){a, a + m * k, f, f + m * groups, k, groups, mode};
+    int16_t *x16 = (int16_t *)a;
+    *xs = (acts){a, a + m * k, x16, f, f + m * groups, k, groups, mode};
     for (int64_t r = 0; r < m; r++)
-        quantize_row(x + r * k, a + r * k, a + m * k + r * k, f + r * groups, f + m * groups + r * groups, k, mode,
-                     natural);
+        quantize_row(x + r * k, a + r * k, a + m * k + r * k, x16 + r * k, f + r * groups, f + m * groups + r * groups,
+                     k, mode, natural);
     return 0;
 }
 
@@ -276,10 +346,9 @@ int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, 
                 int mode, int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 0, &xs)) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
-    free((void *)xs.a);
     return 0;
 }
 
@@ -301,8 +370,19 @@ static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *
         }
         for (int r = 0; r < mt && r < MT; r++) {
             const int64_t off = (r0 + r) * x->k + g * GROUP;
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(x->a + off));
             const __m256 sx = _mm256_set1_ps(x->scale[(r0 + r) * x->groups + g]);
+            if (X16 && x->mode == EXACT) { /* int16 x16 against w widened to int16 */
+                const __m256i xl = _mm256_loadu_si256((const __m256i *)(x->x16 + off));
+                const __m256i xh = _mm256_loadu_si256((const __m256i *)(x->x16 + off + 16));
+                for (int i = 0; i < RB; i++) {
+                    const __m256i dot = _mm256_add_epi32(
+                        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w[i])), xl),
+                        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w[i], 1)), xh));
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sx, acc[i][r]);
+                }
+                continue;
+            }
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(x->a + off));
             for (int i = 0; i < RB; i++) {
                 __m256i dot = dot256(u[i], _mm256_sign_epi8(a, w[i]));
                 if (x->mode == EXACT)
@@ -321,10 +401,9 @@ int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *
                   int mode, int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 1, &xs)) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
-    free((void *)xs.a);
     return 0;
 }
 

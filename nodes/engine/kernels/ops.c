@@ -1,0 +1,109 @@
+/* A decoder layer's float32 steps between its matmuls, each one C call where torch takes 6-30 small ops (a decode
+ * step of SmolLM2 ran ~1700 aten ops for 120 matmuls; on a real AVX2 box those ops took as long as the matmuls):
+ * RMSNorm, and a segment's RoPE + KV cache write + one-row attention. Built like q4.c (nodes/engine/kernels/build.py)
+ * with -ffp-contract=off, so every product and sum rounds as torch's elementwise ops do: RoPE's results, and hence
+ * the cache's keys, equal torch's bit for bit (tests/test_ops.py). Sums (the norm's mean of squares, attention's dot
+ * products and softmax) go in one fixed order per row, so a row's result does not depend on the other rows of its
+ * call. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Whether this CPU runs this build's instructions (the flags q4.c's builds have). */
+int prima_cpu_ok(void) {
+    __builtin_cpu_init();
+    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__AVX512BW__)
+    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__AVX512VNNI__)
+    ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+    return ok;
+}
+
+/* out [rows, n] = w * (x * rsqrt(mean(x^2) + eps)) per row: the mean of squares summed in double, then as torch's
+ * rms_norm (nodes/engine/model.py): x times the float32 rsqrt, rounded, times w. out may be x. */
+void prima_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * n;
+        double ss = 0.0;
+        for (int64_t j = 0; j < n; j++) ss += (double)v[j] * v[j];
+        const float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+        float *o = out + r * n;
+        for (int64_t j = 0; j < n; j++) o[j] = w[j] * (v[j] * inv);
+    }
+}
+
+/* Rotate-half RoPE of one head's first `rot` dims at a position's cos / sin rows (each [rot], the halves alike):
+ * out = x * cos + rotate(x) * sin, rotate(x) = [-x2, x1]; dims past rot copied. out must not be x. */
+static void rope_head(const float *x, const float *c, const float *s, float *out, int64_t hd, int64_t rot) {
+    const int64_t half = rot / 2;
+    for (int64_t j = 0; j < half; j++) out[j] = x[j] * c[j] + (-x[j + half]) * s[j];
+    for (int64_t j = half; j < rot; j++) out[j] = x[j] * c[j] + x[j - half] * s[j];
+    for (int64_t j = rot; j < hd; j++) out[j] = x[j];
+}
+
+/* q . k over hd values: 8 lanes of products summed in turn, then the lanes (one order for every call), the rest
+ * one by one. */
+static inline float dot(const float *q, const float *k, int64_t hd) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; d < hd; d++) sum = fmaf(q[d], k[d], sum);
+    return sum;
+}
+
+/* One segment's attention for rows at positions [pos, pos + t): qkv [t, (nh + 2 nkv) hd] (q heads, k heads, v heads),
+ * cos / sin [>= pos + t, rot]; kv [2, nkv, cap, hd] (keys, values) gets each row's rotated key and its value at its
+ * position, then row i attends over keys [lo_i, pos + i] (lo_i = pos + i + 1 - window, >= 0; window 0: all), query
+ * head h over key head h / (nh / nkv), softmax(q k * scale) v, into out [t, nh hd]. Returns -1 out of memory. */
+int prima_attend_rows(const float *qkv, const float *cos, const float *sin, float *kv, float *out, int64_t t,
+                      int64_t pos, int64_t nh, int64_t nkv, int64_t hd, int64_t rot, int64_t cap, int64_t window,
+                      float scale, int threads) {
+    const int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv;
+    float *keys = kv, *values = kv + nkv * cap * hd;
+    for (int64_t i = 0; i < t; i++) {
+        const float *row = qkv + i * width, *c = cos + (pos + i) * rot, *s = sin + (pos + i) * rot;
+        for (int64_t h = 0; h < nkv; h++) {
+            rope_head(row + (nh + h) * hd, c, s, keys + (h * cap + pos + i) * hd, hd, rot);
+            const float *v = row + (nh + nkv + h) * hd;
+            float *dst = values + (h * cap + pos + i) * hd;
+            for (int64_t j = 0; j < hd; j++) dst[j] = v[j];
+        }
+    }
+    const int64_t span = pos + t;
+    float *scratch = malloc((size_t)(nh * t) * (size_t)(span + hd) * sizeof(float));
+    if (scratch == NULL) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (nh * t * span * hd > (1 << 18))
+    for (int64_t job = 0; job < nh * t; job++) {
+        const int64_t i = job / nh, h = job % nh, kh = h / group, at = pos + i;
+        const int64_t lo = window > 0 && at + 1 - window > 0 ? at + 1 - window : 0;
+        float *q = scratch + job * (span + hd), *p = q + hd;
+        const float *row = qkv + i * width;
+        rope_head(row + h * hd, cos + at * rot, sin + at * rot, q, hd, rot);
+        float top = -INFINITY;
+        for (int64_t j = lo; j <= at; j++) {
+            p[j] = dot(q, keys + (kh * cap + j) * hd, hd) * scale;
+            top = p[j] > top ? p[j] : top;
+        }
+        float sum = 0.0f;
+        for (int64_t j = lo; j <= at; j++) {
+            p[j] = expf(p[j] - top);
+            sum += p[j];
+        }
+        float *o = out + i * nh * hd + h * hd;
+        for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int64_t j = lo; j <= at; j++) {
+            const float *v = values + (kh * cap + j) * hd, pj = p[j] / sum;
+            for (int64_t d = 0; d < hd; d++) o[d] += pj * v[d];
+        }
+    }
+    free(scratch);
+    return 0;
+}
