@@ -25,6 +25,11 @@ MB = 1 << 20
 UNITS = {"wqkv": MB // 8, "wo": MB // 8, "w_gate_up": MB // 2, "w_down": MB // 4}  # a 1 MB layer's matrices
 
 
+def alike(order: list[int], units: dict[str, int] = UNITS) -> dict[int, dict[str, int]]:
+    """Every layer's matrices the same size."""
+    return {layer: units for layer in order}
+
+
 @pytest.mark.parametrize("total, weights, expected", [
     (0, [4, 4], [0, 0]), (3, [4, 4], [2, 1]), (6, [2, 4, 2], [2, 3, 1]), (2, [1, 7], [0, 2]), (8, [4, 4], [4, 4]),
 ])
@@ -59,7 +64,7 @@ def test_streamed_layers_lead_a_window_and_close_it(count, lead, expected):
 ])
 def test_plan_memory(budget, prefetch, buffer, streamed_bytes, buffer_bytes, effective):
     order = list(range(10, 20))
-    plan = plan_memory(order, UNITS, 0, 5 * MB, budget, prefetch, buffer)  # head + KV reserve 5 MB
+    plan = plan_memory(order, alike(order), 0, 5 * MB, budget, prefetch, buffer)  # head + KV reserve 5 MB
     assert (plan.streamed_bytes, plan.buffer, plan.prefetch, plan.budget) == (
         streamed_bytes, buffer_bytes, prefetch, effective)
     layers = [layer for layer, _ in plan.streamed]
@@ -71,7 +76,8 @@ def test_plan_memory(budget, prefetch, buffer, streamed_bytes, buffer_bytes, eff
 
 
 def test_streamed_layers_lead_and_close_each_window():
-    plan = plan_memory([0, 1, 2, 3, 10, 11, 12, 13], UNITS, 0, 0, 6 * MB, True, MB)  # 1 MB buffer, 5 resident
+    order = [0, 1, 2, 3, 10, 11, 12, 13]
+    plan = plan_memory(order, alike(order), 0, 0, 6 * MB, True, MB)  # 1 MB buffer, 5 resident
     assert [layer for layer, _ in plan.streamed] == [0, 3, 10]  # windows of 4: 2 (first, last) and 1 (first)
 
 
@@ -121,7 +127,8 @@ class FakeStore:
 def streaming_plan(cfg, budget_layers: float, prefetch: bool = True, buffer_layers: float = 0):
     units = {u: aligned(torch.Size(s).numel() * 4) for u, s in matrix_shapes(cfg).items()}
     layer = sum(units.values())
-    return plan_memory(list(range(8)), units, 0, 0, int(budget_layers * layer), prefetch, int(buffer_layers * layer))
+    return plan_memory(list(range(8)), alike(list(range(8)), units), 0, 0, int(budget_layers * layer), prefetch,
+                       int(buffer_layers * layer))
 
 
 def use(p: Prefetcher, layer: int) -> None:
@@ -153,7 +160,7 @@ def test_prefetcher_reads_each_unit_once_per_use_in_order(tiny_store, prefetch, 
         time.sleep(0.05)
         # every read was used, in order; at most what the buffer holds is pending beyond the last use
         assert store.reads[:len(uses)] == uses
-        assert len(store.reads) - len(uses) <= plan.buffer // min(plan.unit_bytes.values())  # what the buffer holds
+        assert len(store.reads) - len(uses) <= plan.buffer // min(plan.unit_bytes[0].values())  # what the buffer holds
         assert p.misses == 0
     finally:
         p.close()

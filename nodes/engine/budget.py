@@ -31,7 +31,8 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
     fixed = head_mem + kv_bytes(cfg, dtype, len(order), kv_reserve_tokens(cfg, default_budget))
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
-    units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
+    units = {i: {u: parts_bytes(stream_parts(u, cfg, fmt and fmt.layer(i), dtype)) for u in STREAM_UNITS}
+             for i in order}  # each layer in its own formats
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
     small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
@@ -43,7 +44,7 @@ def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Fo
     """A mixture of experts' layers: dense parts always resident; every expert too where the budget holds them,
     else as many as a cache of the rest holds (nodes/engine/expert_cache.py), at least one step's top-k."""
     layer = layer_bytes(cfg, dtype, fmt)
-    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": layer}, 0, fixed)
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {i: {"layer": layer} for i in order}, 0, fixed)
     if not budget or plan.weight_bytes + fixed <= budget:
         return ShardBudget(plan, budget - plan.weight_bytes - head_mem if budget else None)
     one = expert_bytes(cfg, dtype, fmt)
@@ -54,5 +55,5 @@ def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Fo
                          f"experts layers' dense parts and {cfg.n_experts_used} experts "
                          f"({(fixed + dense * len(order) + cfg.n_experts_used * one) >> 20} MiB with the head and KV "
                          "reserve): raise --mem-budget or give it fewer layers")
-    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": dense}, 0, fixed)
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {i: {"layer": dense} for i in order}, 0, fixed)
     return ShardBudget(plan, budget - plan.weight_bytes - room - head_mem, expert_room=room)

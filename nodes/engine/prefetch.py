@@ -80,18 +80,20 @@ class MemoryPlan:
     prefetch: bool  # read ahead (else load on demand)
     budget: int  # effective budget in bytes: the requested one, or the minimum when that was lower
     requested: int  # 0: unlimited
-    unit_bytes: dict[str, int] = field(hash=False)  # bytes of each matrix of a layer, aligned
+    # layer -> bytes of each of its matrices, aligned (layers of a GGUF's mixed types differ: a Q6_K attn_v's int8)
+    unit_bytes: dict[int, dict[str, int]] = field(hash=False)
     small_bytes: int = 0  # a layer's norms and biases, always resident
     fixed_bytes: int = 0  # head units + KV reserve, always in memory
 
     @property
     def layer_bytes(self) -> int:
-        return sum(self.unit_bytes.values()) + self.small_bytes
+        """The largest layer's bytes."""
+        return max(sum(units.values()) for units in self.unit_bytes.values()) + self.small_bytes
 
     @property
     def streamed_bytes(self) -> int:
         """Bytes read from disk per token (one visit of every layer)."""
-        return sum(self.unit_bytes[u] for _, units in self.streamed for u in units)
+        return sum(self.unit_bytes[layer][u] for layer, units in self.streamed for u in units)
 
     @property
     def resident(self) -> frozenset[int]:
@@ -101,7 +103,8 @@ class MemoryPlan:
     @property
     def weight_bytes(self) -> int:
         """Layer memory: resident units, every layer's small tensors, and the stream buffer."""
-        return len(self.order) * self.layer_bytes - self.streamed_bytes + self.buffer
+        layers = sum(sum(self.unit_bytes[layer].values()) + self.small_bytes for layer in self.order)
+        return layers - self.streamed_bytes + self.buffer
 
     @property
     def below_minimum(self) -> bool:
@@ -163,36 +166,46 @@ def partial_units(unit_bytes: dict[str, int], need: int) -> tuple[str, ...]:
     return best[1]
 
 
-def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, fixed_bytes: int, budget: int,
-                prefetch: bool, buffer: int = 0) -> MemoryPlan:
-    """Resident units and the stream buffer for `budget` bytes (0: unlimited).
+def plan_memory(order: list[int], unit_bytes: dict[int, dict[str, int]], small_bytes: int, fixed_bytes: int,
+                budget: int, prefetch: bool, buffer: int = 0) -> MemoryPlan:
+    """Resident units and the stream buffer for `budget` bytes (0: unlimited); unit_bytes: each layer's matrices.
 
-    Everything that fits stays resident. Otherwise a buffer of `buffer` bytes (0: DEPTH + 1 layers; at
-    least one layer, exactly one without prefetch) and as many units resident as the rest of the budget
+    Everything that fits stays resident. Otherwise a buffer of `buffer` bytes (0: DEPTH + 1 of the largest layers;
+    at least the largest layer, exactly that without prefetch) and as many units resident as the rest of the budget
     holds: whole layers, then single units of one more layer. A budget below head + KV reserve + every
     layer's small tensors + the buffer runs at that minimum."""
-    matrices = sum(unit_bytes.values())
+    matrices = {layer: sum(unit_bytes[layer].values()) for layer in order}
+    largest = max(matrices.values(), default=0)
     n = len(order)
-    plan = dict(order=tuple(order), prefetch=prefetch, requested=budget, unit_bytes=dict(unit_bytes),
-                small_bytes=small_bytes, fixed_bytes=fixed_bytes)
-    if budget <= 0 or n == 0 or fixed_bytes + n * (matrices + small_bytes) <= budget:
+    plan = dict(order=tuple(order), prefetch=prefetch, requested=budget,
+                unit_bytes={layer: dict(unit_bytes[layer]) for layer in order}, small_bytes=small_bytes,
+                fixed_bytes=fixed_bytes)
+    if budget <= 0 or n == 0 or fixed_bytes + sum(matrices.values()) + n * small_bytes <= budget:
         return MemoryPlan(streamed=(), buffer=0, budget=budget if budget > 0 else 0, **plan)
     if not prefetch:
-        buffer = matrices
-    buffer = max(aligned(buffer or (DEPTH + 1) * matrices), matrices)
+        buffer = largest
+    buffer = max(aligned(buffer or (DEPTH + 1) * largest), largest)
     room = budget - fixed_bytes - n * small_bytes - buffer  # for resident matrices
-    need = n * matrices - max(room, 0)  # matrix bytes that stream
-    whole, rest = divmod(need, matrices)
-    if whole >= n:
-        whole, rest = n, 0
+    need = sum(matrices.values()) - max(room, 0)  # matrix bytes that stream
     windows = merge_windows(order)
-    lead = max(1, buffer // matrices)
-    counts = spread_counts(whole, [len(w) for w in windows], lead)
-    units = {layer: STREAM_UNITS for w, c in zip(windows, counts) for layer in placement(w, c, lead)}
-    if rest > 0:  # the partial layer closes the window that streams least (its reads beside most compute)
+    lead = max(1, buffer // largest)
+
+    def chosen(count: int) -> list[int]:  # the layers that stream whole when `count` do
+        counts = spread_counts(count, [len(w) for w in windows], lead)
+        return [layer for w, c in zip(windows, counts) for layer in placement(w, c, lead)]
+
+    # the fewest whole layers that cover `need`; one fewer and part of another where that covers it too
+    whole = next((c for c in range(n + 1) if sum(matrices[x] for x in chosen(c)) >= need), n)
+    units = {layer: STREAM_UNITS for layer in chosen(whole)}
+    rest = need - sum(matrices[x] for x in chosen(whole - 1)) if whole else 0
+    if 0 < whole < n and sum(matrices[x] for x in units) > need:
+        counts = spread_counts(whole - 1, [len(w) for w in windows], lead)
+        # the partial layer closes the window that streams least (its reads beside most compute)
         i = min((i for i, w in enumerate(windows) if counts[i] < len(w)), key=lambda i: (counts[i], -i))
         (extra,) = set(placement(windows[i], counts[i] + 1, lead)) - set(placement(windows[i], counts[i], lead))
-        units[extra] = partial_units(unit_bytes, rest)
+        if rest < matrices[extra]:  # layers alike always; else it may be too small to cover the rest
+            units = {layer: STREAM_UNITS for layer in chosen(whole - 1)}
+            units[extra] = partial_units(unit_bytes[extra], rest)
     streamed = tuple((layer, units[layer]) for layer in order if layer in units)
     out = MemoryPlan(streamed=streamed, buffer=buffer, budget=budget, **plan)
     return replace(out, budget=max(budget, fixed_bytes + out.weight_bytes))
@@ -245,8 +258,9 @@ class Prefetcher:
                  fmt: Format | None = None):
         """fmt: the store's quantized format (None: float matrices)."""
         assert plan.streamed and plan.buffer > 0, plan
-        self.store, self.plan, self.cfg, self.dtype, self.fmt = store, plan, cfg, dtype, fmt
-        self.parts = {u: stream_parts(u, cfg, self.fmt, dtype) for u in STREAM_UNITS}
+        self.store, self.plan, self.cfg, self.dtype = store, plan, cfg, dtype
+        self.fmt = {layer: fmt and fmt.layer(layer) for layer, _ in plan.streamed}  # each layer's own formats
+        self.parts = {layer: {u: stream_parts(u, cfg, f, dtype) for u in STREAM_UNITS} for layer, f in self.fmt.items()}
         self.pieces = [(layer, unit) for layer, units in plan.streamed for unit in units]  # cyclic order
         self.first = {}  # layer -> index of its first piece
         for i, (layer, _) in enumerate(self.pieces):
@@ -266,21 +280,22 @@ class Prefetcher:
         """Start reading ahead (the buffer may be used for other reads until then)."""
         self.thread.start()
 
-    def view(self, unit: str, offset: int) -> dict[str, torch.Tensor]:
-        """The unit's tensors (nodes.engine.fused.stream_parts) in the buffer from `offset`, each 64-byte aligned."""
+    def view(self, layer: int, unit: str, offset: int) -> dict[str, torch.Tensor]:
+        """The layer's unit's tensors (nodes.engine.fused.stream_parts) in the buffer from `offset`, each 64-byte
+        aligned."""
         out = {}
-        for name, (dt, shape) in self.parts[unit].items():
+        for name, (dt, shape) in self.parts[layer][unit].items():
             n = torch.Size(shape).numel() * dt.itemsize
             out[name] = self.buffer[offset:offset + n].view(dt).view(shape)
             offset += aligned(n)
         return out
 
-    def scratch(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every matrix of a layer, laid out in the buffer (for reads before the prefetcher starts)."""
+    def scratch(self, layer: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Every matrix of streamed `layer`, laid out in the buffer (for reads before the prefetcher starts)."""
         out, offset = {}, 0
         for unit in STREAM_UNITS:
-            out[unit] = self.view(unit, offset)
-            offset += self.plan.unit_bytes[unit]
+            out[unit] = self.view(layer, unit, offset)
+            offset += self.plan.unit_bytes[layer][unit]
         return out
 
     def _next_job(self) -> tuple[int, int] | None:
@@ -292,9 +307,9 @@ class Prefetcher:
         if not self.plan.prefetch and layer != self.in_use:
             return None  # on demand: only the layer being waited for
         used = [(p.offset, p.size) for p in self.queue]
-        offset = arena_alloc(self.plan.buffer, used, self.plan.unit_bytes[unit])
+        offset = arena_alloc(self.plan.buffer, used, self.plan.unit_bytes[layer][unit])
         if offset is not None and index == self.first[layer]:
-            sizes = [self.plan.unit_bytes[u] for u in self.units[layer]]
+            sizes = [self.plan.unit_bytes[layer][u] for u in self.units[layer]]
             if not fits_alone(self.plan.buffer, offset, sizes):  # start it at 0 (wasting the end), or wait
                 offset = 0 if not used or (used[-1][0] >= used[0][0] and sizes[0] <= used[0][0]) else None
         return None if offset is None else (index, offset)
@@ -327,7 +342,8 @@ class Prefetcher:
                 self.in_use = None
                 raise failed
             units = [self.pieces[p.index][1] for p in got]
-            return {u: part_weight(u, self.view(u, p.offset), self.fmt, self.dtype) for u, p in zip(units, got)}
+            return {u: part_weight(u, self.view(layer, u, p.offset), self.fmt[layer], self.dtype)
+                    for u, p in zip(units, got)}
 
     def release(self, layer: int, units: tuple[str, ...]) -> None:
         """Those matrices were used: their part of the buffer may take the next units."""
@@ -357,13 +373,13 @@ class Prefetcher:
                 group = []  # this layer's next units that fit now: one read of its file, in their order
                 while job is not None and self.pieces[job[0]][0] == layer:
                     index, offset = job
-                    group.append(Piece(index, offset, self.plan.unit_bytes[self.pieces[index][1]]))
+                    group.append(Piece(index, offset, self.plan.unit_bytes[layer][self.pieces[index][1]]))
                     self.queue.append(group[-1])
                     job = self._next_job()
             targets, owner, waiting = {}, {}, {}
             for piece in group:
                 unit = self.pieces[piece.index][1]
-                part = part_targets(unit, self.view(unit, piece.offset), self.cfg, self.fmt)
+                part = part_targets(unit, self.view(layer, unit, piece.offset), self.cfg, self.fmt[layer])
                 targets.update(part)
                 owner.update({name: piece for name in part})
                 waiting[piece.index] = len(part)

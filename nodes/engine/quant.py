@@ -16,7 +16,7 @@ float16 ones (those paths are not vectorised); which activation dtype a machine 
 (nodes/engine/dtype_choice.py). Large int8 matrices go through oneDNN's int8 x int8 kernel instead (`Int8`), which
 reads 1.1-1.9x more weight bytes a second than `_weight_int8pack_mm`, where its sums are exact (VNNI)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -336,12 +336,20 @@ class Format:
 
     name: str  # int4 | int8
     layout: Layout = LAYOUTS[0]  # int4: the packing the files hold (that of the machine that wrote them)
-    # int4 stores: the layer matrices (shapes.FUSED names) held as int8 in every layer, where the source's types
-    # have no int4 form (a GGUF's Q6_K attn_v); the same in every layer, so that layers stream alike
+    # int4 stores: the layer matrices (shapes.FUSED names) held as int8 where the source's types have no int4 form
+    # (a GGUF's Q6_K attn_v): of one layer (layer(i)), or, of the whole store, those int8 in any layer (the
+    # widest: what a matrix takes in the layer that holds it largest)
     int8: tuple[str, ...] = ()
+    # int4 stores: each layer's int8 matrices (empty: `int8` in every layer, as stores written before
+    # per-layer formats have it)
+    layers: tuple[tuple[str, ...], ...] = ()
+
+    def layer(self, i: int) -> "Format":
+        """The format of layer i's matrices."""
+        return replace(self, int8=self.layers[i], layers=()) if self.layers else self
 
     def matrix(self, name: str) -> "Format":
-        """The format of the layer matrix `name`."""
+        """The format of the layer matrix `name` (of one layer: see layer())."""
         return Format("int8") if name in self.int8 else self
 
     def parts(self, shape: tuple[int, int]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -369,6 +377,8 @@ class Format:
     def manifest(self) -> dict:
         if self.name != "int4":
             return {}
+        if any(self.layers):
+            return {"group": GROUP, "layout": self.layout.name, "int8_layers": [list(m) for m in self.layers]}
         return {"group": GROUP, "layout": self.layout.name} | ({"int8_matrices": list(self.int8)} if self.int8 else {})
 
     @staticmethod
@@ -380,14 +390,24 @@ class Format:
         if dtype == "int4":
             if quant.get("group", GROUP) != GROUP:
                 raise ValueError(f"int4 groups of {quant.get('group')} are not supported (only {GROUP})")
+            layers = tuple(tuple(m) for m in quant.get("int8_layers", ()))
             return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)),
-                          tuple(quant.get("int8_matrices", ())))
+                          tuple(quant.get("int8_matrices", ())) or widest(layers), layers)
         return Format("int8")
 
 
-def writing_format(dtype: str, int8: tuple[str, ...] = ()) -> "Format | None":
-    """The format a new store of `dtype` is written in on this machine (int4: `int8` matrices aside)."""
-    return Format(dtype, machine_layout(), int8) if dtype == "int4" else Format.of(dtype, None)
+def widest(layers: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """The matrices int8 in any of `layers` (each layer's int8 matrices), in their first layer's order."""
+    return tuple(dict.fromkeys(m for layer in layers for m in layer))
+
+
+def writing_format(dtype: str, layers: tuple[tuple[str, ...], ...] = ()) -> "Format | None":
+    """The format a new store of `dtype` is written in on this machine (int4: each layer's int8 matrices
+    `layers` aside)."""
+    if dtype != "int4":
+        return Format.of(dtype, None)
+    alike = len(set(layers)) <= 1  # one format per matrix in every layer: as stores before per-layer formats
+    return Format(dtype, machine_layout(), widest(layers), () if alike else layers)
 
 
 def weight_format(manifest: Manifest, unit: str | None = None) -> Format | None:
@@ -395,6 +415,10 @@ def weight_format(manifest: Manifest, unit: str | None = None) -> Format | None:
     embedding that is not int4 in its source as int8); None for float stores."""
     dtype = (manifest.units()[unit].format if unit else "") or manifest.dtype
     try:
-        return Format.of(dtype, manifest.quant)
+        fmt = Format.of(dtype, manifest.quant)
     except ValueError as exc:
         raise StoreError(f"store {manifest.name!r}: {exc}") from None
+    if fmt and fmt.layers and len(fmt.layers) != manifest.config.n_layers:
+        raise StoreError(f"store {manifest.name!r}: quant.int8_layers lists {len(fmt.layers)} layers for "
+                         f"{manifest.config.n_layers}")
+    return fmt
