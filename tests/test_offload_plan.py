@@ -81,6 +81,30 @@ def test_streamed_layers_lead_and_close_each_window():
     assert [layer for layer, _ in plan.streamed] == [0, 3, 10]  # windows of 4: 2 (first, last) and 1 (first)
 
 
+MIXED = {layer: UNITS if layer % 2 else {u: 2 * n for u, n in UNITS.items()} for layer in range(8)}  # 2 MB, 1 MB...
+
+
+@pytest.mark.parametrize("budget", [MB * b // 4 for b in range(1, 64)])
+def test_layers_of_different_sizes_stream_what_the_budget_cannot_hold(budget):
+    """A GGUF's mixed types make layers of different sizes (Q6_K layers' int8 matrices): the buffer holds the
+    largest, and the streamed units cover what the rest of the budget does not, by each layer's own bytes."""
+    plan = plan_memory(list(range(8)), MIXED, MB // 16, MB, budget, True)
+    matrices = sum(sum(u.values()) for u in MIXED.values())  # 12 MB
+    if not plan.streamed:
+        assert MB + 8 * MB // 16 + matrices <= budget
+        return
+    assert plan.buffer == 2 * 2 * MB  # two of the largest layers
+    assert plan.fixed_bytes + plan.weight_bytes <= plan.budget
+    assert sum(len(us) < 4 for _, us in plan.streamed) <= 1  # at most one layer keeps some matrices
+    assert plan.weight_bytes == 8 * MB // 16 + matrices - plan.streamed_bytes + plan.buffer
+    if budget >= MB + 8 * MB // 16 + plan.buffer:  # above the minimum: what streams is what the budget cannot hold
+        assert plan.budget == budget and not plan.below_minimum
+        need = MB + 8 * MB // 16 + plan.buffer + matrices - budget
+        assert need <= plan.streamed_bytes < need + 2 * MB  # less than one more (large) layer
+    else:
+        assert plan.streamed_bytes == matrices and plan.below_minimum
+
+
 @pytest.mark.parametrize("used, n, expected", [
     ([], 4, 0), ([], 11, None),
     ([(0, 4)], 4, 4), ([(0, 4), (4, 4)], 3, None), ([(0, 4), (4, 4)], 2, 8),
