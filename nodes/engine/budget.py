@@ -8,6 +8,7 @@ from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes,
 from nodes.engine.prefetch import MemoryPlan, kv_reserve_tokens, parts_bytes, plan_memory
 from nodes.engine.quant import Format
 from prima_rpc.spec.manifest import ModelConfig, StoreError
+from prima_rpc.spec.shapes import layer_params, matrix_params
 from prima_rpc.spec.windows import Windows
 
 
@@ -28,13 +29,12 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
     default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
-    fixed = head_mem + kv_bytes(cfg, dtype, len(order), kv_reserve_tokens(cfg, default_budget))
+    fixed = head_mem + kv_bytes(cfg, dtype, order, kv_reserve_tokens(cfg, default_budget))
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
     units = {i: {u: parts_bytes(stream_parts(u, cfg, fmt and fmt.layer(i), dtype)) for u in STREAM_UNITS}
              for i in order}  # each layer in its own formats
-    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms (Gemma's four, q/k norms) and biases
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
     return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
 

@@ -143,19 +143,28 @@ class Shard:
         while not self._fits(capacity) and self.prefixes.evict_one():
             pass
         if not self._fits(capacity):
-            room = max(self._free(), 0) // self._per_position()
+            room = self._room_positions()
             raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
                              f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
                              "lower max_tokens, wait for other requests, or raise --mem-budget")
 
-    def _per_position(self) -> int:
-        return kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
+    def _cache_bytes(self, positions: int) -> int:
+        """What a new request's cache of `positions` takes here (sliding-window layers: their ring)."""
+        return kv_bytes(self.cfg, self.dtype, self.windows.layers(), positions)
 
     def _free(self) -> int:
         return self.kv_room - sum(c.nbytes() for c in self.caches.values()) - self.prefixes.nbytes()
 
     def _fits(self, positions: int) -> bool:
-        return self.kv_room is None or positions * self._per_position() <= self._free()
+        return self.kv_room is None or self._cache_bytes(positions) <= self._free()
+
+    def _room_positions(self) -> int:
+        """The most positions a new request's cache may have in what is free (up to the model's context)."""
+        lo, hi = 0, self.cfg.max_seq_len  # _cache_bytes grows with positions: the last that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._cache_bytes(mid) <= self._free() else (lo, mid - 1)
+        return lo
 
     def _save_prefixes(self, items: list[tuple[torch.Tensor, KVCache, int]]) -> None:
         """Keep the prefixes the frames asked for once their positions went through this node's last window (older
@@ -166,7 +175,7 @@ class Shard:
             (key, length), cache.prefix_save = cache.prefix_save, None
             if not cache.reusable_prefix(pos + h.shape[0]):
                 continue  # a sliding-window layer's ring wrapped: the prompt's start is gone
-            if self.kv_room is not None and length * self._per_position() > self._free() + self.prefixes.nbytes():
+            if self.kv_room is not None and self._cache_bytes(length) > self._free() + self.prefixes.nbytes():
                 continue  # it would not fit even alone: keep the older ones
             while not self._fits(length) and self.prefixes.evict_one():
                 pass
