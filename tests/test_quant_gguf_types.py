@@ -19,7 +19,9 @@ from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
+from prima_rpc.app import ring
 from tests.ctl import ctl_here
+from tests.rings import collect, greedy_reference, local_ring
 from tests.shards import ring_step
 from tools.bench.make_gguf import TOKENIZER_KEYS, random_blocks
 from tools.default_model import default_gguf
@@ -225,6 +227,26 @@ def test_a_mixed_store_streams_and_splits_as_its_single_process(mixed, ranges):
     finally:
         for s in shards:
             s.close()
+
+
+# llama.cpp's Q4_K_M on an 8B shape: Q6_K attn_v and ffn_down in every other layer here (16 of Llama-3-8B's 32)
+Q4_K_M = {i: {"attn_v": "Q6_K", "ffn_down": "Q6_K"} if i % 2 else {} for i in range(4)}
+
+
+@pytest.mark.slow
+def test_a_ring_over_mixed_layers_equals_its_single_process(tmp_path):
+    """Two prima-node processes, each holding an int4 layer and one whose wqkv and w_down are int8, every layer
+    streamed (a one-byte budget, raised to the plan's minimum), and the same store all resident."""
+    store = import_gguf(mixed_gguf(tmp_path / "q4km.gguf", Q4_K_M), tmp_path / "store")
+    assert json.loads((store / "manifest.json").read_text())["quant"]["int8_layers"] == \
+        [[], ["wqkv", "w_down"], [], ["wqkv", "w_down"]]
+    prompt = "The quick brown fox"
+    expected = greedy_reference(store, [prompt], 8)[prompt]
+    for extra in ([["--mem-budget", "1"]] * 2, None):
+        with local_ring(store, 2, tmp_path / "logs", [2, 2], extra_args=extra) as local:
+            assert collect(local.addresses[0], prompt, 8)[0] == expected
+            if extra:
+                assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]))
 
 
 def test_a_store_of_one_format_per_matrix_still_loads(mixed, tmp_path, monkeypatch):
