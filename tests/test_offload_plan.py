@@ -6,17 +6,9 @@ import time
 import pytest
 import torch
 
+from nodes.engine.memory_plan import aligned, placement, plan_memory, share, spread_counts
 from nodes.engine.model import STAGES
-from nodes.engine.prefetch import (
-    Prefetcher,
-    aligned,
-    arena_alloc,
-    fits_alone,
-    placement,
-    plan_memory,
-    share,
-    spread_counts,
-)
+from nodes.engine.prefetch import Prefetcher, arena_alloc, fits_alone
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.shapes import matrix_shapes
 

@@ -11,15 +11,16 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from nodes.engine.formats import weight_format
 from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
-from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, weight_format
+from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
+from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
-from prima_rpc.app import ring
 from tests.ctl import ctl_here
 from tests.rings import collect, greedy_reference, local_ring
 from tests.shards import ring_step

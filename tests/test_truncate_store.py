@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nodes.engine.quant import weight_format
+from nodes.engine.formats import weight_format
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.spec.manifest import read_manifest

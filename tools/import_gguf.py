@@ -12,7 +12,8 @@ import torch
 from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
-from nodes.engine.quant import BITS, GROUP, Format, pack_int4, quantize_int4, writing_format
+from nodes.engine.formats import Format, writing_format
+from nodes.engine.quant import BITS, GROUP, pack_int4, quantize_int4
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes, matrix_shapes

@@ -4,9 +4,10 @@ from dataclasses import dataclass
 
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes, layer_bytes, stream_parts
-from nodes.engine.prefetch import MemoryPlan, kv_reserve_tokens, parts_bytes, plan_memory
-from nodes.engine.quant import Format
+from nodes.engine.memory_plan import MemoryPlan, parts_bytes, plan_memory
+from nodes.engine.prefetch import kv_reserve_tokens
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 from prima_rpc.spec.shapes import layer_params, matrix_params
 from prima_rpc.spec.windows import Windows
@@ -25,7 +26,7 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
                  default_budget: bool = False) -> ShardBudget:
     """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
     head (its embedding in `head_fmt`) and a KV reserve (kv_reserve_tokens: the whole context for the default
-    budget); budget and buffer in bytes as nodes.engine.prefetch.plan_memory takes them (0: unlimited, 0: the
+    budget); budget and buffer in bytes as nodes.engine.memory_plan.plan_memory takes them (0: unlimited, 0: the
     default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0

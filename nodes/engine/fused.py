@@ -4,8 +4,8 @@ from collections.abc import Iterable
 
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.model import SMALL, Layer, Weight, window_slots
-from nodes.engine.quant import Format
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import (
     FUSED,

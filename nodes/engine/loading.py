@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.fused import (
     STREAM_UNITS,
     empty_layer,
@@ -15,9 +16,9 @@ from nodes.engine.fused import (
     part_weight,
     small_targets,
 )
+from nodes.engine.memory_plan import MemoryPlan
 from nodes.engine.model import Layer, OutputHead, Weight, expert, head_numerics, mixture
-from nodes.engine.prefetch import MemoryPlan, Prefetcher
-from nodes.engine.quant import Format
+from nodes.engine.prefetch import Prefetcher
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, expert_unit
 from prima_rpc.spec.windows import Windows

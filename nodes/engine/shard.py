@@ -15,8 +15,10 @@ import torch
 
 from nodes.engine.budget import shard_budget
 from nodes.engine.expert_cache import ExpertCache
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import STREAM_UNITS, kv_bytes
 from nodes.engine.loading import ReportingStore, load_head, load_layers, shard_units
+from nodes.engine.memory_plan import MemoryPlan
 from nodes.engine.model import (
     STAGES,
     KVCache,
@@ -29,9 +31,8 @@ from nodes.engine.model import (
     layer_forward,
     nbytes,
 )
-from nodes.engine.prefetch import MemoryPlan, Prefetcher, default_budget, prefetch_depth
+from nodes.engine.prefetch import Prefetcher, default_budget, prefetch_depth
 from nodes.engine.prefix_cache import NONE, Prefix, PrefixCache
-from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
