@@ -90,6 +90,7 @@ def test_windowed_layers_count_their_ring_not_the_capacity(tmp_path):
         assert kv_bytes(cfg, torch.float32, range(6), capacity) == KVCache(list(range(6)), cfg, capacity,
                                                                            torch.float32).nbytes()
     assert shard.kv_room == per_position * (5 * ring + 512)  # a reserve of one request at the whole context
+    assert shard.kv_positions() == 512  # what the head admits: that request, not the room over 6 layers' bytes
     shard.cache_for("long", 0, 512, 4)  # counted whole, 6 layers x 512 positions, it would not fit
     shard.release("long")
     shard.cache_for("a", 0, 400, 4)

@@ -144,7 +144,7 @@ class Shard:
         while not self._fits(capacity) and self.prefixes.evict_one():
             pass
         if not self._fits(capacity):
-            room = self._room_positions()
+            room = min(self._positions_in(self._free()), self.cfg.max_seq_len)
             raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
                              f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
                              "lower max_tokens, wait for other requests, or raise --mem-budget")
@@ -159,12 +159,12 @@ class Shard:
     def _fits(self, positions: int) -> bool:
         return self.kv_room is None or self._cache_bytes(positions) <= self._free()
 
-    def _room_positions(self) -> int:
-        """The most positions a new request's cache may have in what is free (up to the model's context)."""
-        lo, hi = 0, self.cfg.max_seq_len  # _cache_bytes grows with positions: the last that fits
+    def _positions_in(self, room: int) -> int:
+        """The most positions a request's cache may have in `room` bytes (sliding-window layers: their ring)."""
+        lo, hi = 0, max(room, 0) // kv_bytes(self.cfg, self.dtype, 1, 1)  # _cache_bytes grows with positions
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self._cache_bytes(mid) <= self._free() else (lo, mid - 1)
+            lo, hi = (mid, hi) if self._cache_bytes(mid) <= room else (lo, mid - 1)
         return lo
 
     def _save_prefixes(self, items: list[tuple[torch.Tensor, KVCache, int]]) -> None:
@@ -183,10 +183,12 @@ class Shard:
             self.prefixes.save(key, length, cache.kv)
 
     def kv_positions(self) -> int:
-        """The KV positions this shard's budget holds, all requests together (0: no budget, no limit)."""
+        """The KV positions this shard's budget holds, all requests together (0: no budget, no limit): those of one
+        request filling the KV room (sliding-window layers hold their ring only, so more than the room over every
+        layer's bytes a position)."""
         if self.kv_room is None:
             return 0
-        return max(self.kv_room // kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1), 1)
+        return max(self._positions_in(self.kv_room), 1)
 
     def release(self, request_id: str) -> bool:
         found = self.caches.pop(request_id, None) is not None
