@@ -266,8 +266,9 @@ def test_existing_store_needs_overwrite(hf_dirs, tmp_path):
 def test_quantized_import_is_the_float_weights_quantized(hf_dirs, tmp_path, dtype):
     """--dtype int4|int8 from a Hugging Face directory: fused matrices, each its float32 weights quantized
     (int4 groups of 32; the embedding int8 rows); the store runs and stays close to float32."""
+    from nodes.engine.formats import weight_format
     from nodes.engine.model import Layer
-    from nodes.engine.quant import Int4, Int8, weight_format
+    from nodes.engine.quant import Int4, Int8
 
     src, _ = hf_dirs["llama"]
     f32 = LayerStore(import_hf(src, tmp_path / "f32", dtype="float32"))

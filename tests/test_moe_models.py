@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nodes.engine.formats import weight_format
 from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.loading import read_layer
-from nodes.engine.quant import Int4, Int8, weight_format
+from nodes.engine.quant import Int4, Int8
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import StoreError, expert_unit, read_manifest
 from prima_rpc.spec.shapes import expert_shapes

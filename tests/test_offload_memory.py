@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nodes.engine.fused import head_bytes, layer_bytes
-from nodes.engine.prefetch import aligned
+from nodes.engine.memory_plan import aligned
 from nodes.engine.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.client import PrimaError

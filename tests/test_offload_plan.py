@@ -6,23 +6,20 @@ import time
 import pytest
 import torch
 
+from nodes.engine.memory_plan import aligned, placement, plan_memory, share, spread_counts
 from nodes.engine.model import STAGES
-from nodes.engine.prefetch import (
-    Prefetcher,
-    aligned,
-    arena_alloc,
-    fits_alone,
-    placement,
-    plan_memory,
-    share,
-    spread_counts,
-)
+from nodes.engine.prefetch import Prefetcher, arena_alloc, fits_alone
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.shapes import matrix_shapes
 
 MB = 1 << 20
 
 UNITS = {"wqkv": MB // 8, "wo": MB // 8, "w_gate_up": MB // 2, "w_down": MB // 4}  # a 1 MB layer's matrices
+
+
+def alike(order: list[int], units: dict[str, int] = UNITS) -> dict[int, dict[str, int]]:
+    """Every layer's matrices the same size."""
+    return {layer: units for layer in order}
 
 
 @pytest.mark.parametrize("total, weights, expected", [
@@ -59,7 +56,7 @@ def test_streamed_layers_lead_a_window_and_close_it(count, lead, expected):
 ])
 def test_plan_memory(budget, prefetch, buffer, streamed_bytes, buffer_bytes, effective):
     order = list(range(10, 20))
-    plan = plan_memory(order, UNITS, 0, 5 * MB, budget, prefetch, buffer)  # head + KV reserve 5 MB
+    plan = plan_memory(order, alike(order), 0, 5 * MB, budget, prefetch, buffer)  # head + KV reserve 5 MB
     assert (plan.streamed_bytes, plan.buffer, plan.prefetch, plan.budget) == (
         streamed_bytes, buffer_bytes, prefetch, effective)
     layers = [layer for layer, _ in plan.streamed]
@@ -71,8 +68,33 @@ def test_plan_memory(budget, prefetch, buffer, streamed_bytes, buffer_bytes, eff
 
 
 def test_streamed_layers_lead_and_close_each_window():
-    plan = plan_memory([0, 1, 2, 3, 10, 11, 12, 13], UNITS, 0, 0, 6 * MB, True, MB)  # 1 MB buffer, 5 resident
+    order = [0, 1, 2, 3, 10, 11, 12, 13]
+    plan = plan_memory(order, alike(order), 0, 0, 6 * MB, True, MB)  # 1 MB buffer, 5 resident
     assert [layer for layer, _ in plan.streamed] == [0, 3, 10]  # windows of 4: 2 (first, last) and 1 (first)
+
+
+MIXED = {layer: UNITS if layer % 2 else {u: 2 * n for u, n in UNITS.items()} for layer in range(8)}  # 2 MB, 1 MB...
+
+
+@pytest.mark.parametrize("budget", [MB * b // 4 for b in range(1, 64)])
+def test_layers_of_different_sizes_stream_what_the_budget_cannot_hold(budget):
+    """A GGUF's mixed types make layers of different sizes (Q6_K layers' int8 matrices): the buffer holds the
+    largest, and the streamed units cover what the rest of the budget does not, by each layer's own bytes."""
+    plan = plan_memory(list(range(8)), MIXED, MB // 16, MB, budget, True)
+    matrices = sum(sum(u.values()) for u in MIXED.values())  # 12 MB
+    if not plan.streamed:
+        assert MB + 8 * MB // 16 + matrices <= budget
+        return
+    assert plan.buffer == 2 * 2 * MB  # two of the largest layers
+    assert plan.fixed_bytes + plan.weight_bytes <= plan.budget
+    assert sum(len(us) < 4 for _, us in plan.streamed) <= 1  # at most one layer keeps some matrices
+    assert plan.weight_bytes == 8 * MB // 16 + matrices - plan.streamed_bytes + plan.buffer
+    if budget >= MB + 8 * MB // 16 + plan.buffer:  # above the minimum: what streams is what the budget cannot hold
+        assert plan.budget == budget and not plan.below_minimum
+        need = MB + 8 * MB // 16 + plan.buffer + matrices - budget
+        assert need <= plan.streamed_bytes < need + 2 * MB  # less than one more (large) layer
+    else:
+        assert plan.streamed_bytes == matrices and plan.below_minimum
 
 
 @pytest.mark.parametrize("used, n, expected", [
@@ -121,7 +143,8 @@ class FakeStore:
 def streaming_plan(cfg, budget_layers: float, prefetch: bool = True, buffer_layers: float = 0):
     units = {u: aligned(torch.Size(s).numel() * 4) for u, s in matrix_shapes(cfg).items()}
     layer = sum(units.values())
-    return plan_memory(list(range(8)), units, 0, 0, int(budget_layers * layer), prefetch, int(buffer_layers * layer))
+    return plan_memory(list(range(8)), alike(list(range(8)), units), 0, 0, int(budget_layers * layer), prefetch,
+                       int(buffer_layers * layer))
 
 
 def use(p: Prefetcher, layer: int) -> None:
@@ -153,7 +176,7 @@ def test_prefetcher_reads_each_unit_once_per_use_in_order(tiny_store, prefetch, 
         time.sleep(0.05)
         # every read was used, in order; at most what the buffer holds is pending beyond the last use
         assert store.reads[:len(uses)] == uses
-        assert len(store.reads) - len(uses) <= plan.buffer // min(plan.unit_bytes.values())  # what the buffer holds
+        assert len(store.reads) - len(uses) <= plan.buffer // min(plan.unit_bytes[0].values())  # what the buffer holds
         assert p.misses == 0
     finally:
         p.close()

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
+from nodes.engine.model import KVCache, window_slots
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.spec.windows import Step, Windows
 from tests.shards import check_against_reference, ring_step
+from tools.synth import synth
 
 
 @pytest.mark.parametrize("ranges, budget, depth", [
@@ -75,6 +77,29 @@ def test_fitting_layers_stay_resident(tiny_store):
     assert shard.prefetcher is None and not shard.plan.streamed and len(shard.layers) == 8
     assert shard.store.bytes_read == sum(shard.store.entry(u).bytes for u in
                                          ["embed", "head"] + [f"layer.{i}" for i in range(8)])
+
+
+def test_windowed_layers_count_their_ring_not_the_capacity(tmp_path):
+    """Sliding-window layers hold window + ROW_ATTENTION positions (KVCache): the KV reserve, the room check and
+    its message count those, so a request at the whole context fits a budget whose reserve is one such request."""
+    store = synth(tmp_path / "gemma3", "tiny-gemma3", seed=3)  # 6 layers, 5 with a window of 8, 512 positions
+    shard = Shard(LayerStore(store), Windows(((0, 6),), 6, True), torch.float32, budget=1, depth=1)
+    cfg, ring = shard.cfg, window_slots(shard.cfg)
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * 4
+    for capacity in (1, ring, ring + 1, 512):
+        assert kv_bytes(cfg, torch.float32, range(6), capacity) == KVCache(list(range(6)), cfg, capacity,
+                                                                           torch.float32).nbytes()
+    assert shard.kv_room == per_position * (5 * ring + 512)  # a reserve of one request at the whole context
+    assert shard.kv_positions() == 512  # what the head admits: that request, not the room over 6 layers' bytes
+    shard.cache_for("long", 0, 512, 4)  # counted whole, 6 layers x 512 positions, it would not fit
+    shard.release("long")
+    shard.cache_for("a", 0, 400, 4)
+    free = 5 * ring + 512 - (5 * ring + 400)  # positions' worth of bytes left: 112, 6 layers a position below the ring
+    with pytest.raises(ValueError, match=rf"room for {free // 6} more KV positions.*needs 100"):
+        shard.cache_for("b", 0, 100, 4)
+    shard.cache_for("b", 0, free // 6, 4)
+    assert shard.resident_bytes() <= shard.plan.budget
+    shard.close()
 
 
 def test_kv_caches_stay_within_the_budget(tiny_store):

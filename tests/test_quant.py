@@ -18,6 +18,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from nodes.engine.dtype_choice import compute_dtype
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
@@ -34,7 +35,6 @@ from nodes.engine.quant import (
     pack_int4,
     quantize_int8,
     unpack_int4,
-    weight_format,
 )
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore

@@ -1,6 +1,7 @@
 """GGUF types kept in quantized stores: Q4_K blocks as int4 groups (within float16's rounding of their scale
-products), the other types as int8 rows, a mixed file's matrices in the format its types need, alike in every layer
-so that such a store streams and splits like any other; the CLI's per-type lines, summary line and store name."""
+products), the other types as int8 rows, a mixed file's matrices in the format its types need layer by layer (a
+Q4_K_M file's Q6_K attn_v makes wqkv int8 in its own layers only), streamed and split like any other store; stores
+written before per-layer formats still load; the CLI's per-type lines, summary line and store name."""
 
 import json
 
@@ -10,15 +11,18 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from nodes.engine.formats import weight_format
 from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
-from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, weight_format
+from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
+from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 from tests.ctl import ctl_here
+from tests.rings import collect, greedy_reference, local_ring
 from tests.shards import ring_step
 from tools.bench.make_gguf import TOKENIZER_KEYS, random_blocks
 from tools.default_model import default_gguf
@@ -101,7 +105,7 @@ def mixed_gguf(path, types=TYPES, base: str = "Q4_K"):
     src = GGUFReader(default_gguf())
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = GGUFWriter(path, "llama")
-    for add, value in (("name", "mixed"), ("block_count", LAYERS), ("embedding_length", H), ("context_length", 256),
+    for add, value in (("name", "mixed"), ("block_count", len(types)), ("embedding_length", H), ("context_length", 256),
                        ("feed_forward_length", FF), ("head_count", HEADS), ("head_count_kv", KV)):
         getattr(w, f"add_{add}")(value)
     for key in TOKENIZER_KEYS:
@@ -120,7 +124,7 @@ def mixed_gguf(path, types=TYPES, base: str = "Q4_K"):
                          raw_dtype=Q[kind])
 
     w.add_tensor("token_embd.weight", random_blocks(rng, vocab, H, "Q8_0"), raw_dtype=Q.Q8_0)
-    for b in range(LAYERS):
+    for b in range(len(types)):
         w.add_tensor(f"blk.{b}.attn_norm.weight", rng.uniform(0.5, 1.5, H).astype(np.float32))
         w.add_tensor(f"blk.{b}.ffn_norm.weight", rng.uniform(0.5, 1.5, H).astype(np.float32))
         for name, (n, k) in SHAPES.items():
@@ -142,26 +146,33 @@ def mixed(tmp_path_factory):
     return path, store, lines
 
 
-def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_alike_in_every_layer(mixed):
+PARTS = {"wqkv": ["attn_q", "attn_k", "attn_v"], "wo": ["attn_output"], "w_gate_up": ["ffn_gate", "ffn_up"],
+         "w_down": ["ffn_down"]}
+LAYER_WEIGHTS = {"wqkv": (H + 2 * KV * H // HEADS) * H, "wo": H * H, "w_gate_up": 2 * FF * H, "w_down": FF * H}
+
+
+def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_layer_by_layer(mixed):
     path, store, lines = mixed
     manifest = json.loads((store / "manifest.json").read_text())
     assert manifest["dtype"] == "int4" and manifest["name"] == "store"  # the directory's name, not general.name
-    # attn_v (in wqkv), ffn_up (in w_gate_up) and ffn_down are Q6_K / Q5_0 in layer 1: int8 in both layers
-    assert manifest["quant"]["int8_matrices"] == ["wqkv", "w_gate_up", "w_down"]
+    # attn_v (in wqkv), ffn_up (in w_gate_up) and ffn_down are Q6_K / Q5_0 in layer 1: int8 there only
+    assert manifest["quant"]["int8_layers"] == [[], ["wqkv", "w_gate_up", "w_down"]]
+    assert "int8_matrices" not in manifest["quant"]
     assert manifest["files"]["embed"]["format"] == "int8"
-    assert manifest["bits_per_weight"] == pytest.approx((5 * H * H + 8 * (H * H + 2 * 2 * H * H // 4 + 3 * FF * H))
-                                                        / (2 * H * H + 2 * H * H // 2 + 3 * FF * H))
+    per_layer = sum(LAYER_WEIGHTS.values())
+    assert manifest["bits_per_weight"] == pytest.approx((5 * per_layer + 5 * H * H + 8 * (per_layer - H * H))
+                                                        / (2 * per_layer))
     assert lines == ["Q8_0: 1 tensor, 12.6M weights -> int8 rows (nearest)",  # most weights first
                      "Q4_K: 11 tensors, 0.9M weights -> int4 (its blocks as they are) and int8 rows (nearest)",
                      "Q6_K: 2 tensors, 0.2M weights -> int8 rows (nearest)",
                      "Q5_0: 1 tensor, 0.1M weights -> int8 rows (nearest)"]
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     store_ = LayerStore(store)
-    parts = {"wqkv": ["attn_q", "attn_k", "attn_v"], "wo": ["attn_output"], "w_gate_up": ["ffn_gate", "ffn_up"],
-             "w_down": ["ffn_down"]}
+    fmt = weight_format(store_.manifest)
+    int4 = {(0, "wqkv"), (0, "wo"), (0, "w_gate_up"), (0, "w_down"), (1, "wo")}
     for i in range(LAYERS):
-        layer = Layer.from_unit(store_.load(f"layer.{i}"), torch.float32, weight_format(store_.manifest))
-        for name, gnames in parts.items():
+        layer = Layer.from_unit(store_.load(f"layer.{i}"), torch.float32, fmt.layer(i))
+        for name, gnames in PARTS.items():
             ref = []
             for g in gnames:
                 t = tensors[f"blk.{i}.{g}.weight"]
@@ -170,14 +181,37 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_alike_in_every_la
             ref, weight = torch.cat(ref), getattr(layer, name)
             seen = weight.rows(torch.arange(ref.shape[0]))
             if isinstance(weight, Int4 | Q4Rows):  # Q4_K kept: float16 scale products (the test above)
-                assert name == "wo" and ((seen - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
+                assert (i, name) in int4 and ((seen - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
             else:  # int8 rows: half a step of each row's scale
-                assert isinstance(weight, Int8) and ((seen - ref).abs() <= 0.501 * weight.scale[:, None]).all()
+                assert (i, name) not in int4 and isinstance(weight, Int8)
+                assert ((seen - ref).abs() <= 0.501 * weight.scale[:, None]).all()
+
+
+def test_each_layer_takes_the_bytes_of_its_own_formats(mixed):
+    """On disk, in the memory plan and in the stream buffer: an int4 layer's matrices are ~5/8 of an int8 one's."""
+    store = LayerStore(mixed[1])
+    expected = {0: {u: 5 * w // 8 for u, w in LAYER_WEIGHTS.items()},  # int4: half a byte and (d, m) per 32
+                1: {u: w + 4 * (w // H if u != "w_down" else H) if u != "wo" else 5 * w // 8
+                    for u, w in LAYER_WEIGHTS.items()}}  # int8: a byte, and a float32 scale per row
+    for i in range(LAYERS):
+        spans = store.layout(f"layer.{i}")
+        on_disk = {u: sum(s.stop - s.start for n, s in spans.items() if n.startswith(f"{u}.")) for u in PARTS}
+        assert on_disk == expected[i]
+    shard = Shard(store, Windows(((0, 2),), LAYERS, False), torch.float32, budget=1)  # both stream
+    try:
+        assert {i: shard.plan.unit_bytes[i] for i in range(LAYERS)} == expected  # all multiples of 64: as aligned
+        assert shard.plan.buffer == 2 * sum(expected[1].values())  # the default: two of the largest layers
+        assert shard.plan.streamed_bytes == sum(sum(u.values()) for u in expected.values())
+        for i in range(LAYERS):
+            parts = shard.prefetcher.scratch(i)
+            assert {u: sum(t.numel() * t.element_size() for t in p.values()) for u, p in parts.items()} == expected[i]
+    finally:
+        shard.close()
 
 
 @pytest.mark.parametrize("ranges", [[[(0, 2)]], [[(1, 2)], [(0, 1)]]], ids=["1node", "2nodes"])
 def test_a_mixed_store_streams_and_splits_as_its_single_process(mixed, ranges):
-    """Layers stream through a buffer laid out once for every layer: the matrices' formats are alike in each."""
+    """Layers of different formats stream through one buffer, each laid out in its own formats."""
     store = mixed[1]
     ref = ReferenceModel(store)
     shards = [Shard(LayerStore(store), Windows(tuple(r), LAYERS, i == 0), ref.dtype, budget=1)
@@ -196,11 +230,67 @@ def test_a_mixed_store_streams_and_splits_as_its_single_process(mixed, ranges):
             s.close()
 
 
+# llama.cpp's Q4_K_M on an 8B shape: Q6_K attn_v and ffn_down in every other layer here (16 of Llama-3-8B's 32)
+Q4_K_M = {i: {"attn_v": "Q6_K", "ffn_down": "Q6_K"} if i % 2 else {} for i in range(4)}
+
+
+@pytest.mark.slow
+def test_a_ring_over_mixed_layers_equals_its_single_process(tmp_path):
+    """Two prima-node processes, each holding an int4 layer and one whose wqkv and w_down are int8, every layer
+    streamed (a one-byte budget, raised to the plan's minimum), and the same store all resident."""
+    store = import_gguf(mixed_gguf(tmp_path / "q4km.gguf", Q4_K_M), tmp_path / "store")
+    assert json.loads((store / "manifest.json").read_text())["quant"]["int8_layers"] == \
+        [[], ["wqkv", "w_down"], [], ["wqkv", "w_down"]]
+    prompt = "The quick brown fox"
+    expected = greedy_reference(store, [prompt], 8)[prompt]
+    for extra in ([["--mem-budget", "1"]] * 2, None):
+        with local_ring(store, 2, tmp_path / "logs", [2, 2], extra_args=extra) as local:
+            assert collect(local.addresses[0], prompt, 8)[0] == expected
+            if extra:
+                assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]))
+
+
+def test_a_store_of_one_format_per_matrix_still_loads(mixed, tmp_path, monkeypatch):
+    """Stores written before per-layer formats name the int8 matrices once, for every layer (quant.int8_matrices):
+    layer 0's Q4_K wqkv is int8 there too. They load, stream and split as they did."""
+    import tools.import_gguf as importer
+
+    monkeypatch.setattr(importer, "file_dtype", lambda g: ("int4", (("wqkv", "w_gate_up", "w_down"),) * LAYERS))
+    store = import_gguf(mixed[0], tmp_path / "old")
+    quant = json.loads((store / "manifest.json").read_text())["quant"]
+    assert quant["int8_matrices"] == ["wqkv", "w_gate_up", "w_down"] and "int8_layers" not in quant
+    fmt = weight_format(LayerStore(store).manifest)
+    assert all(fmt.layer(i).matrix("wqkv").name == "int8" and fmt.layer(i).matrix("wo").name == "int4"
+               for i in range(LAYERS))
+    ref = ReferenceModel(store)
+    assert isinstance(ref.layers[0].wqkv, Int8)
+    shards = [Shard(LayerStore(store), Windows(((1, 2),), LAYERS, True), ref.dtype, budget=1),
+              Shard(LayerStore(store), Windows(((0, 1),), LAYERS, False), ref.dtype, budget=1)]
+    try:
+        ids = ref.codec.prompt_ids("The quick brown fox")
+        cache, caches = ref.new_cache(len(ids) + 2), [s.cache_for("r", 0, len(ids) + 2, len(ids)) for s in shards]
+        assert torch.equal(ring_step(shards, caches, ids, 0), ref.step(ids, 0, cache))
+    finally:
+        for s in shards:
+            s.close()
+
+
+def test_a_manifest_whose_layers_do_not_match_its_formats_is_refused(mixed, tmp_path):
+    import shutil
+
+    store = shutil.copytree(mixed[1], tmp_path / "s")
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["quant"]["int8_layers"] = [[]]  # one layer listed, the store has two
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match=r"quant.int8_layers lists 1 layers for 2"):
+        weight_format(LayerStore(store).manifest)
+
+
 def test_dtype_still_overrides_the_files_types(mixed, tmp_path):
     path = mixed[0]
     store = import_gguf(path, tmp_path / "i4", dtype="int4", name="forced")
     manifest = json.loads((store / "manifest.json").read_text())
-    assert manifest["name"] == "forced" and "int8_matrices" not in manifest["quant"]
+    assert manifest["name"] == "forced" and not {"int8_matrices", "int8_layers"} & manifest["quant"].keys()
     assert all(f["format"] == "int4" for f in manifest["files"]["layers"])
 
 
@@ -208,7 +298,7 @@ def test_dtype_still_overrides_the_files_types(mixed, tmp_path):
 def test_a_q4k_file_of_whole_super_blocks_only_is_all_int4(tmp_path):
     store = import_gguf(mixed_gguf(tmp_path / "q4k.gguf", {0: {}, 1: {}}), tmp_path / "s")
     manifest = json.loads((store / "manifest.json").read_text())
-    assert manifest["dtype"] == "int4" and "int8_matrices" not in manifest["quant"]
+    assert manifest["dtype"] == "int4" and not {"int8_matrices", "int8_layers"} & manifest["quant"].keys()
     assert manifest["bits_per_weight"] == 5.0
 
 

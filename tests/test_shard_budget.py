@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from nodes.engine.budget import shard_budget
+from nodes.engine.formats import Format
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
-from nodes.engine.quant import Format
 from prima_rpc.spec.shapes import PRESETS
 from prima_rpc.spec.windows import Windows
 

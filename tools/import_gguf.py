@@ -1,5 +1,6 @@
 """Import a Llama-family GGUF file into a layer store: float (de-quantized with the `gguf` package), or
-quantized, where Q4_0/Q4_1/Q4_K blocks become int4 as they are and other types int8 rows (tools/gguf_types.py)."""
+quantized, where Q4_0/Q4_1/Q4_K blocks become int4 as they are and other types int8 rows (tools/gguf_types.py), each
+layer's matrices in the format of that layer's types."""
 
 import re
 from collections.abc import Callable
@@ -11,7 +12,8 @@ import torch
 from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
-from nodes.engine.quant import BITS, GROUP, Format, pack_int4, quantize_int4, writing_format
+from nodes.engine.formats import Format, writing_format
+from nodes.engine.quant import BITS, GROUP, pack_int4, quantize_int4
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes, matrix_shapes
@@ -152,7 +154,7 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
     for fused, parts in matrix_parts(g, i).items():
         heads = [g.heads(p.split(".")[2]) for p in parts]
         if g.fmt:
-            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt.matrix(fused)))
+            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt.layer(i).matrix(fused)))
             continue
         t = torch.cat([unpermute(g.float_tensor(p), h) if h else g.float_tensor(p)
                        for p, h in zip(parts, heads, strict=True)])
@@ -184,18 +186,17 @@ def tokenizer_json(reader: GGUFReader) -> bytes:
     return tok.to_str().encode()
 
 
-def file_dtype(g: GgufTensors) -> tuple[str, tuple[str, ...]]:
-    """The store dtype (and int4's int8 matrices) that keeps the file's types: float32 for a file of float matrices;
-    int4 where every layer's tensors of a matrix are INT4_EXACT, int8 rows for the others (alike in every layer, so
-    that layers stream alike: one Q6_K attn_v makes wqkv int8 everywhere); int8 when no matrix is int4."""
-    kinds: dict[str, set[str]] = {}
-    for i in range(g.cfg.n_layers):
-        for fused, names in matrix_parts(g, i).items():
-            kinds.setdefault(fused, set()).update(g.tensor(n).tensor_type.name for n in names)
-    if all(types <= FLOAT_TYPES.keys() for types in kinds.values()):
+def file_dtype(g: GgufTensors) -> tuple[str, tuple[tuple[str, ...], ...]]:
+    """The store dtype (and int4's int8 matrices of each layer) that keeps the file's types: float32 for a file of
+    float matrices; int4 where a layer's tensors of a matrix are all INT4_EXACT, int8 rows for the others, layer by
+    layer (a Q4_K_M file's Q6_K attn_v makes wqkv int8 in the layers that have it only); int8 when no matrix is
+    int4 in any layer."""
+    types = [{fused: {g.tensor(n).tensor_type.name for n in names} for fused, names in matrix_parts(g, i).items()}
+             for i in range(g.cfg.n_layers)]
+    if all(t <= FLOAT_TYPES.keys() for layer in types for t in layer.values()):
         return "float32", ()
-    int8 = tuple(k for k, types in kinds.items() if any(store_format(t) == "int8" for t in types))
-    return ("int8", ()) if len(int8) == len(kinds) else ("int4", int8)
+    int8 = tuple(tuple(k for k, ts in layer.items() if any(store_format(t) == "int8" for t in ts)) for layer in types)
+    return ("int8", ()) if all(len(m) == len(layer) for m, layer in zip(int8, types)) else ("int4", int8)
 
 
 def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str, fmt: Format | None) -> dict:
@@ -216,10 +217,10 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
 
 
 def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
-    """Bits per weight of the layers' matrices on disk, each in its format."""
-    shapes = matrix_shapes(cfg)
-    weights = {u: n * k for u, (n, k) in shapes.items()}
-    return sum(BITS[fmt.matrix(u).name] * w for u, w in weights.items()) / sum(weights.values())
+    """Bits per weight of the layers' matrices on disk, each in its layer's format."""
+    weights = {u: n * k for u, (n, k) in matrix_shapes(cfg).items()}
+    bits = sum(BITS[fmt.layer(i).matrix(u).name] * w for i in range(cfg.n_layers) for u, w in weights.items())
+    return bits / (cfg.n_layers * sum(weights.values()))
 
 
 def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,

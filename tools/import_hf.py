@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
-from nodes.engine.quant import Format, writing_format
+from nodes.engine.formats import Format, writing_format
 from prima_rpc.spec.arch import ARCHS
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import layer_shapes, unit_shapes

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from nodes.engine.quant import BITS, Format
+from nodes.engine.formats import Format
+from nodes.engine.quant import BITS
 from prima_rpc.spec.manifest import MANIFEST, FileEntry, Manifest, ModelConfig, StoreError, expert_unit
 
 # A quantized store's matrices: fused as the model multiplies by them, from a float unit's tensors (in order).

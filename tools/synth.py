@@ -9,7 +9,8 @@ from safetensors.torch import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nodes.engine.quant import BITS, GROUP, Format, writing_format
+from nodes.engine.formats import Format, writing_format
+from nodes.engine.quant import BITS, GROUP
 from prima_rpc.spec.manifest import DTYPES, FileEntry, ModelConfig, StoreError
 from prima_rpc.spec.shapes import PRESETS, expert_matrix_shapes, matrix_shapes, unit_shapes
 from tools.store_writer import StoreWriter, unit_file

@@ -30,10 +30,13 @@ def truncate_store(src: Path, out: Path, layers: int, *, overwrite: bool = False
         tok = store.tokenizer_path()
         if tok is not None:
             w.add_file(m.tokenizer, tok.read_bytes())
-        return w.finish(name=f"{m.name}-first{layers}", config=replace(m.config, n_layers=layers), dtype=m.dtype,
+        # what is per layer keeps the first N: an int4 store's int8 matrices of each layer, the windowed layers
+        config = replace(m.config, n_layers=layers, local_layers=tuple(i for i in m.config.local_layers if i < layers))
+        quant = {**m.quant, "int8_layers": m.quant["int8_layers"][:layers]} if "int8_layers" in m.quant else m.quant
+        return w.finish(name=f"{m.name}-first{layers}", config=config, dtype=m.dtype,
                         bits_per_weight=m.bits_per_weight, tokenizer=m.tokenizer, chat_template=m.chat_template,
                         bos_token_id=m.bos_token_id, eos_token_ids=m.eos_token_ids, add_bos=m.add_bos,
-                        quant=m.quant, extra=m.extra)
+                        quant=quant, extra=m.extra)
 
 
 def main() -> None:

@@ -4,10 +4,12 @@ from dataclasses import dataclass
 
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes, layer_bytes, stream_parts
-from nodes.engine.prefetch import MemoryPlan, kv_reserve_tokens, parts_bytes, plan_memory
-from nodes.engine.quant import Format
+from nodes.engine.memory_plan import MemoryPlan, parts_bytes, plan_memory
+from nodes.engine.prefetch import kv_reserve_tokens
 from prima_rpc.spec.manifest import ModelConfig, StoreError
+from prima_rpc.spec.shapes import layer_params, matrix_params
 from prima_rpc.spec.windows import Windows
 
 
@@ -24,16 +26,16 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
                  default_budget: bool = False) -> ShardBudget:
     """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
     head (its embedding in `head_fmt`) and a KV reserve (kv_reserve_tokens: the whole context for the default
-    budget); budget and buffer in bytes as nodes.engine.prefetch.plan_memory takes them (0: unlimited, 0: the
+    budget); budget and buffer in bytes as nodes.engine.memory_plan.plan_memory takes them (0: unlimited, 0: the
     default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
-    fixed = head_mem + kv_bytes(cfg, dtype, len(order), kv_reserve_tokens(cfg, default_budget))
+    fixed = head_mem + kv_bytes(cfg, dtype, order, kv_reserve_tokens(cfg, default_budget))
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
-    units = {u: parts_bytes(stream_parts(u, cfg, fmt, dtype)) for u in STREAM_UNITS}
-    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0
-    small = (2 * cfg.hidden + bias) * dtype.itemsize  # norms and biases
+    units = {i: {u: parts_bytes(stream_parts(u, cfg, fmt and fmt.layer(i), dtype)) for u in STREAM_UNITS}
+             for i in order}  # each layer in its own formats
+    small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms (Gemma's four, q/k norms) and biases
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
     return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
 
@@ -43,7 +45,7 @@ def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Fo
     """A mixture of experts' layers: dense parts always resident; every expert too where the budget holds them,
     else as many as a cache of the rest holds (nodes/engine/expert_cache.py), at least one step's top-k."""
     layer = layer_bytes(cfg, dtype, fmt)
-    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": layer}, 0, fixed)
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {i: {"layer": layer} for i in order}, 0, fixed)
     if not budget or plan.weight_bytes + fixed <= budget:
         return ShardBudget(plan, budget - plan.weight_bytes - head_mem if budget else None)
     one = expert_bytes(cfg, dtype, fmt)
@@ -54,5 +56,5 @@ def resident_moe(cfg: ModelConfig, order: list[int], dtype: torch.dtype, fmt: Fo
                          f"experts layers' dense parts and {cfg.n_experts_used} experts "
                          f"({(fixed + dense * len(order) + cfg.n_experts_used * one) >> 20} MiB with the head and KV "
                          "reserve): raise --mem-budget or give it fewer layers")
-    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {"layer": dense}, 0, fixed)
+    plan = MemoryPlan(tuple(order), (), 0, prefetch, budget, budget, {i: {"layer": dense} for i in order}, 0, fixed)
     return ShardBudget(plan, budget - plan.weight_bytes - room - head_mem, expert_room=room)

@@ -10,10 +10,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from nodes.engine.expert_policy import POLICIES, Key, warm_keys
+from nodes.engine.formats import Format
 from nodes.engine.fused import expert_bytes
 from nodes.engine.model import expert
 from nodes.engine.moe import Expert, ExpertSource
-from nodes.engine.quant import Format
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, StoreError, expert_unit
 

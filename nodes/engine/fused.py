@@ -1,9 +1,11 @@
 """A decoder layer's fused buffers, allocated once, and where each tensor of a unit file goes inside them."""
 
+from collections.abc import Iterable
+
 import torch
 
-from nodes.engine.model import SMALL, Layer, Weight
-from nodes.engine.quant import Format
+from nodes.engine.formats import Format
+from nodes.engine.model import SMALL, Layer, Weight, window_slots
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import (
     FUSED,
@@ -105,6 +107,11 @@ def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) 
     return matrix * (1 if cfg.tie_embeddings else 2) + cfg.hidden * dtype.itemsize
 
 
-def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int, tokens: int) -> int:
-    """KV cache memory of `tokens` positions over `layers` layers."""
-    return 2 * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize * layers * tokens
+def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int | Iterable[int], tokens: int) -> int:
+    """KV cache memory of one request of `tokens` positions over `layers` (indices, or a count: the first that many),
+    as KVCache holds it: a sliding-window layer keeps a ring of window_slots positions when that is fewer."""
+    layers = range(layers) if isinstance(layers, int) else layers
+    ring = window_slots(cfg)
+    local = frozenset(cfg.local_layers) if ring < tokens else frozenset()
+    positions = sum(ring if i in local else tokens for i in layers)
+    return 2 * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize * positions

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.fused import (
     STREAM_UNITS,
     empty_layer,
@@ -15,9 +16,9 @@ from nodes.engine.fused import (
     part_weight,
     small_targets,
 )
+from nodes.engine.memory_plan import MemoryPlan
 from nodes.engine.model import Layer, OutputHead, Weight, expert, head_numerics, mixture
-from nodes.engine.prefetch import MemoryPlan, Prefetcher
-from nodes.engine.quant import Format
+from nodes.engine.prefetch import Prefetcher
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, expert_unit
 from prima_rpc.spec.windows import Windows
@@ -87,7 +88,8 @@ def load_resident(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fm
 def read_layer(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
                experts: list[int] | None = None) -> Layer:
     """Layer i from its unit's tensors as stored: Layer.from_unit's, with a mixture's experts (`experts`; None:
-    all) read from their own units."""
+    all) read from their own units; its matrices in layer i's formats (Format.layer)."""
+    fmt = fmt and fmt.layer(i)
     unit = store.new_tensors(f"layer.{i}", None)
     if not cfg.moe:
         return Layer.from_unit(unit, dtype, fmt)
@@ -97,7 +99,7 @@ def read_layer(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: 
 
 
 def load_streamed(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
-                  streamed: tuple[str, ...], scratch: Callable[[], dict[str, dict[str, torch.Tensor]]],
+                  streamed: tuple[str, ...], scratch: Callable[[int], dict[str, dict[str, torch.Tensor]]],
                   ) -> tuple[dict[str, torch.Tensor | None], dict[str, Weight]]:
     """(norms and biases, matrices that stay) of streamed layer i, whose `streamed` units stream. A unit whose
     checksum is unchecked is read whole, into the stream buffer (scratch()), so that a bad file fails the
@@ -106,7 +108,7 @@ def load_streamed(store: Store, i: int, cfg: ModelConfig, dtype: torch.dtype, fm
     small = empty_small(cfg, dtype)
     targets = small_targets(small, cfg)
     if store.needs_check(unit):
-        buffer = scratch()
+        buffer = scratch(i)
         for u in STREAM_UNITS:
             targets.update(part_targets(u, buffer[u], cfg, fmt))
         store.read_into(unit, targets)
@@ -127,13 +129,15 @@ class LayerWeights(NamedTuple):
 
 def load_layers(store: Store, plan: MemoryPlan, cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None,
                 prefetcher: Prefetcher | None, experts: list[int] | None = None) -> LayerWeights:
-    """The plan's layers in visit order: resident ones whole (a mixture's with the experts `experts`, None: all),
-    streamed ones what stays of them (reading through the prefetcher's buffer before it starts)."""
+    """The plan's layers in visit order, each in its own formats (fmt.layer): resident ones whole (a mixture's with the
+    experts `experts`, None: all), streamed ones what stays of them (reading through the prefetcher's buffer before
+    it starts)."""
     out = LayerWeights({}, {}, {})
     streamed = dict(plan.streamed)
     for i in plan.order:
+        f = fmt and fmt.layer(i)
         if i in plan.resident:
-            out.resident[i] = load_resident(store, i, cfg, dtype, fmt, experts)
+            out.resident[i] = load_resident(store, i, cfg, dtype, f, experts)
         else:
-            out.small[i], out.kept[i] = load_streamed(store, i, cfg, dtype, fmt, streamed[i], prefetcher.scratch)
+            out.small[i], out.kept[i] = load_streamed(store, i, cfg, dtype, f, streamed[i], prefetcher.scratch)
     return out

@@ -8,9 +8,10 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from nodes.engine.formats import Format
 from nodes.engine.kernels import ops
 from nodes.engine.moe import Expert, MoE, moe_mlp
-from nodes.engine.quant import Format, Int4, Int8, embed_rows, linear
+from nodes.engine.quant import Int4, Int8, embed_rows, linear
 from nodes.engine.rope import Rope
 from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig

@@ -1,4 +1,4 @@
-"""Disk offload: which weights stay resident under a memory budget, and a prefetcher that streams the rest.
+"""Disk offload: the prefetcher that streams what the memory plan (nodes/engine/memory_plan.py) does not keep.
 
 A token visits a node's layers in one fixed cyclic order (its windows in layer order, round after round,
 then the next token from the first again). A layer's four matrices (wqkv, wo, w_gate_up, w_down) are the
@@ -12,31 +12,29 @@ How big the buffer is, is the plan's choice (solver.cost_model): each byte of it
 token, but lets one more byte be read while the rest of the ring works. Streamed layers are placed where
 they cost least: the first few of each window at its start (read during the gap before it, and used at
 once, so the buffer frees for the next reads) and the others at its end, so their reads run beside the
-compute of the window's resident layers. Decisions are pure functions (tested with tables); `Prefetcher`
-performs them.
+compute of the window's resident layers. Decisions are pure functions (tested with tables: the plan's in
+memory_plan.py, the buffer's arena here); `Prefetcher` performs them.
 """
 
 import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-from itertools import combinations
+from dataclasses import dataclass
 
 import psutil
 import torch
 
+from nodes.engine.formats import Format
 from nodes.engine.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
-from nodes.engine.quant import Format
+from nodes.engine.memory_plan import DEPTH, MemoryPlan, aligned
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 
-DEPTH = 1  # default buffer without a plan: DEPTH + 1 layers (read one ahead of the one computing)
 KV_RESERVE_TOKENS = 2048  # KV positions an explicit --mem-budget keeps room for, all requests together
 DEFAULT_FRACTION = 0.8  # default budget: this share of the RAM available at assignment
 DEPTH_ENV = "PRIMA_PREFETCH_DEPTH"  # benchmarks: 0 = no prefetch (load on demand)
 MAX_BUFFER_LAYERS = 1024  # a plan's stream buffer beyond this is not a plan (Assign refuses it)
-ALIGN = 64  # every unit in the buffer starts here: fp32 matmul rounding depends on it (like torch's allocator)
 
 
 def default_budget() -> int:
@@ -59,143 +57,6 @@ def prefetch_depth() -> int:
     if depth < 0:
         raise StoreError(f"{DEPTH_ENV} must be >= 0, got {depth}")
     return depth
-
-
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def parts_bytes(parts: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int:
-    """Bytes a streamed unit's tensors (nodes.engine.fused.stream_parts) take in the buffer, each aligned."""
-    return sum(aligned(torch.Size(shape).numel() * dt.itemsize) for dt, shape in parts.values())
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How a node holds its layers under a budget."""
-
-    order: tuple[int, ...]  # the node's layers in visit order
-    streamed: tuple[tuple[int, tuple[str, ...]], ...]  # (layer, its streamed units), in visit order
-    buffer: int  # stream buffer bytes (0: nothing streamed)
-    prefetch: bool  # read ahead (else load on demand)
-    budget: int  # effective budget in bytes: the requested one, or the minimum when that was lower
-    requested: int  # 0: unlimited
-    unit_bytes: dict[str, int] = field(hash=False)  # bytes of each matrix of a layer, aligned
-    small_bytes: int = 0  # a layer's norms and biases, always resident
-    fixed_bytes: int = 0  # head units + KV reserve, always in memory
-
-    @property
-    def layer_bytes(self) -> int:
-        return sum(self.unit_bytes.values()) + self.small_bytes
-
-    @property
-    def streamed_bytes(self) -> int:
-        """Bytes read from disk per token (one visit of every layer)."""
-        return sum(self.unit_bytes[u] for _, units in self.streamed for u in units)
-
-    @property
-    def resident(self) -> frozenset[int]:
-        """Layers with no streamed unit."""
-        return frozenset(self.order) - {layer for layer, _ in self.streamed}
-
-    @property
-    def weight_bytes(self) -> int:
-        """Layer memory: resident units, every layer's small tensors, and the stream buffer."""
-        return len(self.order) * self.layer_bytes - self.streamed_bytes + self.buffer
-
-    @property
-    def below_minimum(self) -> bool:
-        return 0 < self.requested < self.budget
-
-
-def merge_windows(order: list[int]) -> list[list[int]]:
-    """The visit order cut into windows: runs of consecutive layers (computed in one go)."""
-    out: list[list[int]] = []
-    for layer in order:
-        if out and out[-1][-1] + 1 == layer:
-            out[-1].append(layer)
-        else:
-            out.append([layer])
-    return out
-
-
-def share(total: int, weights: list[int]) -> list[int]:
-    """`total` split in proportion to `weights` (largest remainders), each part <= its weight."""
-    s = sum(weights)
-    exact = [total * w / s for w in weights]
-    parts = [int(e) for e in exact]
-    for i in sorted(range(len(weights)), key=lambda i: parts[i] - exact[i])[:total - sum(parts)]:
-        parts[i] += 1
-    return parts
-
-
-def spread_counts(total: int, lengths: list[int], lead: int) -> list[int]:
-    """How many of `total` streamed layers each window gets: first up to `lead` each (what a gap before it
-    can read ahead), then the rest evenly, so that every round's turns read alike (a round whose turns
-    read little leaves the next round's gaps too short to read ahead in)."""
-    leads = [min(lead, n) for n in lengths]
-    if total <= sum(leads):
-        return share(total, leads)
-    counts, extra = list(leads), [0] * len(lengths)
-    for _ in range(total - sum(leads)):  # one at a time to the window that has the fewest extra and room
-        i = min((i for i in range(len(lengths)) if counts[i] < lengths[i]), key=lambda i: extra[i])
-        counts[i] += 1
-        extra[i] += 1
-    return counts
-
-
-def placement(window: list[int], count: int, lead: int) -> list[int]:
-    """Which `count` layers of a window stream: `lead` at its start (read in the gap before it, used first,
-    freeing the buffer at once), the rest at its end (read beside the compute of the resident ones)."""
-    lead = min(lead, count)
-    return window[:lead] + (window[len(window) - (count - lead):] if count > lead else [])
-
-
-def partial_units(unit_bytes: dict[str, int], need: int) -> tuple[str, ...]:
-    """The fewest bytes of one layer's units that cover `need` (0 < need < the layer's matrices)."""
-    best: tuple[int, tuple[str, ...]] | None = None
-    for r in range(1, len(STREAM_UNITS) + 1):
-        for units in combinations(STREAM_UNITS, r):
-            size = sum(unit_bytes[u] for u in units)
-            if size >= need and (best is None or size < best[0]):
-                best = (size, units)
-    assert best is not None, (unit_bytes, need)
-    return best[1]
-
-
-def plan_memory(order: list[int], unit_bytes: dict[str, int], small_bytes: int, fixed_bytes: int, budget: int,
-                prefetch: bool, buffer: int = 0) -> MemoryPlan:
-    """Resident units and the stream buffer for `budget` bytes (0: unlimited).
-
-    Everything that fits stays resident. Otherwise a buffer of `buffer` bytes (0: DEPTH + 1 layers; at
-    least one layer, exactly one without prefetch) and as many units resident as the rest of the budget
-    holds: whole layers, then single units of one more layer. A budget below head + KV reserve + every
-    layer's small tensors + the buffer runs at that minimum."""
-    matrices = sum(unit_bytes.values())
-    n = len(order)
-    plan = dict(order=tuple(order), prefetch=prefetch, requested=budget, unit_bytes=dict(unit_bytes),
-                small_bytes=small_bytes, fixed_bytes=fixed_bytes)
-    if budget <= 0 or n == 0 or fixed_bytes + n * (matrices + small_bytes) <= budget:
-        return MemoryPlan(streamed=(), buffer=0, budget=budget if budget > 0 else 0, **plan)
-    if not prefetch:
-        buffer = matrices
-    buffer = max(aligned(buffer or (DEPTH + 1) * matrices), matrices)
-    room = budget - fixed_bytes - n * small_bytes - buffer  # for resident matrices
-    need = n * matrices - max(room, 0)  # matrix bytes that stream
-    whole, rest = divmod(need, matrices)
-    if whole >= n:
-        whole, rest = n, 0
-    windows = merge_windows(order)
-    lead = max(1, buffer // matrices)
-    counts = spread_counts(whole, [len(w) for w in windows], lead)
-    units = {layer: STREAM_UNITS for w, c in zip(windows, counts) for layer in placement(w, c, lead)}
-    if rest > 0:  # the partial layer closes the window that streams least (its reads beside most compute)
-        i = min((i for i, w in enumerate(windows) if counts[i] < len(w)), key=lambda i: (counts[i], -i))
-        (extra,) = set(placement(windows[i], counts[i] + 1, lead)) - set(placement(windows[i], counts[i], lead))
-        units[extra] = partial_units(unit_bytes, rest)
-    streamed = tuple((layer, units[layer]) for layer in order if layer in units)
-    out = MemoryPlan(streamed=streamed, buffer=buffer, budget=budget, **plan)
-    return replace(out, budget=max(budget, fixed_bytes + out.weight_bytes))
 
 
 def arena_alloc(size: int, used: list[tuple[int, int]], n: int) -> int | None:
@@ -245,8 +106,9 @@ class Prefetcher:
                  fmt: Format | None = None):
         """fmt: the store's quantized format (None: float matrices)."""
         assert plan.streamed and plan.buffer > 0, plan
-        self.store, self.plan, self.cfg, self.dtype, self.fmt = store, plan, cfg, dtype, fmt
-        self.parts = {u: stream_parts(u, cfg, self.fmt, dtype) for u in STREAM_UNITS}
+        self.store, self.plan, self.cfg, self.dtype = store, plan, cfg, dtype
+        self.fmt = {layer: fmt and fmt.layer(layer) for layer, _ in plan.streamed}  # each layer's own formats
+        self.parts = {layer: {u: stream_parts(u, cfg, f, dtype) for u in STREAM_UNITS} for layer, f in self.fmt.items()}
         self.pieces = [(layer, unit) for layer, units in plan.streamed for unit in units]  # cyclic order
         self.first = {}  # layer -> index of its first piece
         for i, (layer, _) in enumerate(self.pieces):
@@ -266,21 +128,22 @@ class Prefetcher:
         """Start reading ahead (the buffer may be used for other reads until then)."""
         self.thread.start()
 
-    def view(self, unit: str, offset: int) -> dict[str, torch.Tensor]:
-        """The unit's tensors (nodes.engine.fused.stream_parts) in the buffer from `offset`, each 64-byte aligned."""
+    def view(self, layer: int, unit: str, offset: int) -> dict[str, torch.Tensor]:
+        """The layer's unit's tensors (nodes.engine.fused.stream_parts) in the buffer from `offset`, each 64-byte
+        aligned."""
         out = {}
-        for name, (dt, shape) in self.parts[unit].items():
+        for name, (dt, shape) in self.parts[layer][unit].items():
             n = torch.Size(shape).numel() * dt.itemsize
             out[name] = self.buffer[offset:offset + n].view(dt).view(shape)
             offset += aligned(n)
         return out
 
-    def scratch(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every matrix of a layer, laid out in the buffer (for reads before the prefetcher starts)."""
+    def scratch(self, layer: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Every matrix of streamed `layer`, laid out in the buffer (for reads before the prefetcher starts)."""
         out, offset = {}, 0
         for unit in STREAM_UNITS:
-            out[unit] = self.view(unit, offset)
-            offset += self.plan.unit_bytes[unit]
+            out[unit] = self.view(layer, unit, offset)
+            offset += self.plan.unit_bytes[layer][unit]
         return out
 
     def _next_job(self) -> tuple[int, int] | None:
@@ -292,9 +155,9 @@ class Prefetcher:
         if not self.plan.prefetch and layer != self.in_use:
             return None  # on demand: only the layer being waited for
         used = [(p.offset, p.size) for p in self.queue]
-        offset = arena_alloc(self.plan.buffer, used, self.plan.unit_bytes[unit])
+        offset = arena_alloc(self.plan.buffer, used, self.plan.unit_bytes[layer][unit])
         if offset is not None and index == self.first[layer]:
-            sizes = [self.plan.unit_bytes[u] for u in self.units[layer]]
+            sizes = [self.plan.unit_bytes[layer][u] for u in self.units[layer]]
             if not fits_alone(self.plan.buffer, offset, sizes):  # start it at 0 (wasting the end), or wait
                 offset = 0 if not used or (used[-1][0] >= used[0][0] and sizes[0] <= used[0][0]) else None
         return None if offset is None else (index, offset)
@@ -327,7 +190,8 @@ class Prefetcher:
                 self.in_use = None
                 raise failed
             units = [self.pieces[p.index][1] for p in got]
-            return {u: part_weight(u, self.view(u, p.offset), self.fmt, self.dtype) for u, p in zip(units, got)}
+            return {u: part_weight(u, self.view(layer, u, p.offset), self.fmt[layer], self.dtype)
+                    for u, p in zip(units, got)}
 
     def release(self, layer: int, units: tuple[str, ...]) -> None:
         """Those matrices were used: their part of the buffer may take the next units."""
@@ -357,13 +221,13 @@ class Prefetcher:
                 group = []  # this layer's next units that fit now: one read of its file, in their order
                 while job is not None and self.pieces[job[0]][0] == layer:
                     index, offset = job
-                    group.append(Piece(index, offset, self.plan.unit_bytes[self.pieces[index][1]]))
+                    group.append(Piece(index, offset, self.plan.unit_bytes[layer][self.pieces[index][1]]))
                     self.queue.append(group[-1])
                     job = self._next_job()
             targets, owner, waiting = {}, {}, {}
             for piece in group:
                 unit = self.pieces[piece.index][1]
-                part = part_targets(unit, self.view(unit, piece.offset), self.cfg, self.fmt)
+                part = part_targets(unit, self.view(layer, unit, piece.offset), self.cfg, self.fmt[layer])
                 targets.update(part)
                 owner.update({name: piece for name in part})
                 waiting[piece.index] = len(part)

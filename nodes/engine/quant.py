@@ -22,7 +22,6 @@ from functools import cache
 import torch
 
 from nodes.engine.kernels import q4
-from prima_rpc.spec.manifest import Manifest, StoreError
 
 GROUP = 32  # int4: weights per (scale, min) along K; GGUF's block size
 QUANTIZED = ("int4", "int8")
@@ -323,78 +322,3 @@ def gguf_q4(blocks, kind: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tens
         m, qs = -8 * d, raw[..., 2:]
     q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, k)  # a block's low nibbles are its first 16 values
     return q, torch.stack([d, m], dim=-1).transpose(0, 1).contiguous()
-
-
-# --- how a store's matrices are laid out in its files ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Format:
-    """A quantized store's matrix format: each matrix M is two tensors of its unit file, `M.qweight` and
-    `M.scales` (int4: packed uint8 [N, K/2] and (d, m) float16 [K/32, N, 2]; int8: int8 [N, K] and
-    float32 [N])."""
-
-    name: str  # int4 | int8
-    layout: Layout = LAYOUTS[0]  # int4: the packing the files hold (that of the machine that wrote them)
-    # int4 stores: the layer matrices (shapes.FUSED names) held as int8 in every layer, where the source's types
-    # have no int4 form (a GGUF's Q6_K attn_v); the same in every layer, so that layers stream alike
-    int8: tuple[str, ...] = ()
-
-    def matrix(self, name: str) -> "Format":
-        """The format of the layer matrix `name`."""
-        return Format("int8") if name in self.int8 else self
-
-    def parts(self, shape: tuple[int, int]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-        n, k = shape
-        if self.name == "int4":
-            return {"qweight": (torch.uint8, (n, k // 2)), "scales": (torch.float16, (k // GROUP, n, 2))}
-        return {"qweight": (torch.int8, (n, k)), "scales": (torch.float32, (n,))}
-
-    def nbytes(self, shape: tuple[int, int]) -> int:
-        return sum(torch.Size(s).numel() * dt.itemsize for dt, s in self.parts(shape).values())
-
-    def weight(self, qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> "Int4 | Int8":
-        """The kernel's weight from the two stored tensors, activations in `dtype`."""
-        if self.name == "int4":
-            return Int4.from_dm(qweight, scales, dtype, self.layout)
-        return Int8(qweight, scales, dtype)
-
-    def encode(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(qweight, scales) of a float matrix [N, K]."""
-        if self.name == "int4":
-            q, dm = quantize_int4(w)
-            return pack_int4(q, self.layout), dm
-        return quantize_int8(w)
-
-    def manifest(self) -> dict:
-        if self.name != "int4":
-            return {}
-        return {"group": GROUP, "layout": self.layout.name} | ({"int8_matrices": list(self.int8)} if self.int8 else {})
-
-    @staticmethod
-    def of(dtype: str, quant: dict | None) -> "Format | None":
-        """The format of a store of weight dtype `dtype` (None for float stores)."""
-        if dtype not in QUANTIZED:
-            return None
-        quant = quant or {}
-        if dtype == "int4":
-            if quant.get("group", GROUP) != GROUP:
-                raise ValueError(f"int4 groups of {quant.get('group')} are not supported (only {GROUP})")
-            return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)),
-                          tuple(quant.get("int8_matrices", ())))
-        return Format("int8")
-
-
-def writing_format(dtype: str, int8: tuple[str, ...] = ()) -> "Format | None":
-    """The format a new store of `dtype` is written in on this machine (int4: `int8` matrices aside)."""
-    return Format(dtype, machine_layout(), int8) if dtype == "int4" else Format.of(dtype, None)
-
-
-def weight_format(manifest: Manifest, unit: str | None = None) -> Format | None:
-    """The Format of a quantized store's matrices (of one unit's, which may differ: an int4 store keeps an
-    embedding that is not int4 in its source as int8); None for float stores."""
-    dtype = (manifest.units()[unit].format if unit else "") or manifest.dtype
-    try:
-        return Format.of(dtype, manifest.quant)
-    except ValueError as exc:
-        raise StoreError(f"store {manifest.name!r}: {exc}") from None

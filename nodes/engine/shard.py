@@ -15,8 +15,10 @@ import torch
 
 from nodes.engine.budget import shard_budget
 from nodes.engine.expert_cache import ExpertCache
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import STREAM_UNITS, kv_bytes
 from nodes.engine.loading import ReportingStore, load_head, load_layers, shard_units
+from nodes.engine.memory_plan import MemoryPlan
 from nodes.engine.model import (
     STAGES,
     KVCache,
@@ -29,9 +31,8 @@ from nodes.engine.model import (
     layer_forward,
     nbytes,
 )
-from nodes.engine.prefetch import MemoryPlan, Prefetcher, default_budget, prefetch_depth
+from nodes.engine.prefetch import Prefetcher, default_budget, prefetch_depth
 from nodes.engine.prefix_cache import NONE, Prefix, PrefixCache
-from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
@@ -143,19 +144,28 @@ class Shard:
         while not self._fits(capacity) and self.prefixes.evict_one():
             pass
         if not self._fits(capacity):
-            room = max(self._free(), 0) // self._per_position()
+            room = min(self._positions_in(self._free()), self.cfg.max_seq_len)
             raise ValueError(f"the memory budget ({self.plan.budget >> 20} MiB) leaves room for {room} more KV "
                              f"positions on this node, the request needs {capacity} (prompt + max_tokens): "
                              "lower max_tokens, wait for other requests, or raise --mem-budget")
 
-    def _per_position(self) -> int:
-        return kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1)
+    def _cache_bytes(self, positions: int) -> int:
+        """What a new request's cache of `positions` takes here (sliding-window layers: their ring)."""
+        return kv_bytes(self.cfg, self.dtype, self.windows.layers(), positions)
 
     def _free(self) -> int:
         return self.kv_room - sum(c.nbytes() for c in self.caches.values()) - self.prefixes.nbytes()
 
     def _fits(self, positions: int) -> bool:
-        return self.kv_room is None or positions * self._per_position() <= self._free()
+        return self.kv_room is None or self._cache_bytes(positions) <= self._free()
+
+    def _positions_in(self, room: int) -> int:
+        """The most positions a request's cache may have in `room` bytes (sliding-window layers: their ring)."""
+        lo, hi = 0, max(room, 0) // kv_bytes(self.cfg, self.dtype, 1, 1)  # _cache_bytes grows with positions
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._cache_bytes(mid) <= room else (lo, mid - 1)
+        return lo
 
     def _save_prefixes(self, items: list[tuple[torch.Tensor, KVCache, int]]) -> None:
         """Keep the prefixes the frames asked for once their positions went through this node's last window (older
@@ -166,17 +176,19 @@ class Shard:
             (key, length), cache.prefix_save = cache.prefix_save, None
             if not cache.reusable_prefix(pos + h.shape[0]):
                 continue  # a sliding-window layer's ring wrapped: the prompt's start is gone
-            if self.kv_room is not None and length * self._per_position() > self._free() + self.prefixes.nbytes():
+            if self.kv_room is not None and self._cache_bytes(length) > self._free() + self.prefixes.nbytes():
                 continue  # it would not fit even alone: keep the older ones
             while not self._fits(length) and self.prefixes.evict_one():
                 pass
             self.prefixes.save(key, length, cache.kv)
 
     def kv_positions(self) -> int:
-        """The KV positions this shard's budget holds, all requests together (0: no budget, no limit)."""
+        """The KV positions this shard's budget holds, all requests together (0: no budget, no limit): those of one
+        request filling the KV room (sliding-window layers hold their ring only, so more than the room over every
+        layer's bytes a position)."""
         if self.kv_room is None:
             return 0
-        return max(self.kv_room // kv_bytes(self.cfg, self.dtype, len(self.windows.layers()), 1), 1)
+        return max(self._positions_in(self.kv_room), 1)
 
     def release(self, request_id: str) -> bool:
         found = self.caches.pop(request_id, None) is not None

@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 
 from nodes.engine.dtype_choice import compute_dtype
+from nodes.engine.formats import weight_format
 from nodes.engine.loading import read_layer
 from nodes.engine.model import KVCache, OutputHead, Rope, head_numerics, run_layers
-from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, TokenOut

@@ -19,9 +19,9 @@ import structlog
 import torch
 
 from nodes.engine.dtype_choice import compute_dtype
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.model import KVCache
-from nodes.engine.quant import weight_format
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed

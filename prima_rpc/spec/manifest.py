@@ -109,7 +109,7 @@ class Manifest:
     eos_token_ids: tuple[int, ...] = ()
     add_bos: bool = False
     manifest_only: bool = False
-    quant: dict = field(default_factory=dict)  # quantized stores: how matrices are packed (nodes.engine.quant.Format)
+    quant: dict = field(default_factory=dict)  # quantized stores: how matrices are packed (nodes.engine.formats.Format)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:

@@ -13,7 +13,7 @@ import argparse
 import json
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -106,10 +106,20 @@ def file_row(kind: str, gguf: Path, store: Path, ids: list[int], base: np.ndarra
     own_kl, _ = kl_top1(base, theirs)
     runs = [(decode("prima", store, tokens), decode("llama.cpp", gguf, tokens)) for _ in range(repeats)]
     ours_s, theirs_s = (max(r[i] for r in runs) for i in (0, 1))  # interleaved, the best of each
-    int8 = m.quant.get("int8_matrices", [])
-    becomes = m.dtype + (f" ({', '.join(int8)} int8)" if int8 else "")
+    becomes = m.dtype + int8_note(m.quant, m.config.n_layers)
     return [kind, becomes, f"{bits_on_disk(gguf):.2f}", f"{m.bits_per_weight:.2f}", f"{kl:.5f}", f"{top1 * 100:.1f} %",
             f"{own_kl:.5f}", f"{ours_s:.1f}", f"{theirs_s:.1f}", f"{ours_s / theirs_s:.2f}x"]
+
+
+def int8_note(quant: dict, n_layers: int) -> str:
+    """An int4 store's int8 matrices: " (wqkv, w_down int8 in 2 of 4 layers)" (every layer: " (wqkv int8)")."""
+    layers = quant.get("int8_layers") or [quant.get("int8_matrices", [])] * n_layers
+    counts = Counter(m for layer in layers for m in layer)
+    groups = defaultdict(list)  # how many layers -> the matrices int8 in that many
+    for m, c in counts.items():
+        groups[c].append(m)
+    return "".join(f" ({', '.join(ms)} int8{'' if c == n_layers else f' in {c} of {n_layers} layers'})"
+                   for c, ms in sorted(groups.items(), reverse=True))
 
 
 def main() -> None:

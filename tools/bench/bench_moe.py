@@ -27,9 +27,9 @@ import torch
 
 from nodes.engine.diskio import DISK_MBPS_ENV
 from nodes.engine.expert_policy import POLICIES, hit_rate
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
-from nodes.engine.quant import weight_format
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from prima_rpc.app import ring

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from nodes.engine.diskio import DISK_MBPS_ENV
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import head_bytes, kv_bytes, layer_bytes
 from nodes.engine.prefetch import DEPTH_ENV, KV_RESERVE_TOKENS
-from nodes.engine.quant import weight_format
 from nodes.engine.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import launch
