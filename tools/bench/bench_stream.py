@@ -1,0 +1,109 @@
+"""q4.c as a decode step meets it: every matrix of a model's layers called once a pass, one activation row, so each
+weight comes from memory, not the cache (bench_kernels repeats one matrix, which then lives in the cache). Side by
+side with q4.c as it was at a git revision, built with the same flags, interleaved in one process:
+
+    python -m tools.bench.bench_stream [--rev HEAD~1] [--layers 30] [--passes 30] [--threads 1]
+
+Both builds must give the same outputs bit for bit (checked first): only where the time goes may differ.
+"""
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nodes.engine.kernels import build
+
+SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # wqkv, wo, w_gate_up, w_down
+OUTPUT = (49152, 576)  # the tied embedding as int8
+MODES = {"exact": 0, "q8": 1}
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    for fn in (lib.prima_q4_mm, lib.prima_int8_mm):
+        fn.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def compiled(source: bytes, flags: tuple[str, ...], out: Path) -> Path:
+    src = out.with_suffix(".c")
+    src.write_bytes(source)
+    subprocess.run([build.compiler(), *build.COMMON, *flags, str(src), "-o", str(out), "-lm"], check=True)
+    return out
+
+
+class Weights:
+    def __init__(self, layers: int):
+        g = torch.Generator().manual_seed(0)
+        self.int4 = [(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g),
+                      torch.randn(n, 2, k // 32, generator=g).half()) for _ in range(layers) for n, k in SMOLLM2]
+        n, k = OUTPUT
+        self.int8 = (torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g))
+        self.x = {k: torch.randn(1, k, generator=g) for k in (576, 1536)}
+
+    def layers(self, lib: ctypes.CDLL, mode: int, threads: int) -> list[torch.Tensor]:
+        ys = []
+        for q, dm in self.int4:
+            n, k = q.shape[0], q.shape[1] * 2
+            y = torch.empty(1, n)
+            lib.prima_q4_mm(q.data_ptr(), dm.data_ptr(), self.x[k].data_ptr(), y.data_ptr(), 1, n, k, mode, threads)
+            ys.append(y)
+        return ys
+
+    def output(self, lib: ctypes.CDLL, mode: int, threads: int) -> list[torch.Tensor]:
+        (w, s), (n, k) = self.int8, OUTPUT
+        y = torch.empty(1, n)
+        lib.prima_int8_mm(w.data_ptr(), s.data_ptr(), self.x[k].data_ptr(), y.data_ptr(), 1, n, k, mode, threads)
+        return [y]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="HEAD", help="the git revision whose q4.c runs beside this tree's")
+    ap.add_argument("--layers", type=int, default=30, help="SmolLM2 layers of int4 matrices (30: 66 MB)")
+    ap.add_argument("--passes", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    name, _ = build.chosen("q4") or (None, None)
+    if name is None:
+        raise SystemExit("q4.c has no build on this machine")
+    flags = build.BUILDS[name][0]
+    here = Path(build.__file__).with_name("q4.c")
+    old = subprocess.run(["git", "show", f"{args.rev}:nodes/engine/kernels/q4.c"], capture_output=True,
+                         cwd=here.parent, check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {f"q4.c at {args.rev}": load(compiled(old, flags, Path(tmp) / "old.so")),
+                "this tree's q4.c": load(compiled(here.read_bytes(), flags, Path(tmp) / "new.so"))}
+        w = Weights(args.layers)
+        print(f"ISA {build.isa()}, q4.c {name} build, {args.threads} thread(s), {args.layers} layers "
+              f"({sum(q.numel() + dm.numel() * 2 for q, dm in w.int4) / 1e6:.0f} MB int4) and a "
+              f"{OUTPUT[0]}x{OUTPUT[1]} int8 output, median ms of {args.passes} interleaved passes")
+        print("| kernel | mode | " + " | ".join(libs) + " | speed-up |")
+        print("| --- | --- |" + " ---: |" * (len(libs) + 1))
+        for kernel in ("layers", "output"):
+            for mode, m in MODES.items():
+                runs = {label: getattr(w, kernel)(lib, m, args.threads) for label, lib in libs.items()}
+                first = next(iter(runs.values()))
+                if not all(all(torch.equal(a, b) for a, b in zip(first, r)) for r in runs.values()):
+                    raise SystemExit(f"{kernel} {mode}: the two builds' outputs differ")
+                times: dict[str, list[float]] = {label: [] for label in libs}
+                for _ in range(args.passes):
+                    for label, lib in libs.items():
+                        t = time.perf_counter()
+                        getattr(w, kernel)(lib, m, args.threads)
+                        times[label].append(time.perf_counter() - t)
+                med = [statistics.median(t) * 1e3 for t in times.values()]
+                print(f"| {kernel} | {mode} | " + " | ".join(f"{v:.2f}" for v in med) + f" | {med[0] / med[-1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
