@@ -286,6 +286,20 @@ def test_a_manifest_whose_layers_do_not_match_its_formats_is_refused(mixed, tmp_
         weight_format(LayerStore(store).manifest)
 
 
+@pytest.mark.parametrize("quant", [{"int8_layers": 3}, {"int8_layers": [[], ["wqkv", "attn_v"]]},
+                                   {"int8_layers": [[], [7]]}, {"int8_matrices": "wqkv"}])
+def test_a_manifest_naming_bad_int8_matrices_is_refused_in_one_line(mixed, tmp_path, quant):
+    import shutil
+
+    store = shutil.copytree(mixed[1], tmp_path / "s")
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["quant"] = {k: v for k, v in manifest["quant"].items() if k not in ("int8_layers", "int8_matrices")}
+    manifest["quant"].update(quant)
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match=r"store .*: quant\.int8_(layers|matrices)"):
+        weight_format(LayerStore(store).manifest)
+
+
 def test_dtype_still_overrides_the_files_types(mixed, tmp_path):
     path = mixed[0]
     store = import_gguf(path, tmp_path / "i4", dtype="int4", name="forced")

@@ -19,6 +19,7 @@ from nodes.engine.quant import (
     quantize_int8,
 )
 from prima_rpc.spec.manifest import Manifest, StoreError
+from prima_rpc.spec.shapes import FUSED
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,20 @@ class Format:
         if dtype == "int4":
             if quant.get("group", GROUP) != GROUP:
                 raise ValueError(f"int4 groups of {quant.get('group')} are not supported (only {GROUP})")
-            layers = tuple(tuple(m) for m in quant.get("int8_layers", ()))
+            raw = quant.get("int8_layers", [])
+            if not isinstance(raw, list):
+                raise ValueError(f"quant.int8_layers is {raw!r}, not a list of each layer's int8 matrices")
+            layers = tuple(matrices(m, "quant.int8_layers") for m in raw)
             return Format("int4", Layout.parse(quant.get("layout", LAYOUTS[0].name)),
-                          tuple(quant.get("int8_matrices", ())) or widest(layers), layers)
+                          matrices(quant.get("int8_matrices", []), "quant.int8_matrices") or widest(layers), layers)
         return Format("int8")
+
+
+def matrices(names: object, what: str) -> tuple[str, ...]:
+    """A manifest's list of layer matrix names, checked (a store's manifest may come over the ring)."""
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUSED for n in names):
+        raise ValueError(f"{what}: {names!r} is not a list of layer matrices ({', '.join(FUSED)})")
+    return tuple(names)
 
 
 def widest(layers: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
