@@ -290,10 +290,9 @@ static inline void narrow_tile16(const uint8_t *const *qr, const uint16_t *const
 /* Bytes [p, p + n) asked into the cache ahead of their use, a line at a time. A decode step reads every weight once
  * from memory; the hardware's prefetchers stop at each 4 KB page, so a tile's rows waited for memory: asking for the
  * rows two tiles ahead made a real AVX2 box's (Zen 3, 1 thread) SmolLM2 int4 layers 1.3x and its int8 output 1.6-1.75x
- * faster (python -m tools.bench.bench_stream). AVX2 builds only: the AVX-512 ones were not measured with it. */
+ * faster (python -m tools.bench.bench_stream). */
 #define AHEAD_TILES 2
 static inline void ahead(const void *p, int64_t n) {
-    if (WIDE) return;
     for (int64_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
