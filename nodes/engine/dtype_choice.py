@@ -8,6 +8,12 @@ only (float32 and float16 take scalar loops, 20-30x slower); int4's and int8's f
 wherever it builds (nodes/engine/kernels/q4.c), faster than torch's bfloat16 one under AVX2 (docs/quantization.md).
 Float stores always compute in float32: their weights stay exactly as stored, and the single-process reference on
 them is the oracle every ring is checked against (their probe is timed for the record only).
+
+What is timed is a decoder layer's step, not its matmuls alone: the steps between them (norms, RoPE, attention,
+dtype conversions) run as one C call each in float32 (nodes/engine/kernels/ops.c) and as ~50 small torch ops in the
+other dtypes, each split across the threads. On a 2-core AVX-512 + bfloat16 Xeon torch's bfloat16 int4 matmul alone
+was 1.3x faster than q4.c's float32 one, and a matmul-only probe chose it; a SmolLM2 decode step then ran at 24
+tokens/s in bfloat16 against 56 in float32 (2 threads; bench_decode).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 import torch
 
 from nodes.engine.kernels import q4
+from nodes.engine.model import Layer, Segment, layer_forward
 from nodes.engine.quant import (
     QUANTIZED,
     Int4,
@@ -37,7 +44,9 @@ from nodes.engine.quant import (
     quantize_int8,
     unpack_int4,
 )
+from nodes.engine.rope import Rope
 from prima_rpc.spec.home import prima_home
+from prima_rpc.spec.manifest import ModelConfig
 
 try:
     import fcntl
@@ -46,8 +55,12 @@ except ImportError:  # Windows: nodes measuring at once each write their own res
 
 CANDIDATES = ("float32", "bfloat16", "float16")
 FORMATS = ("float", "int8", "int4")  # float: a float32 store's matrices (reported; float stores use float32)
-SHAPE = (2048, 1024)  # [N, K] of the probe's weight: a small model's projection. 2M int8 values stay below
-# ONEDNN_MIN_WEIGHTS, in the int8pack kernel, whose speed depends on the activation dtype (oneDNN's quantizes them)
+# The probe's decoder layer: a small model's (8.7M weights: each matrix below ONEDNN_MIN_WEIGHTS, in the int8pack
+# kernel, whose speed depends on the activation dtype; oneDNN's quantizes them), its rows attending to POSITION keys
+LAYER = ModelConfig("llama", hidden=1024, intermediate=2048, n_layers=1, n_heads=16, n_kv_heads=4, head_dim=64,
+                    vocab=1, max_seq_len=128)
+POSITION = 64
+SHAPE = (2 * LAYER.intermediate, LAYER.hidden)  # [N, K] of w_gate_up, whose matmul the exactness is checked on
 # activation rows per call: a decode step, a verify frame, a prefill chunk. A candidate's time is the sum of each
 # call's time per row (t1 + t4 / 4 + t16 / 16): what a token costs in each, so decode counts most without prefill
 # being ignored (q4.c lost to torch's bfloat16 kernel at 16 rows). One dtype serves every row count: choosing per
@@ -70,9 +83,9 @@ MARGIN = 1.1  # a dtype less exact than float32 must be this much faster: a tie,
 # shifts, so a near-tie is noise, and float32 (q4.c where it builds) is the more exact
 EMULATED_MARGIN = 1.25
 CACHE_NAME = "compute-dtypes.json"
-# /2: chosen by rounds until stable, and a wider margin for bfloat16 without native bfloat16; a /1 file, whose
-# choice one busy round may have made, is measured again
-FORMAT = "prima-dtypes/2"
+# /3: a decoder layer's step timed, not a matmul alone; an older file (/2 chose by the matmul, /1 by one busy
+# round) is measured again
+FORMAT = "prima-dtypes/3"
 
 
 @dataclass(frozen=True)
@@ -151,26 +164,51 @@ def measure() -> dict:
 
 @torch.inference_mode()
 def probe_format(fmt: str, native_bf16: bool = True) -> dict[str, Probe]:
-    """Each candidate's time and error on SHAPE's matmuls for weights of format `fmt`."""
+    """Each candidate's time for a decoder layer's step (LAYER) with weights of format `fmt`, and its error on
+    the layer's w_gate_up matmul."""
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(SHAPE, generator=gen) * 0.02
-    stored = _stored(fmt, w)
-    weights = {d: _weight(fmt, stored, getattr(torch, d)) for d in CANDIDATES}
-    xs = [torch.randn(r, SHAPE[1], generator=gen) for r in ROWS]
-    exact = [x.double() @ _dequantized(fmt, stored).double().t() for x in xs]
-    inputs = {d: [x.to(getattr(torch, d)) for x in xs] for d in CANDIDATES}
-    errors = {}
+    stored = {name: _stored(fmt, torch.randn(shape, generator=gen) * 0.02) for name, shape in _matrices(LAYER)}
+    xs = [torch.randn(r, LAYER.hidden, generator=gen) for r in ROWS]
+    exact = [x.double() @ _dequantized(fmt, stored["w_gate_up"]).double().t() for x in xs]
+    steps, errors = {}, {}
     for d in CANDIDATES:  # the first call warms each up
-        ys = [linear(x, weights[d]) for x in inputs[d]]
-        errors[d] = max(_error(y, e) for y, e in zip(ys, exact))
+        dtype = getattr(torch, d)
+        weights = {n: _weight(fmt, s, dtype) for n, s in stored.items()}
+        steps[d] = LayerStep(LAYER, weights, [x.to(dtype) for x in xs])
+        errors[d] = max(_error(linear(x, weights["w_gate_up"]), e) for x, e in zip(steps[d].inputs, exact))
+        for i in range(len(ROWS)):
+            steps[d](i)
 
     def call(d: str, i: int) -> float:
         began = time.perf_counter()
-        linear(inputs[d][i], weights[d])
+        steps[d](i)
         return time.perf_counter() - began
 
     best, rounds = timed_rounds(call, errors, native_bf16)
     return {d: Probe(_score(best[d]), errors[d], rounds[d], best[d]) for d in CANDIDATES}
+
+
+def _matrices(cfg: ModelConfig) -> list[tuple[str, tuple[int, int]]]:
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return [("wqkv", (q + 2 * kv, cfg.hidden)), ("wo", (cfg.hidden, q)),
+            ("w_gate_up", (2 * cfg.intermediate, cfg.hidden)), ("w_down", (cfg.hidden, cfg.intermediate))]
+
+
+class LayerStep:
+    """step(i): a layer's step over inputs[i] (a decode step, a verify frame, a prefill chunk) at POSITION, the
+    calls a node makes, in the inputs' dtype."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, inputs: list[torch.Tensor]):
+        dtype = inputs[0].dtype
+        ones = torch.ones(cfg.hidden, dtype=dtype)
+        self.cfg, self.inputs = cfg, inputs
+        self.layer = Layer(attn_norm=ones, bqkv=None, ffn_norm=ones, **weights)
+        self.rope = Rope(cfg, cfg.max_seq_len, dtype).layer(0)
+        self.kv = torch.zeros(2, cfg.n_kv_heads, cfg.max_seq_len, cfg.head_dim, dtype=dtype)
+
+    def __call__(self, i: int) -> torch.Tensor:
+        x = self.inputs[i]
+        return layer_forward(x, self.layer, [Segment(self.kv, POSITION, x.shape[0])], self.cfg, self.rope)
 
 
 def timed_rounds(call, errors: dict[str, float], native_bf16: bool = True) -> tuple[dict, dict]:
