@@ -21,7 +21,7 @@ from functools import cache
 
 import torch
 
-from nodes.engine.kernels import q4
+from nodes.engine.kernels import f32, q4
 
 GROUP = 32  # int4: weights per (scale, min) along K; GGUF's block size
 QUANTIZED = ("int4", "int8")
@@ -35,7 +35,9 @@ BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus
 # through GEMMs of exactly PAIR columns, padded, and bfloat16 / float16 rows through one GEMV each (faster there than
 # a pair: 0.61 against 0.83 ms a SmolLM2 layer): a row gives the same bits alone, in a verify frame or in a batch
 # (tests/test_batch_invariance.py). Past FEW_ROWS rows (prefill chunks, large batches) one F.linear reads the
-# weights once for all; its rows may differ from a lone row's in the low bits (~5e-5 on values ~20).
+# weights once for all; its rows may differ from a lone row's in the low bits (~5e-5 on values ~20). Where f32.c
+# builds, float32 rows go through it instead (the same guarantee; SmolLM2's float32 store decoded 13.4 -> 26.2 tok/s on a
+# 2-core AVX-512 Xeon, bench_decode).
 PAIR = 2
 FEW_ROWS = 8
 
@@ -43,6 +45,10 @@ FEW_ROWS = 8
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ bias) for a float weight [N, K] or a quantized one."""
     if isinstance(w, torch.Tensor):
+        if x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype == torch.float32 and f32.available() \
+                and x.is_contiguous() and w.is_contiguous():
+            y = f32.mm(x, w)
+            return y if bias is None else y + bias
         if x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.dtype == w.dtype:
             chunks = x.split(PAIR if w.dtype == torch.float32 else 1)
             y = _few_rows(w, chunks[0]) if len(chunks) == 1 else torch.cat([_few_rows(w, c) for c in chunks])

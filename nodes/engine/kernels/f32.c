@@ -1,0 +1,92 @@
+/* float32 x float32 matmul for few activation rows (decode steps, verify frames), built per instruction set like
+ * q4.c (nodes/engine/kernels/build.py). A decode step reads every weight once from memory: torch's GEMM for a row or
+ * two read SmolLM2's float32 weights at ~7 GB/s on a 2-core Xeon where llama.cpp's F32 path read ~21. Here each
+ * weight row is read once for all the call's rows, RB rows at a time, the rows two tiles ahead asked into the cache.
+ * Each output is summed in one fixed order (VW lanes along K, then their sum) whatever rows share its call and however
+ * rows split across threads: a row's result is the same alone, in a verify frame or in a batch. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vec;
+#define ZERO() _mm512_setzero_ps()
+#define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+/* lanes [k, k + VW) of p, zeros past n (the tail of a row) */
+static inline vec load(const float *p, int64_t k, int64_t n) {
+    if (k + VW <= n) return _mm512_loadu_ps(p + k);
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << (n - k)) - 1), p + k);
+}
+static inline float hsum(vec v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define RB 4
+#define MT 4
+#else
+#define VW 8
+typedef __m256 vec;
+#define ZERO() _mm256_setzero_ps()
+#define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline vec load(const float *p, int64_t k, int64_t n) {
+    if (k + VW <= n) return _mm256_loadu_ps(p + k);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p + k, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - k)), lane));
+}
+static inline float hsum(vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define RB 4
+#define MT 2
+#endif
+#define AHEAD_TILES 2
+
+/* Whether this CPU runs this build's instructions (q4.c's check). */
+int prima_cpu_ok(void) {
+    __builtin_cpu_init();
+    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__AVX512BW__)
+    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__AVX512VNNI__)
+    ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+    return ok;
+}
+
+/* y [M, N] for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt), mt <= MT. */
+static inline void tile(const float *w, const float *x, float *y, int64_t r0, int64_t mt, int64_t n, int64_t k,
+                        int64_t row) {
+    const float *wr[RB];
+    for (int i = 0; i < RB; i++) wr[i] = w + (row + i < n ? row + i : n - 1) * k; /* past N: row N-1, unstored */
+    if (r0 == 0 && row + RB * (AHEAD_TILES + 1) <= n)
+        for (int64_t o = 0; o < RB * k * (int64_t)sizeof(float); o += 64)
+            _mm_prefetch((const char *)(w + (row + RB * AHEAD_TILES) * k) + o, _MM_HINT_T0);
+    vec acc[RB][MT];
+    for (int i = 0; i < RB; i++)
+        for (int r = 0; r < MT; r++) acc[i][r] = ZERO();
+    for (int64_t c = 0; c < k; c += VW) {
+        vec wv[RB];
+        for (int i = 0; i < RB; i++) wv[i] = load(wr[i], c, k);
+        for (int r = 0; r < MT; r++) {
+            if (r < mt) {
+                const vec xv = load(x + (r0 + r) * k, c, k);
+                for (int i = 0; i < RB; i++) acc[i][r] = FMA(wv[i], xv, acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < RB && row + i < n; i++)
+        for (int r = 0; r < mt; r++) y[(r0 + r) * n + row + i] = hsum(acc[i][r]);
+}
+
+/* y [M, N] = x [M, K] @ w.T for float32 w [N, K], all contiguous. */
+void prima_f32_mm(const float *w, const float *x, float *y, int64_t m, int64_t n, int64_t k, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t row = 0; row < n; row += RB)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) tile(w, x, y, r0, m - r0 < MT ? m - r0 : MT, n, k, row);
+}
