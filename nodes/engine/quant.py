@@ -36,8 +36,8 @@ BITS = {"int4": 4 + 32 / GROUP, "int8": 8.0}  # per weight on disk: values, plus
 # a pair: 0.61 against 0.83 ms a SmolLM2 layer): a row gives the same bits alone, in a verify frame or in a batch
 # (tests/test_batch_invariance.py). Past FEW_ROWS rows (prefill chunks, large batches) one F.linear reads the
 # weights once for all; its rows may differ from a lone row's in the low bits (~5e-5 on values ~20). Where f32.c
-# builds, float32 rows go through it instead (the same guarantee; SmolLM2's float32 store decoded 13.4 -> 26.2 tok/s on a
-# 2-core AVX-512 Xeon, bench_decode).
+# builds, float32 rows go through it instead (the same guarantee; SmolLM2's float32 store decoded 13.4 -> 26.2
+# tok/s on a 2-core AVX-512 Xeon, bench_decode).
 PAIR = 2
 FEW_ROWS = 8
 
