@@ -176,7 +176,7 @@ class Head:
             try:
                 chunk = ids[offset:offset + PREFILL_CHUNK]
                 prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
-                await self.steps.send(request_id, chunk, pos + offset, capacity, prefix)
+                await asyncio.wait_for(self.steps.send(request_id, chunk, pos + offset, capacity, prefix), timeout)
                 hidden = await asyncio.wait_for(req.waiter, timeout)
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
@@ -235,7 +235,8 @@ class Head:
 
     async def close(self) -> None:
         """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""
-        self.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{self.node.cfg.name or self.node.address} "
-                                                                     "is no longer the ring's head"))
-        self.steps.close()
+        gone = RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{self.node.cfg.name or self.node.address} is no longer "
+                                                          "the ring's head")
+        self.requests.end(gone)
+        self.steps.close(self.requests.ended or gone)
         await self.members.close()

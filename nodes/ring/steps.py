@@ -47,6 +47,7 @@ class Stepper:
         self.freed = 0.0  # when a batch last came back whole (a slot in the ring freed)
         self.kick = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.sending: list[_Step] = []  # the batch the scheduler is sending now
 
     def join(self, request_id: str) -> None:
         self.at_head.add(request_id)
@@ -100,10 +101,12 @@ class Stepper:
                     self.kick.clear()
                     continue
                 batch, self.ready = self.ready[:limit], self.ready[limit:]
+                self.sending = batch
                 try:
                     await self._send(batch)
                 except Exception as exc:  # its requests fail with it; the scheduler goes on for the others
                     _settle(batch, exc)
+                self.sending = []
 
     async def _send(self, batch: list[_Step]) -> None:
         requests, node = self.requests, self.node
@@ -138,9 +141,14 @@ class Stepper:
                                       batch_rest=len(go) - 1 - i, prefix=s.prefix))
         _settle([s for s, _ in go], None)
 
-    def close(self) -> None:
+    def close(self, failure: BaseException) -> None:
+        """Stop sending: every step not yet in the ring ends with `failure` (a step the cancelled scheduler was
+        sending, or still to send, would otherwise leave its request waiting for good: a head that stepped down
+        as a request came in hung its client)."""
         if self.task is not None:
             self.task.cancel()
+        _settle(self.sending + self.ready, failure)
+        self.sending, self.ready = [], []
 
 
 def _settle(steps: list[_Step], exc: BaseException | None) -> None:
