@@ -26,13 +26,13 @@ def streaming(address: str, prompt: str, max_tokens: int) -> tuple[threading.Thr
     first = threading.Event()
 
     async def run():
-        async with PrimaClient(address) as client:
+        async with PrimaClient(address, timeout=120) as client:
             async for event in client.generate(prompt, max_tokens=max_tokens):
                 if isinstance(event, Token):
                     thread.tokens.append(event.token_id)
                     first.set()
 
-    thread = threading.Thread(target=lambda: asyncio.run(run()))
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
     thread.tokens = []
     thread.start()
     return thread, first
@@ -52,7 +52,8 @@ def heads(*addresses: str) -> dict[str, str]:
 
 
 async def tokens_from(addresses: list[str], prompt: str, max_tokens: int) -> list[int]:
-    async with PrimaClient(addresses) as client:
+    # a deadline on each call: a request the ring never ends fails the test instead of hanging the suite
+    async with PrimaClient(addresses, timeout=60) as client:
         return [e.token_id async for e in client.generate(prompt, max_tokens=max_tokens) if isinstance(e, Token)]
 
 
