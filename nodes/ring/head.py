@@ -238,5 +238,5 @@ class Head:
         gone = RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{self.node.cfg.name or self.node.address} is no longer "
                                                           "the ring's head")
         self.requests.end(gone)
-        self.steps.close(self.requests.ended or gone)
+        self.steps.close(self.requests.ended)  # the first reason given: a step-down's names the new head
         await self.members.close()

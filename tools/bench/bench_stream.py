@@ -36,7 +36,8 @@ def load(path: Path) -> ctypes.CDLL:
 def compiled(source: bytes, flags: tuple[str, ...], out: Path) -> Path:
     src = out.with_suffix(".c")
     src.write_bytes(source)
-    subprocess.run([build.compiler(), *build.COMMON, *flags, str(src), "-o", str(out), "-lm"], check=True)
+    subprocess.run([build.compiler(), *build.COMMON, *flags, f"-I{build.HERE}", str(src), "-o", str(out), "-lm"],
+                   check=True)  # -I: the kernels' shared header (cpu_ok.h) for a source copied out of the tree
     return out
 
 

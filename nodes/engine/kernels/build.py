@@ -1,5 +1,6 @@
 """Compiles a kernel's C source for this machine's instruction set at first use and loads it (ctypes), cached in
-$PRIMA_HOME/kernels by source, flags and compiler; None where there is no compiler or the ISA has no build."""
+$PRIMA_HOME/kernels by source (with the headers beside it), flags and compiler; None where there is no compiler or
+the ISA has no build."""
 
 import ctypes
 import hashlib
@@ -79,7 +80,7 @@ def library(name: str) -> ctypes.CDLL | None:
 
 def built(name: str, cc: str, flags: tuple[str, ...]) -> Path:
     """The shared library of NAME.c for these flags, compiled unless this home already has it."""
-    source = (HERE / f"{name}.c").read_bytes()
+    source = (HERE / f"{name}.c").read_bytes() + b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[:1]
     key = hashlib.sha256(source + repr((flags, COMMON, version)).encode()).hexdigest()[:16]
     out = prima_home() / "kernels" / f"{name}-{key}.so"
@@ -88,8 +89,8 @@ def built(name: str, cc: str, flags: tuple[str, ...]) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *COMMON, *flags, str(HERE / f"{name}.c"), "-o", tmp, "-lm"], capture_output=True,
-                           text=True, check=True)
+            subprocess.run([cc, *COMMON, *flags, f"-I{HERE}", str(HERE / f"{name}.c"), "-o", tmp, "-lm"],
+                           capture_output=True, text=True, check=True)
             os.replace(tmp, out)  # atomic: processes building at once each write a whole file
         finally:
             Path(tmp).unlink(missing_ok=True)

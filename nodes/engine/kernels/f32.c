@@ -45,19 +45,7 @@ static inline float hsum(vec v) {
 #endif
 #define AHEAD_TILES 2
 
-/* Whether this CPU runs this build's instructions (q4.c's check). */
-int prima_cpu_ok(void) {
-    __builtin_cpu_init();
-    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#if defined(__AVX512BW__)
-    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-#if defined(__AVX512VNNI__)
-    ok = ok && __builtin_cpu_supports("avx512vnni");
-#endif
-    return ok;
-}
+#include "cpu_ok.h" /* prima_cpu_ok: build.py loads a build only where this CPU runs it */
 
 /* y [M, N] for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt), mt <= MT. */
 static inline void tile(const float *w, const float *x, float *y, int64_t r0, int64_t mt, int64_t n, int64_t k,

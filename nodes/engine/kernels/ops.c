@@ -10,19 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* Whether this CPU runs this build's instructions (the flags q4.c's builds have). */
-int prima_cpu_ok(void) {
-    __builtin_cpu_init();
-    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#if defined(__AVX512BW__)
-    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-#if defined(__AVX512VNNI__)
-    ok = ok && __builtin_cpu_supports("avx512vnni");
-#endif
-    return ok;
-}
+#include "cpu_ok.h" /* prima_cpu_ok: build.py loads a build only where this CPU runs it */
 
 /* out [rows, n] = w * (x * rsqrt(mean(x^2) + eps)) per row: the mean of squares summed in double, then as torch's
  * rms_norm (nodes/engine/model.py): x times the float32 rsqrt, rounded, times w. out may be x. */

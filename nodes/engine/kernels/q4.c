@@ -38,19 +38,7 @@
  * and the shift and add), and weights widen from 16 bytes to int16 in 3. The AVX-512 builds keep the two terms. */
 #define X16 (!WIDE)
 
-/* Whether this CPU runs this build's instructions. */
-int prima_cpu_ok(void) {
-    __builtin_cpu_init();
-    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#if defined(__AVX512BW__)
-    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-#if defined(__AVX512VNNI__)
-    ok = ok && __builtin_cpu_supports("avx512vnni");
-#endif
-    return ok;
-}
+#include "cpu_ok.h" /* prima_cpu_ok: build.py loads a build only where this CPU runs it */
 
 /* Where value j of a group pair's 64 bytes goes: the order the wide path unpacks weights in ([g 0-15, g+1 0-15,
  * g 16-31, g+1 16-31]); the natural order for the last group of an odd count and for AVX2. */

@@ -1,0 +1,17 @@
+/* Whether this CPU runs the instructions the including build was compiled for: every kernel library exports it, and
+ * build.py loads a build only where it returns 1 (a library built with -mavx512vnni must not run on an AVX2 CPU). */
+#ifndef PRIMA_CPU_OK_H
+#define PRIMA_CPU_OK_H
+int prima_cpu_ok(void) {
+    __builtin_cpu_init();
+    int ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__AVX512BW__)
+    ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+#if defined(__AVX512VNNI__)
+    ok = ok && __builtin_cpu_supports("avx512vnni");
+#endif
+    return ok;
+}
+#endif
