@@ -52,8 +52,9 @@ def heads(*addresses: str) -> dict[str, str]:
 
 
 async def tokens_from(addresses: list[str], prompt: str, max_tokens: int) -> list[int]:
-    # a deadline on each call: a request the ring never ends fails the test instead of hanging the suite
-    async with PrimaClient(addresses, timeout=60) as client:
+    # a deadline on each call: a request the ring never ends fails the test instead of hanging the suite; above the
+    # head's step timeout (60 s), so a step lost once ends UNAVAILABLE and the test's "< 30 s" check tells the two apart
+    async with PrimaClient(addresses, timeout=150) as client:
         return [e.token_id async for e in client.generate(prompt, max_tokens=max_tokens) if isinstance(e, Token)]
 
 
