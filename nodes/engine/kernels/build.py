@@ -89,8 +89,8 @@ def built(name: str, cc: str, flags: tuple[str, ...]) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *COMMON, *flags, f"-I{HERE}", str(HERE / f"{name}.c"), "-o", tmp, "-lm"],
-                           capture_output=True, text=True, check=True)
+            subprocess.run([cc, *COMMON, *flags, str(HERE / f"{name}.c"), "-o", tmp, "-lm"], capture_output=True,
+                           text=True, check=True)  # "cpu_ok.h" is found beside the source
             os.replace(tmp, out)  # atomic: processes building at once each write a whole file
         finally:
             Path(tmp).unlink(missing_ok=True)
