@@ -48,9 +48,10 @@ static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
 }
 
 /* One activation row x [K] -> int8 terms a (and b in EXACT; X16 builds: x16 = 128 a + b in the natural order
- * instead, 8 lanes at a time) in slot order (or the natural one), each group's scale and sum. */
+ * instead, 8 lanes at a time) in slot order (or the natural one), each group's scale and sum. wide16: Q8's terms
+ * as int16 x16 too (the tiled int4 kernel of AVX2 builds reads int16 in either mode). */
 static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, float *scale, float *sums, int64_t k,
-                         int mode, int natural) {
+                         int mode, int natural, int wide16) {
     const int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
         const float *v = x + g * GROUP;
@@ -64,7 +65,10 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
             int isum = 0;
             for (int j = 0; j < GROUP; j++) {
                 const int8_t q = (int8_t)nearbyintf(v[j] * id);
-                a[slot(g, j, groups, natural)] = q;
+                if (wide16)
+                    x16[g * GROUP + j] = q;
+                else
+                    a[slot(g, j, groups, natural)] = q;
                 isum += q;
             }
             scale[g] = d;
@@ -218,7 +222,7 @@ static inline void wide_tile(const uint8_t *const *qr, const uint16_t *const *dr
 }
 #endif
 
-/* Float sums out[i][r] of groups [g0, G) in 8 lanes a group (AVX2, and the last group of an odd count). */
+/* Float sums out[i][r] of groups [g0, G) in 8 lanes a group (the last group of an odd count). */
 static inline void narrow_tile(const uint8_t *const *qr, const uint16_t *const *dr, const acts *x, int64_t r0,
                                int64_t mt, int64_t g0, float out[RB][MT]) {
     __m256 acc[RB][MT];
@@ -244,37 +248,6 @@ static inline void narrow_tile(const uint8_t *const *qr, const uint16_t *const *
         for (int r = 0; r < mt && r < MT; r++) out[i][r] = hsum8(acc[i][r]);
 }
 
-/* narrow_tile for X16 activations (EXACT in AVX2 builds): a group's 16 bytes widen to int16 (low nibbles: values
- * 0-15, high: 16-31) and meet x16 in two _mm256_madd_epi16. */
-static inline void narrow_tile16(const uint8_t *const *qr, const uint16_t *const *dr, const acts *x, int64_t r0,
-                                 int64_t mt, float out[RB][MT]) {
-    const __m256i low = _mm256_set1_epi16(15);
-    __m256 acc[RB][MT];
-    for (int i = 0; i < RB; i++)
-        for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < x->groups; g++) {
-        __m256i lo[RB], hi[RB];
-        float d[RB];
-        for (int i = 0; i < RB; i++) {
-            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qr[i] + g * 16)));
-            lo[i] = _mm256_and_si256(w, low);
-            hi[i] = _mm256_srli_epi16(w, 4);
-            d[i] = _cvtsh_ss(dr[i][g]);
-        }
-        for (int r = 0; r < mt && r < MT; r++) {
-            const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP;
-            const __m256i xl = _mm256_loadu_si256((const __m256i *)xr), xh = _mm256_loadu_si256((const __m256i *)(xr + 16));
-            const float sx = x->scale[(r0 + r) * x->groups + g];
-            for (int i = 0; i < RB; i++) {
-                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo[i], xl), _mm256_madd_epi16(hi[i], xh));
-                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d[i] * sx), acc[i][r]);
-            }
-        }
-    }
-    for (int i = 0; i < RB; i++)
-        for (int r = 0; r < mt && r < MT; r++) out[i][r] = hsum8(acc[i][r]);
-}
-
 /* Bytes [p, p + n) asked into the cache ahead of their use, a line at a time. A decode step reads every weight once
  * from memory; the hardware's prefetchers stop at each 4 KB page, so a tile's rows waited for memory: asking for the
  * rows two tiles ahead made a real AVX2 box's (Zen 3, 1 thread) SmolLM2 int4 layers 1.3x and its int8 output 1.6-1.75x
@@ -282,37 +255,6 @@ static inline void narrow_tile16(const uint8_t *const *qr, const uint16_t *const
 #define AHEAD_TILES 2
 static inline void ahead(const void *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
-/* y [M, N] = x @ w.T for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt). */
-static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x, float *y, int64_t r0, int64_t mt,
-                             int64_t n, int64_t row) {
-    const int64_t groups = x->groups;
-    const uint8_t *qr[RB];
-    const uint16_t *dr[RB];
-    for (int i = 0; i < RB; i++) { /* rows past N compute row N - 1 again, unstored */
-        const int64_t at = row + i < n ? row + i : n - 1;
-        qr[i] = q + at * (x->k / 2);
-        dr[i] = dm + at * 2 * groups;
-    }
-    if (r0 == 0 && row + RB * (AHEAD_TILES + 1) <= n) {
-        ahead(q + (row + RB * AHEAD_TILES) * (x->k / 2), RB * (x->k / 2));
-        ahead(dm + (row + RB * AHEAD_TILES) * 2 * groups, RB * 2 * groups * (int64_t)sizeof(uint16_t));
-    }
-    float wide[RB][MT] = {{0}}, tail[RB][MT] = {{0}};
-    int64_t g0 = 0;
-#if WIDE
-    wide_tile(qr, dr, x, r0, mt, wide);
-    g0 = groups & ~(int64_t)1;
-#endif
-    if (X16 && x->mode == EXACT)
-        narrow_tile16(qr, dr, x, r0, mt, tail);
-    else
-        narrow_tile(qr, dr, x, r0, mt, g0, tail);
-    for (int i = 0; i < RB && row + i < n; i++)
-        for (int r = 0; r < mt; r++)
-            y[(r0 + r) * n + row + i] = (wide[i][r] + tail[i][r]) + m_dot(dr[i] + groups, x->sums + (r0 + r) * groups,
-                                                                           groups);
 }
 
 /* The calling thread's buffer for a call's quantized activations, kept for its next call (a decode step makes ~120:
@@ -329,29 +271,144 @@ static void *scratch(size_t bytes) {
 }
 
 /* The activations of a call quantized into the thread's scratch buffer; -1 out of memory. */
-static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, acts *xs) {
-    const int64_t groups = k / GROUP;
-    int8_t *a = scratch((size_t)(m * k * (mode == EXACT ? 2 : 1)) + (size_t)(m * groups * 2) * sizeof(float));
+static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, int wide16, acts *xs) {
+    const int64_t groups = k / GROUP, bytes = m * k * (mode == EXACT || wide16 ? 2 : 1);
+    int8_t *a = scratch((size_t)bytes + (size_t)(m * groups * 2) * sizeof(float));
     if (a == NULL) return -1;
-    float *f = (float *)(a + m * k * (mode == EXACT ? 2 : 1));
+    float *f = (float *)(a + bytes);
     int16_t *x16 = (int16_t *)a;
     *xs = (acts){a, a + m * k, x16, f, f + m * groups, k, groups, mode};
     for (int64_t r = 0; r < m; r++)
         quantize_row(x + r * k, a + r * k, a + m * k + r * k, x16 + r * k, f + r * groups, f + m * groups + r * groups,
-                     k, mode, natural);
+                     k, mode, natural, wide16);
     return 0;
+}
+
+#if WIDE /* the row layout's int4 matmul: AVX-512 builds (AVX2 ones tile, below) */
+/* y [M, N] = x @ w.T for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt). */
+static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x, float *y, int64_t r0, int64_t mt,
+                             int64_t n, int64_t row) {
+    const int64_t groups = x->groups;
+    const uint8_t *qr[RB];
+    const uint16_t *dr[RB];
+    for (int i = 0; i < RB; i++) { /* rows past N compute row N - 1 again, unstored */
+        const int64_t at = row + i < n ? row + i : n - 1;
+        qr[i] = q + at * (x->k / 2);
+        dr[i] = dm + at * 2 * groups;
+    }
+    if (r0 == 0 && row + RB * (AHEAD_TILES + 1) <= n) {
+        ahead(q + (row + RB * AHEAD_TILES) * (x->k / 2), RB * (x->k / 2));
+        ahead(dm + (row + RB * AHEAD_TILES) * 2 * groups, RB * 2 * groups * (int64_t)sizeof(uint16_t));
+    }
+    float wide[RB][MT] = {{0}}, tail[RB][MT] = {{0}};
+    wide_tile(qr, dr, x, r0, mt, wide);
+    narrow_tile(qr, dr, x, r0, mt, groups & ~(int64_t)1, tail);
+    for (int i = 0; i < RB && row + i < n; i++)
+        for (int r = 0; r < mt; r++)
+            y[(r0 + r) * n + row + i] = (wide[i][r] + tail[i][r]) + m_dot(dr[i] + groups, x->sums + (r0 + r) * groups,
+                                                                           groups);
 }
 
 /* y [M, N] = x [M, K] @ w.T; mode EXACT or Q8 (the activations' quantization). Returns 0, or -1 out of memory. */
 int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                 int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 0, &xs)) return -1;
+    if (quantize(x, m, k, mode, 0, 0, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
     return 0;
 }
+#endif
+
+#if !WIDE
+/* AVX2 builds keep int4 weights in tiles of TILE rows, one stream a tile: for each group, 128 bytes of values, then
+ * the 8 rows' d, then their m (float16), so int32 lane j of a register is row j's. Chunk c's byte 2j + e holds row
+ * j's value 2c + e (low nibble) and 16 + 2c + e (high): widened to int16, one _mm256_madd_epi16 with an activation
+ * pair broadcast adds two products to each row's lane, and a group's sum is complete (exact, int32) in its lane, so
+ * a group costs one float conversion and one fma for 8 rows where the row layout paid them once a row and summed the
+ * lanes at the end. The rows' reads merge into one stream, which the prefetchers follow. */
+#define TILE 8
+#define TILE_BYTES (TILE * GROUP / 2 + 2 * TILE * 2) /* 160: 0.625 bytes a weight, as the row layout */
+#define AHEAD_BYTES 1024
+
+int prima_q4_tiles(void) { return TILE; }
+
+/* tiles [ceil(N / TILE), G, TILE_BYTES] from q [N, K/2] (GGUF's order) and dm [N, 2, G]; rows past N are zeros. */
+void prima_q4_tile(const uint8_t *q, const uint16_t *dm, uint8_t *tiles, int64_t n, int64_t k, int threads) {
+    const int64_t groups = k / GROUP, count = (n + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *out = tiles + (t * groups + g) * TILE_BYTES;
+            uint16_t *d = (uint16_t *)(out + TILE * GROUP / 2), *m = d + TILE;
+            memset(out, 0, TILE_BYTES);
+            for (int j = 0; j < TILE && t * TILE + j < n; j++) {
+                const int64_t row = t * TILE + j;
+                const uint8_t *src = q + row * (k / 2) + g * 16; /* byte i: value i low, 16 + i high */
+                for (int c = 0; c < 8; c++)
+                    for (int e = 0; e < 2; e++) out[16 * c + 2 * j + e] = src[2 * c + e];
+                d[j] = dm[row * 2 * groups + g];
+                m[j] = dm[row * 2 * groups + groups + g];
+            }
+        }
+}
+
+/* y [M, N] for the TILE rows of tile t and activation rows [r0, r0 + mt): per row and output, sum over groups in
+ * order of S d sx (S the group's exact int32 sum) and, apart, of m sum(x); their sum last: one order for any call. */
+static inline void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int64_t r0, int64_t mt, int64_t n,
+                              int64_t t) {
+    const __m256i low = _mm256_set1_epi16(15);
+    __m256 accd[MT], accm[MT];
+    for (int r = 0; r < MT; r++) accd[r] = accm[r] = _mm256_setzero_ps();
+    const uint8_t *blk = tiles + t * x->groups * TILE_BYTES;
+    for (int64_t g = 0; g < x->groups; g++, blk += TILE_BYTES) {
+        if (r0 == 0)
+            for (int o = 0; o < TILE_BYTES; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
+        __m256i sum[MT];
+        for (int r = 0; r < MT; r++) sum[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
+            const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
+            for (int r = 0; r < mt && r < MT; r++) {
+                const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c;
+                int32_t pl, ph;
+                memcpy(&pl, xr, 4);
+                memcpy(&ph, xr + 16, 4);
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(pl)),
+                                                                   _mm256_madd_epi16(hi, _mm256_set1_epi32(ph))));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2 + 2 * TILE)));
+        for (int r = 0; r < mt && r < MT; r++) {
+            const int64_t at = (r0 + r) * x->groups + g;
+            /* d sx is exact (11 by at most 11 significant bits) and S is below 2^24: one rounding, the fma's */
+            accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, _mm256_set1_ps(x->scale[at])),
+                                      accd[r]);
+            accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->sums[at]), accm[r]);
+        }
+    }
+    for (int r = 0; r < mt && r < MT; r++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, _mm256_add_ps(accd[r], accm[r]));
+        for (int j = 0; j < TILE && t * TILE + j < n; j++) y[(r0 + r) * n + t * TILE + j] = out[j];
+    }
+}
+
+/* y [M, N] = x [M, K] @ w.T for tiled weights (prima_q4_tile); as prima_q4_mm. */
+int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m, int64_t n, int64_t k, int mode,
+                      int threads) {
+    acts xs;
+    if (quantize(x, m, k, mode, 1, 1, &xs)) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) tiled_tile(tiles, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, t);
+    return 0;
+}
+#else
+int prima_q4_tiles(void) { return 0; } /* AVX-512 builds: the row layout (two groups a 64-byte register) */
+#endif
 
 /* int8 weights (one scale a row, nodes/engine/quant.py Int8): y [M, N] for weight rows [row, row + RB) and
  * activation rows [r0, r0 + mt), 8 lanes a group; w signed, so |w| (unsigned) meets x with w's sign (llama.cpp's
@@ -402,7 +459,7 @@ static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *
 int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                   int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, &xs)) return -1;
+    if (quantize(x, m, k, mode, 1, 0, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);

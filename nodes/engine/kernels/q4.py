@@ -18,6 +18,7 @@ GROUP = 32  # weights per (d, m) along K, as nodes/engine/quant.py's int4
 # matmul here but less exact (SmolLM2 Q4_1 lost "Paris" as llama.cpp does; docs/quantization.md).
 MODES = {"exact": 0, "q8": 1}
 MODE_ENV = "PRIMA_INT4_ACTIVATIONS"
+TILE_BYTES = 160  # q4.c: a tile's group, 8 rows of 32 values (128 bytes), their d and their m (float16)
 # The most an activation may be off in each mode, over its group's largest |x| (q4.c's header): exact 1 / 16256;
 # q8 1 / 254 from the rounding plus 127 times the float16 rounding of its scale (2^-11 of it, 2^-25 below 2^-14).
 BOUND = {"exact": 1 / 16256, "q8": 1 / 254 + 2.0 ** -11 + 2.0 ** -20}  # (2^-20: x 127 / max |x| rounds in float32)
@@ -37,8 +38,13 @@ def _lib() -> ctypes.CDLL | None:
     lib = library("q4")
     if lib is not None:
         p, i = ctypes.c_void_p, ctypes.c_int64
-        lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
-        lib.prima_q4_mm.restype = ctypes.c_int
+        if lib.prima_q4_tiles():  # AVX2 builds: weights in tiles of rows (q4.c), else one row after another
+            lib.prima_q4_tile.argtypes = [p] * 3 + [i] * 2 + [ctypes.c_int]
+            lib.prima_q4_tiled_mm.argtypes = [p] * 3 + [i] * 3 + [ctypes.c_int] * 2
+            lib.prima_q4_tiled_mm.restype = ctypes.c_int
+        else:
+            lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+            lib.prima_q4_mm.restype = ctypes.c_int
         lib.prima_int8_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
         lib.prima_int8_mm.restype = ctypes.c_int
         lib.prima_q4_from_torch.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int] * 3
@@ -69,15 +75,24 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tens
 
 
 class Q4Rows:
-    """Weights [N, K]: w = d q + m per group of 32 along K (GGUF Q4_0 / Q4_1 exactly), one row's groups in a row."""
+    """Weights [N, K]: w = d q + m per group of 32 along K (GGUF Q4_0 / Q4_1 exactly), in the layout the build
+    multiplies fastest: one row's groups in a row (AVX-512), or tiles of rows, each group's values and scales of 8
+    rows together (AVX2; q4.c says why)."""
 
     def __init__(self, q: torch.Tensor, dm: torch.Tensor):
         # q: uint8 [N, K/2], a group's 16 bytes in GGUF's order (byte i: values i and 16 + i); dm: float16 (d, m)
         # [K/32, N, 2]
-        self.q = q
-        self.dm = dm.permute(1, 2, 0).contiguous()  # float16 [N, 2, K/32]: each row's d, then its m
         self.shape = (q.shape[0], q.shape[1] * 2)
         self.mode = MODES[mode()]
+        rows_dm = dm.permute(1, 2, 0).contiguous()  # float16 [N, 2, K/32]: each row's d, then its m
+        self.tile = _lib().prima_q4_tiles()
+        if self.tile:
+            n, k = self.shape
+            self.tiles = torch.empty(-(-n // self.tile), k // GROUP, TILE_BYTES, dtype=torch.uint8)
+            _lib().prima_q4_tile(q.contiguous().data_ptr(), rows_dm.data_ptr(), self.tiles.data_ptr(), n, k,
+                                 torch.get_num_threads())
+        else:
+            self.q, self.dm = q, rows_dm
 
     @staticmethod
     def from_values(q: torch.Tensor, dm: torch.Tensor) -> "Q4Rows":
@@ -102,18 +117,35 @@ class Q4Rows:
         x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         m, (n, k) = x.shape[0], self.shape
         y = torch.empty(m, n)
-        if _lib().prima_q4_mm(self.q.data_ptr(), self.dm.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k,
-                              self.mode, torch.get_num_threads()):
+        if self.tile:
+            failed = _lib().prima_q4_tiled_mm(self.tiles.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k, self.mode,
+                                              torch.get_num_threads())
+        else:
+            failed = _lib().prima_q4_mm(self.q.data_ptr(), self.dm.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k,
+                                        self.mode, torch.get_num_threads())
+        if failed:
             raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
         return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` de-quantized (d q + m in float32, rounded once: GGUF's values)."""
         flat = ids.reshape(-1)
+        q, d, m = self._tiled_rows(flat) if self.tile else self._plain_rows(flat)
+        d, m = (v.float().repeat_interleave(GROUP, dim=1) for v in (d, m))
+        return torch.addcmul(m, q.float(), d).view(*ids.shape, self.shape[1])
+
+    def _plain_rows(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = self.q[flat].view(len(flat), -1, GROUP // 2)
-        q = torch.cat([b & 15, b >> 4], dim=-1).view(len(flat), -1).float()  # [R, K]
-        d, m = (self.dm[flat, j].float().repeat_interleave(GROUP, dim=1) for j in (0, 1))
-        return torch.addcmul(m, q, d).view(*ids.shape, self.shape[1])
+        return torch.cat([b & 15, b >> 4], dim=-1).view(len(flat), -1), self.dm[flat, 0], self.dm[flat, 1]
+
+    def _tiled_rows(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Values [R, K] and d, m [R, G] of rows `flat` out of their tiles (q4.c's prima_q4_tile)."""
+        r, t, j = len(flat), flat // self.tile, flat % self.tile
+        blocks = self.tiles[t]  # [R, G, TILE_BYTES]
+        values = blocks[:, :, :GROUP * self.tile // 2].reshape(r, -1, 8, self.tile, 2)[torch.arange(r), :, :, j]
+        q = torch.cat([(values & 15).flatten(2), (values >> 4).flatten(2)], dim=-1)  # [R, G, 32] in value order
+        scales = blocks[:, :, GROUP * self.tile // 2:].contiguous().view(torch.float16).view(r, -1, 2, self.tile)
+        return q.reshape(r, -1), scales[torch.arange(r), :, 0, j], scales[torch.arange(r), :, 1, j]
 
     def nbytes(self) -> int:
-        return self.q.numel() + self.dm.numel() * 2
+        return self.tiles.numel() if self.tile else self.q.numel() + self.dm.numel() * 2
