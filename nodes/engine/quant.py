@@ -250,14 +250,20 @@ class Int8:
     quantization take ~50; under ONEDNN_MAX_CPU_ISA=AVX2 it was also 3x faster than oneDNN's AVX2 path)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-        self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it)
+        self.q = q  # int8 [N, K]; None once packed for oneDNN (unless rows need it) or kept in q4.c's tiles
         self.scale = scale.to(dtype)  # [N] in the activation dtype (the int8pack kernel wants them alike)
         self.shape = tuple(q.shape)
         self.onednn = q.numel() >= ONEDNN_MIN_WEIGHTS and onednn_int8_exact()
         self.packed = None  # oneDNN's layout of q, made on first mm
         self.keep_q = False
+        ours = not self.onednn and dtype == torch.float32 and self.shape[1] % GROUP == 0 and q4.available()
+        self.tiled = q4.Int8Tiles(q, self.scale) if ours and q4.tiles() else None  # AVX2: q4.c's tiles of rows
+        if self.tiled is not None:
+            self.q = None
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiled is not None:
+            return self.tiled.mm(x)
         if not self.onednn:
             if self.scale.dtype == torch.float32 and self.shape[1] % GROUP == 0 and q4.available():  # torch's: scalar
                 return q4.int8_mm(x, self.q, self.scale)
@@ -281,6 +287,9 @@ class Int8:
         return y[m:].mul_(b / 127).add_(y[:m]).mul_(a).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tiled is not None:
+            values = self.tiled.values(ids.reshape(-1)).view(*ids.shape, self.shape[1])
+            return values.float() * self.scale[ids].float()[..., None]
         if self.q is None:
             raise RuntimeError("rows of an int8 matrix whose values were released once packed for oneDNN")
         self.keep_q = True

@@ -38,6 +38,10 @@ def load(path: Path) -> ctypes.CDLL:
     if lib.tile:
         lib.prima_q4_tile.argtypes = [p] * 3 + [i] * 2 + [ctypes.c_int]
         lib.prima_q4_tiled_mm.argtypes = [p] * 3 + [i] * 3 + [ctypes.c_int] * 2
+    lib.int8_tile = lib.tile if hasattr(lib, "prima_int8_tile") else 0
+    if lib.int8_tile:
+        lib.prima_int8_tile.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int]
+        lib.prima_int8_tiled_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
     return lib
 
 
@@ -59,6 +63,7 @@ class Weights:
         self.int8 = (torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g))
         self.x = {k: torch.randn(1, k, generator=g) for k in {k for _, k in shapes} | {k}}
         self.tiled: list[torch.Tensor] = []
+        self.int8_tiles: torch.Tensor | None = None
 
     def tile(self, lib: ctypes.CDLL) -> None:
         """The int4 weights in a tiled build's layout too (made once)."""
@@ -68,6 +73,10 @@ class Weights:
                 t = torch.empty(-(-n // lib.tile), k // 32, TILE_BYTES, dtype=torch.uint8)
                 lib.prima_q4_tile(q.data_ptr(), dm.data_ptr(), t.data_ptr(), n, k, torch.get_num_threads())
                 self.tiled.append(t)
+        if lib.int8_tile and self.int8_tiles is None:
+            (w, _), (n, k) = self.int8, self.shape
+            self.int8_tiles = torch.empty(-(-n // lib.tile), k // 32, lib.tile * 32, dtype=torch.int8)
+            lib.prima_int8_tile(w.data_ptr(), self.int8_tiles.data_ptr(), n, k, torch.get_num_threads())
 
     def layers(self, lib: ctypes.CDLL, mode: int, threads: int) -> list[torch.Tensor]:
         ys = []
@@ -86,7 +95,11 @@ class Weights:
     def output(self, lib: ctypes.CDLL, mode: int, threads: int) -> list[torch.Tensor]:
         (w, s), (n, k) = self.int8, self.shape
         y = torch.empty(1, n)
-        lib.prima_int8_mm(w.data_ptr(), s.data_ptr(), self.x[k].data_ptr(), y.data_ptr(), 1, n, k, mode, threads)
+        if lib.int8_tile:
+            lib.prima_int8_tiled_mm(self.int8_tiles.data_ptr(), s.data_ptr(), self.x[k].data_ptr(), y.data_ptr(), 1, n,
+                                    k, mode, threads)
+        else:
+            lib.prima_int8_mm(w.data_ptr(), s.data_ptr(), self.x[k].data_ptr(), y.data_ptr(), 1, n, k, mode, threads)
         return [y]
 
 
@@ -127,7 +140,7 @@ def main() -> None:
             for mode, m in MODES.items():
                 runs = {label: getattr(w, kernel)(lib, m, args.threads) for label, lib in libs.items()}
                 first = next(iter(runs.values()))
-                bits = len({lib.tile for lib in libs.values()}) == 1 or kernel == "output"
+                bits = len({lib.int8_tile if kernel == "output" else lib.tile for lib in libs.values()}) == 1
                 if not all(all(same(a, b, bits) for a, b in zip(first, r)) for r in runs.values()):
                     raise SystemExit(f"{kernel} {mode}: the two builds' outputs differ")
                 times: dict[str, list[float]] = {label: [] for label in libs}

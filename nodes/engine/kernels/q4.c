@@ -406,6 +406,65 @@ int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m,
         for (int64_t r0 = 0; r0 < m; r0 += MT) tiled_tile(tiles, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, t);
     return 0;
 }
+
+/* int8 weights in tiles of TILE rows the same way: for each group, 16 chunks of 16 bytes, chunk c's byte 2j + e row
+ * j's value 2c + e; the rows' scales apply once, at the end. tiles [ceil(N / TILE), G, TILE * GROUP]. */
+void prima_int8_tile(const int8_t *w8, int8_t *tiles, int64_t n, int64_t k, int threads) {
+    const int64_t groups = k / GROUP, count = (n + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t g = 0; g < groups; g++) {
+            int8_t *out = tiles + (t * groups + g) * TILE * GROUP;
+            memset(out, 0, TILE * GROUP);
+            for (int j = 0; j < TILE && t * TILE + j < n; j++)
+                for (int c = 0; c < 16; c++)
+                    for (int e = 0; e < 2; e++) out[16 * c + 2 * j + e] = w8[(t * TILE + j) * k + g * GROUP + 2 * c + e];
+        }
+}
+
+/* y [M, N] for tile t's rows and activation rows [r0, r0 + mt): per output, sum over groups in order of S sx (S the
+ * group's exact int32 sum), times the row's scale. */
+static inline void int8_tiled_tile(const int8_t *tiles, const float *wscale, const acts *x, float *y, int64_t r0,
+                                   int64_t mt, int64_t n, int64_t t) {
+    __m256 acc[MT];
+    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();
+    const int8_t *blk = tiles + t * x->groups * TILE * GROUP;
+    for (int64_t g = 0; g < x->groups; g++, blk += TILE * GROUP) {
+        if (r0 == 0)
+            for (int o = 0; o < TILE * GROUP; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
+        __m256i sum[MT];
+        for (int r = 0; r < MT; r++) sum[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 16; c++) {
+            const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
+            for (int r = 0; r < mt && r < MT; r++) {
+                int32_t pair;
+                memcpy(&pair, x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c, 4);
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, _mm256_set1_epi32(pair)));
+            }
+        }
+        for (int r = 0; r < mt && r < MT; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(x->scale[(r0 + r) * x->groups + g]),
+                                     acc[r]);
+    }
+    float sc[TILE] = {0};
+    for (int j = 0; j < TILE && t * TILE + j < n; j++) sc[j] = wscale[t * TILE + j];
+    for (int r = 0; r < mt && r < MT; r++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, _mm256_mul_ps(acc[r], _mm256_loadu_ps(sc)));
+        for (int j = 0; j < TILE && t * TILE + j < n; j++) y[(r0 + r) * n + t * TILE + j] = out[j];
+    }
+}
+
+/* y [M, N] = x [M, K] @ (w * wscale[:, None]).T for tiled int8 weights (prima_int8_tile); as prima_int8_mm. */
+int prima_int8_tiled_mm(const int8_t *tiles, const float *wscale, const float *x, float *y, int64_t m, int64_t n,
+                        int64_t k, int mode, int threads) {
+    acts xs;
+    if (quantize(x, m, k, mode, 1, 1, &xs)) return -1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
+        for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tiled_tile(tiles, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, t);
+    return 0;
+}
 #else
 int prima_q4_tiles(void) { return 0; } /* AVX-512 builds: the row layout (two groups a 64-byte register) */
 #endif

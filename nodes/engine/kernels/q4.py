@@ -42,6 +42,9 @@ def _lib() -> ctypes.CDLL | None:
             lib.prima_q4_tile.argtypes = [p] * 3 + [i] * 2 + [ctypes.c_int]
             lib.prima_q4_tiled_mm.argtypes = [p] * 3 + [i] * 3 + [ctypes.c_int] * 2
             lib.prima_q4_tiled_mm.restype = ctypes.c_int
+            lib.prima_int8_tile.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int]
+            lib.prima_int8_tiled_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
+            lib.prima_int8_tiled_mm.restype = ctypes.c_int
         else:
             lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
             lib.prima_q4_mm.restype = ctypes.c_int
@@ -72,6 +75,37 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tens
                             torch.get_num_threads()):
         raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
     return y
+
+
+def tiles() -> int:
+    """Rows a tile of q4.c's build here (8 on AVX2: weights kept in tiles of rows), 0 where it keeps rows."""
+    return _lib().prima_q4_tiles() if available() else 0
+
+
+class Int8Tiles:
+    """int8 weights [N, K] (one float32 scale a row) in q4.c's tiles of rows (AVX2 builds): the int8 path for float32
+    activations there, one stream a tile like the int4 tiles."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        (n, k), self.tile = q.shape, tiles()
+        self.shape, self.scale = (n, k), scale.float().contiguous()
+        self.tiles = torch.empty(-(-n // self.tile), k // GROUP, self.tile * GROUP, dtype=torch.int8)
+        _lib().prima_int8_tile(q.contiguous().data_ptr(), self.tiles.data_ptr(), n, k, torch.get_num_threads())
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        (m, k), n = x.shape, self.shape[0]
+        y = torch.empty(m, n)
+        if _lib().prima_int8_tiled_mm(self.tiles.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(), m, n,
+                                      k, MODES[mode()], torch.get_num_threads()):
+            raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
+        return y
+
+    def values(self, flat: torch.Tensor) -> torch.Tensor:
+        """int8 values [R, K] of rows `flat` out of their tiles (chunk c's byte 2j + e: row j's value 2c + e)."""
+        r = len(flat)
+        blocks = self.tiles[flat // self.tile].view(r, -1, 16, self.tile, 2)  # [R, G, chunk, row, 2]
+        return blocks[torch.arange(r), :, :, flat % self.tile].reshape(r, -1)
 
 
 class Q4Rows:
