@@ -331,6 +331,9 @@ int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, 
 #define TILE 8
 #define TILE_BYTES (TILE * GROUP / 2 + 2 * TILE * 2) /* 160: 0.625 bytes a weight, as the row layout */
 #define AHEAD_BYTES 1024
+/* Activation rows a tile's unpacked weights meet at once: 2 below 4 rows (decode), else 4 (1.25x at 4-512 rows, 0.8x
+ * at one). Each row's sums are its own, in one order, so the bits do not depend on which. */
+#define MT_MAX 4
 
 int prima_q4_tiles(void) { return TILE; }
 
@@ -356,21 +359,21 @@ void prima_q4_tile(const uint8_t *q, const uint16_t *dm, uint8_t *tiles, int64_t
 
 /* y [M, N] for the TILE rows of tile t and activation rows [r0, r0 + mt): per row and output, sum over groups in
  * order of S d sx (S the group's exact int32 sum) and, apart, of m sum(x); their sum last: one order for any call. */
-static inline void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int64_t r0, int64_t mt, int64_t n,
-                              int64_t t) {
+static inline __attribute__((always_inline)) void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int64_t r0,
+                                                             int64_t mt, int64_t n, int64_t t, const int at_once) {
     const __m256i low = _mm256_set1_epi16(15);
-    __m256 accd[MT], accm[MT];
-    for (int r = 0; r < MT; r++) accd[r] = accm[r] = _mm256_setzero_ps();
+    __m256 accd[MT_MAX], accm[MT_MAX];
+    for (int r = 0; r < at_once; r++) accd[r] = accm[r] = _mm256_setzero_ps();
     const uint8_t *blk = tiles + t * x->groups * TILE_BYTES;
     for (int64_t g = 0; g < x->groups; g++, blk += TILE_BYTES) {
         if (r0 == 0)
             for (int o = 0; o < TILE_BYTES; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
-        __m256i sum[MT];
-        for (int r = 0; r < MT; r++) sum[r] = _mm256_setzero_si256();
+        __m256i sum[MT_MAX];
+        for (int r = 0; r < at_once; r++) sum[r] = _mm256_setzero_si256();
         for (int c = 0; c < 8; c++) {
             const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
             const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
-            for (int r = 0; r < mt && r < MT; r++) {
+            for (int r = 0; r < mt && r < at_once; r++) {
                 const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c;
                 int32_t pl, ph;
                 memcpy(&pl, xr, 4);
@@ -381,7 +384,7 @@ static inline void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2)));
         const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2 + 2 * TILE)));
-        for (int r = 0; r < mt && r < MT; r++) {
+        for (int r = 0; r < mt && r < at_once; r++) {
             const int64_t at = (r0 + r) * x->groups + g;
             /* d sx is exact (11 by at most 11 significant bits) and S is below 2^24: one rounding, the fma's */
             accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, _mm256_set1_ps(x->scale[at])),
@@ -389,7 +392,7 @@ static inline void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int
             accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->sums[at]), accm[r]);
         }
     }
-    for (int r = 0; r < mt && r < MT; r++) {
+    for (int r = 0; r < mt && r < at_once; r++) {
         float out[TILE];
         _mm256_storeu_ps(out, _mm256_add_ps(accd[r], accm[r]));
         for (int j = 0; j < TILE && t * TILE + j < n; j++) y[(r0 + r) * n + t * TILE + j] = out[j];
@@ -401,9 +404,15 @@ int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m,
                       int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 1, 1, &xs)) return -1;
+    const int64_t step = m < MT_MAX ? 2 : MT_MAX;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
-        for (int64_t r0 = 0; r0 < m; r0 += MT) tiled_tile(tiles, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, t);
+        for (int64_t r0 = 0; r0 < m; r0 += step) {
+            if (step == 2)
+                tiled_tile(tiles, &xs, y, r0, m - r0 < 2 ? m - r0 : 2, n, t, 2);
+            else
+                tiled_tile(tiles, &xs, y, r0, m - r0 < MT_MAX ? m - r0 : MT_MAX, n, t, MT_MAX);
+        }
     return 0;
 }
 
@@ -424,31 +433,32 @@ void prima_int8_tile(const int8_t *w8, int8_t *tiles, int64_t n, int64_t k, int 
 
 /* y [M, N] for tile t's rows and activation rows [r0, r0 + mt): per output, sum over groups in order of S sx (S the
  * group's exact int32 sum), times the row's scale. */
-static inline void int8_tiled_tile(const int8_t *tiles, const float *wscale, const acts *x, float *y, int64_t r0,
-                                   int64_t mt, int64_t n, int64_t t) {
-    __m256 acc[MT];
-    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();
+static inline __attribute__((always_inline)) void int8_tiled_tile(const int8_t *tiles, const float *wscale,
+                                                                  const acts *x, float *y, int64_t r0, int64_t mt,
+                                                                  int64_t n, int64_t t, const int at_once) {
+    __m256 acc[MT_MAX];
+    for (int r = 0; r < at_once; r++) acc[r] = _mm256_setzero_ps();
     const int8_t *blk = tiles + t * x->groups * TILE * GROUP;
     for (int64_t g = 0; g < x->groups; g++, blk += TILE * GROUP) {
         if (r0 == 0)
             for (int o = 0; o < TILE * GROUP; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
-        __m256i sum[MT];
-        for (int r = 0; r < MT; r++) sum[r] = _mm256_setzero_si256();
+        __m256i sum[MT_MAX];
+        for (int r = 0; r < at_once; r++) sum[r] = _mm256_setzero_si256();
         for (int c = 0; c < 16; c++) {
             const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
-            for (int r = 0; r < mt && r < MT; r++) {
+            for (int r = 0; r < mt && r < at_once; r++) {
                 int32_t pair;
                 memcpy(&pair, x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c, 4);
                 sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, _mm256_set1_epi32(pair)));
             }
         }
-        for (int r = 0; r < mt && r < MT; r++)
+        for (int r = 0; r < mt && r < at_once; r++)
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(x->scale[(r0 + r) * x->groups + g]),
                                      acc[r]);
     }
     float sc[TILE] = {0};
     for (int j = 0; j < TILE && t * TILE + j < n; j++) sc[j] = wscale[t * TILE + j];
-    for (int r = 0; r < mt && r < MT; r++) {
+    for (int r = 0; r < mt && r < at_once; r++) {
         float out[TILE];
         _mm256_storeu_ps(out, _mm256_mul_ps(acc[r], _mm256_loadu_ps(sc)));
         for (int j = 0; j < TILE && t * TILE + j < n; j++) y[(r0 + r) * n + t * TILE + j] = out[j];
@@ -460,9 +470,15 @@ int prima_int8_tiled_mm(const int8_t *tiles, const float *wscale, const float *x
                         int64_t k, int mode, int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 1, 1, &xs)) return -1;
+    const int64_t step = m < MT_MAX ? 2 : MT_MAX;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
-        for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tiled_tile(tiles, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, t);
+        for (int64_t r0 = 0; r0 < m; r0 += step) {
+            if (step == 2)
+                int8_tiled_tile(tiles, wscale, &xs, y, r0, m - r0 < 2 ? m - r0 : 2, n, t, 2);
+            else
+                int8_tiled_tile(tiles, wscale, &xs, y, r0, m - r0 < MT_MAX ? m - r0 : MT_MAX, n, t, MT_MAX);
+        }
     return 0;
 }
 #else
