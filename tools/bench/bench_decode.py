@@ -214,9 +214,7 @@ GOALS = {"smollm2": [("int4", "Q4_1", 0.9), ("float32", "F32", 0.9), ("Q8_0 f32"
          "8b": [("int4", "Q4_0", 0.9), ("int8", "Q8_0", 0.9), ("Q4_K_M", "Q4_K_M", 0.9)]}
 
 
-def main() -> None:
-    from prima_rpc.spec.home import prima_home
-
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["smollm2", "8b"], choices=["smollm2", "8b"])
     p.add_argument("--tokens", type=int, default=32)
@@ -230,7 +228,39 @@ def main() -> None:
     p.add_argument("--impl", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def run_row(args: argparse.Namespace, label: str, impl: str, path: str, dtype: str | None) -> dict | str:
+    """One row's run in a child process: its figures, or the last line of its error."""
+    cmd = [sys.executable, "-m", "tools.bench.bench_decode", "--impl", impl, "--path", path,
+           "--tokens", str(args.tokens), "--threads", str(args.threads), "--clock", args.clock] + \
+        (["--dtype", dtype] if dtype else []) + \
+        (["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ROW_ENV.get(label, {})})
+    if out.returncode:
+        return f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_goals(args: argparse.Namespace, model: str, got: dict) -> None:
+    for ours, theirs, goal in GOALS[model]:
+        ours = MEASURED.get((ours, machine_dtype(ours)), ours)  # the row of the dtype this machine computes in
+        a, b = got.get((ours, "prima")), got.get((theirs, "llama.cpp"))
+        if a and b:
+            ratio = a["decode_tok_s"] / b["decode_tok_s"]
+            print(f"{model}: prima {ours} / llama.cpp {theirs} = {ratio:.2f}x (goal >= {goal}x: "
+                  f"{'met' if ratio >= goal else 'not met'})")
+            if args.prompt_tokens:
+                ratio = b["ttft_ms"] / a["ttft_ms"]
+                print(f"{model}: prefill of {args.prompt_tokens} tokens, prima {ours} / llama.cpp {theirs} = "
+                      f"{ratio:.2f}x (goal >= 1.0x: {'met' if ratio >= 1.0 else 'not met'})")
+
+
+def main() -> None:
+    from prima_rpc.spec.home import prima_home
+
+    args = parse_args()
     if args.impl:
         return child(args)
     work = args.work or prima_home() / "bench"
@@ -245,15 +275,10 @@ def main() -> None:
         rows = [r for r in rows_for(model, work, args.transformers) if r[1] != "llama.cpp" or llama]
         for rep in range(args.repeats):  # interleaved: a busy spell of a shared machine hits every row alike
             for label, impl, path, dtype in rows:
-                cmd = [sys.executable, "-m", "tools.bench.bench_decode", "--impl", impl, "--path", path,
-                       "--tokens", str(args.tokens), "--threads", str(args.threads), "--clock", args.clock] + \
-                    (["--dtype", dtype] if dtype else []) + \
-                    (["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
-                out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ROW_ENV.get(label, {})})
-                if out.returncode:
-                    print(f"{model:8} {label:14} {impl:13} failed: {out.stderr.strip().splitlines()[-1:]}")
+                r = run_row(args, label, impl, path, dtype)
+                if isinstance(r, str):
+                    print(f"{model:8} {label:14} {impl:13} {r}")
                     continue
-                r = json.loads(out.stdout.strip().splitlines()[-1])
                 best = got.get((label, impl))
                 if best is None or r["decode_tok_s"] > best["decode_tok_s"]:
                     got[label, impl] = {**r, "ttft_ms": min(r["ttft_ms"], best["ttft_ms"]) if best else r["ttft_ms"]}
@@ -264,17 +289,7 @@ def main() -> None:
                     prefill = f" {args.prompt_tokens / r['ttft_ms'] * 1e3:13.1f}" if args.prompt_tokens else ""
                     print(f"{model:8} {label:14} {impl:13} {r['decode_tok_s']:12.1f} {r['ttft_ms']:8.1f} "
                           f"{r['peak_rss_mib']:12.0f}{prefill}", flush=True)
-        for ours, theirs, goal in GOALS[model]:
-            ours = MEASURED.get((ours, machine_dtype(ours)), ours)  # the row of the dtype this machine computes in
-            a, b = got.get((ours, "prima")), got.get((theirs, "llama.cpp"))
-            if a and b:
-                ratio = a["decode_tok_s"] / b["decode_tok_s"]
-                print(f"{model}: prima {ours} / llama.cpp {theirs} = {ratio:.2f}x (goal >= {goal}x: "
-                      f"{'met' if ratio >= goal else 'not met'})")
-                if args.prompt_tokens:
-                    ratio = b["ttft_ms"] / a["ttft_ms"]
-                    print(f"{model}: prefill of {args.prompt_tokens} tokens, prima {ours} / llama.cpp {theirs} = "
-                          f"{ratio:.2f}x (goal >= 1.0x: {'met' if ratio >= 1.0 else 'not met'})")
+        print_goals(args, model, got)
 
 
 if __name__ == "__main__":
