@@ -88,7 +88,7 @@ class Int8Tiles:
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         (n, k), self.tile = q.shape, tiles()
-        self.shape, self.scale = (n, k), scale.float().contiguous()
+        self.shape, self.scale, self.mode = (n, k), scale.float().contiguous(), MODES[mode()]  # as Q4Rows: fixed
         self.tiles = torch.empty(-(-n // self.tile), k // GROUP, self.tile * GROUP, dtype=torch.int8)
         _lib().prima_int8_tile(q.contiguous().data_ptr(), self.tiles.data_ptr(), n, k, torch.get_num_threads())
 
@@ -97,7 +97,7 @@ class Int8Tiles:
         (m, k), n = x.shape, self.shape[0]
         y = torch.empty(m, n)
         if _lib().prima_int8_tiled_mm(self.tiles.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(), m, n,
-                                      k, MODES[mode()], torch.get_num_threads()):
+                                      k, self.mode, torch.get_num_threads()):
             raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
         return y
 
