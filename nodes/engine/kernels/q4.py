@@ -15,7 +15,8 @@ GROUP = 32  # weights per (d, m) along K, as nodes/engine/quant.py's int4
 # How activations are quantized (q4.c): "exact", two int8 terms a value (~14 bits; an exact activation gives the
 # weights back bit for bit), or "q8", ggml's Q8_0 (one int8 term a value, a float16 scale per 32: llama.cpp's
 # numerics, half the dot products). PRIMA_INT4_ACTIVATIONS picks one; exact by default: q8 was 10-25 % faster a
-# matmul here but less exact (SmolLM2 Q4_1 lost "Paris" as llama.cpp does; docs/quantization.md).
+# matmul on AVX-512 (~4 % a decode on AVX2, whose tiles take both modes as int16) but less exact (SmolLM2 Q4_1 lost
+# "Paris" as llama.cpp does; docs/quantization.md).
 MODES = {"exact": 0, "q8": 1}
 MODE_ENV = "PRIMA_INT4_ACTIVATIONS"
 TILE_BYTES = 160  # q4.c: a tile's group, 8 rows of 32 values (128 bytes), their d and their m (float16)
