@@ -77,9 +77,10 @@ def kl_top1(p_logits: np.ndarray, q_logits: np.ndarray) -> tuple[float, float]:
     return kl, (p.argmax(-1) == q.argmax(-1)).double().mean().item()
 
 
-def decode(impl: str, path: Path, tokens: int) -> float:
+def decode(impl: str, path: Path, tokens: int, dtype: str | None = None) -> float:
+    """dtype: prima's activations (the store's measured choice, as its logits above and a node use)."""
     cmd = [sys.executable, "-m", "tools.bench.bench_decode", "--impl", impl, "--path", str(path), "--tokens",
-           str(tokens)] + (["--dtype", "bfloat16"] if impl == "prima" else [])
+           str(tokens)] + (["--dtype", dtype] if dtype else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"]
 
@@ -95,6 +96,7 @@ def file_row(kind: str, gguf: Path, store: Path, ids: list[int], base: np.ndarra
              repeats: int = 1) -> list:
     """One file's row: what its store became, bits per weight, KL / top-1 against llama.cpp on the same file,
     llama.cpp's own KL against the base's logits, decode tokens/s of both."""
+    from nodes.engine.dtype_choice import compute_dtype
     from prima_rpc.spec.manifest import read_manifest
     from tools.import_gguf import import_gguf
 
@@ -104,11 +106,12 @@ def file_row(kind: str, gguf: Path, store: Path, ids: list[int], base: np.ndarra
     theirs = llamacpp_logits(gguf, ids)
     kl, top1 = kl_top1(theirs, prima_logits(store, ids))
     own_kl, _ = kl_top1(base, theirs)
-    runs = [(decode("prima", store, tokens), decode("llama.cpp", gguf, tokens)) for _ in range(repeats)]
+    dtype = compute_dtype(m.dtype)  # bfloat16 forced here ran at 0.32x on AVX2, where bfloat16 is emulated
+    runs = [(decode("prima", store, tokens, dtype), decode("llama.cpp", gguf, tokens)) for _ in range(repeats)]
     ours_s, theirs_s = (max(r[i] for r in runs) for i in (0, 1))  # interleaved, the best of each
     becomes = m.dtype + int8_note(m.quant, m.config.n_layers)
     return [kind, becomes, f"{bits_on_disk(gguf):.2f}", f"{m.bits_per_weight:.2f}", f"{kl:.5f}", f"{top1 * 100:.1f} %",
-            f"{own_kl:.5f}", f"{ours_s:.1f}", f"{theirs_s:.1f}", f"{ours_s / theirs_s:.2f}x"]
+            f"{own_kl:.5f}", f"{ours_s:.1f} ({dtype})", f"{theirs_s:.1f}", f"{ours_s / theirs_s:.2f}x"]
 
 
 def int8_note(quant: dict, n_layers: int) -> str:
