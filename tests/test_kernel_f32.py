@@ -15,7 +15,7 @@ from tests.test_kernels import run_here
 pytestmark = pytest.mark.skipif(not f32.available(), reason="f32.c has no build here (not x86 with AVX2, or no C "
                                 "compiler): float32 rows keep torch's GEMMs, test_batch_invariance covers them")
 # [N, K]: SmolLM2's wqkv and w_down, and odd sizes (a K tail shorter than a vector, an N tail short of a tile)
-SHAPES = [(960, 576), (576, 1536), (37, 100), (13, 7)]
+SHAPES = [(960, 576), (576, 1536), (37, 100), (11, 28), (13, 7)]  # K = 28: two tail chunks, one masked
 
 
 def bounded(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:

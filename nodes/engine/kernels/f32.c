@@ -28,6 +28,7 @@ static inline float hsum(vec v) {
 }
 #define RB 4
 #define MT 4
+#define AHEAD_TILES 2
 #else
 #define VW 8
 typedef __m256 vec;
@@ -43,10 +44,10 @@ static inline float hsum(vec v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+#define RB 1
 #define MT 4
 #define U 2 /* accumulators along K: chunk c (of VW lanes) sums into acc[c % U] */
 #endif
-#define AHEAD_TILES 2
 
 #include "cpu_ok.h" /* prima_cpu_ok: build.py loads a build only where this CPU runs it */
 
@@ -106,7 +107,6 @@ static inline void tile(const float *w, const float *x, float *y, int64_t r0, in
         y[(r0 + r) * n + row] = hsum(sum);
     }
 }
-#define RB 1
 #endif
 
 /* y [M, N] = x [M, K] @ w.T for float32 w [N, K], all contiguous. */
