@@ -271,6 +271,7 @@ class Int8:
         if self.packed is None:
             self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.shape[1]])
             self.kernel_scale, self.zeros = self.scale.float(), torch.zeros(self.shape[0], dtype=torch.int32)
+            self.ones = torch.ones(self.shape[0])
             if not self.keep_q:
                 self.q = None
         # x = a (hi + r) / 127 per row, hi = round(127 x / a), and the remainder r = b lo / 127 the same way: both
@@ -282,8 +283,11 @@ class Int8:
         r = scaled.sub_(hi)  # in [-0.5, 0.5]
         b = r.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
         xq = torch.cat([hi, r.mul_(127 / b).round_()]).add_(128).to(torch.uint8)  # [2M, K] in [1, 255]
-        y = torch.ops.onednn.qlinear_pointwise(xq, 1 / 127, 128, self.packed, self.kernel_scale, self.zeros, None,
-                                               1.0, 0, torch.float32, "none", [], "")
+        # unit scales: oneDNN returns the exact int32 sums, rounded once to float32, whichever kernel it picks for
+        # this many rows (with the scales applied inside, AMX builds' kernels for many rows rounded 1 ulp apart from
+        # one row's); the scales then apply here, elementwise, the same for every row
+        y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 128, self.packed, self.ones, self.zeros, None, 1.0, 0,
+                                               torch.float32, "none", [], "").mul_(1 / 127).mul_(self.kernel_scale)
         return y[m:].mul_(b / 127).add_(y[:m]).mul_(a).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
