@@ -2,12 +2,13 @@
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from nodes.engine import layer_calls
 from nodes.engine.formats import Format
 from nodes.engine.kernels import ops
 from nodes.engine.moe import Expert, MoE, moe_mlp
@@ -74,6 +75,7 @@ class Layer:
     post_attn_norm: torch.Tensor | None = None  # [H] (Gemma 3)
     post_ffn_norm: torch.Tensor | None = None  # [H]
     moe: MoE | None = None  # a mixture of experts' MLP (nodes/engine/moe.py)
+    bound: "layer_calls.Bound | None" = field(default=None, init=False, repr=False, compare=False)  # its C calls'
 
     @staticmethod
     def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None,
@@ -182,6 +184,9 @@ class Segment:
 
 def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """x: [sum T, H], the segments' rows in order; rope: this layer's (Rope.layer)."""
+    y = layer_calls.forward(x, layer, segs, cfg, rope, ACTIVATIONS[cfg.arch.act])  # few float32 rows: 2 C calls
+    if y is not None:
+        return y
     h = attention_stage(x, layer.small(), layer.wqkv, layer.wo, segs, cfg, rope)
     if layer.moe is not None:
         return moe_stage(h, layer.ffn_norm, layer.moe, cfg)

@@ -21,7 +21,7 @@ from functools import cache
 
 import torch
 
-from nodes.engine.kernels import f32, q4
+from nodes.engine.kernels import f32, ops, q4
 
 GROUP = 32  # int4: weights per (scale, min) along K; GGUF's block size
 QUANTIZED = ("int4", "int8")
@@ -56,6 +56,22 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return torch.nn.functional.linear(x, w, bias)
     y = w.mm(x) if x.dim() == 2 else w.mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
     return y if bias is None else y + bias
+
+
+def kernel_matrix(w) -> ops.Matrix | None:
+    """w as ops.c's layer steps take it: the kernel linear(x, w) runs for up to FEW_ROWS float32 rows x and its
+    operands; None where that is not one of ours (torch's int4 kernel, oneDNN, float weights in another dtype)."""
+    if isinstance(w, torch.Tensor):
+        usable = w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous() and f32.available()
+        return f32.matrix(w) if usable else None
+    if isinstance(w, q4.Q4Rows):
+        return w.matrix()
+    if isinstance(w, Int8) and w.scale.dtype == torch.float32:
+        if w.tiled is not None:
+            return w.tiled.matrix()
+        if not w.onednn and w.shape[1] % GROUP == 0 and q4.available():
+            return q4.int8_matrix(w.q, w.scale)
+    return None
 
 
 def _few_rows(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

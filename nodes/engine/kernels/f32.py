@@ -7,6 +7,7 @@ from functools import cache
 
 import torch
 
+from nodes.engine.kernels import ops
 from nodes.engine.kernels.build import library
 
 
@@ -30,3 +31,8 @@ def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.empty(m, n)
     _lib().prima_f32_mm(w.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k, torch.get_num_threads())
     return y
+
+
+def matrix(w: torch.Tensor) -> ops.Matrix:
+    """w (float32, contiguous, kept by the caller) as ops.c's layer steps take it."""
+    return ops.matrix(_lib().prima_f32_mm, ops.F32, tuple(w.shape), w)

@@ -95,3 +95,80 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
     free(scratch);
     return 0;
 }
+
+/* A decode step's layer as two calls (a layer took ~15 Python-level steps, 130-190 us of glue on AVX2, as long as a
+ * node's matmuls on small models): prima_attention_block from the layer's input to its MLP's gate_up product, then,
+ * after the activation (torch's, in Python), prima_down_block to the layer's output. Each step is the very function
+ * the unfused path (nodes/engine/model.py) runs, in its order, so the two give the same bits. A matrix is one of the
+ * matmul kernels of q4.c / f32.c, found through ctypes and passed as its address with its operands. */
+enum { MM_F32 = 0, MM_ONE = 1, MM_TWO = 2 }; /* f32.c's (w); q4.c's tiles (tiles); q4.c's with two operands */
+
+typedef struct {
+    void *fn;
+    const void *a, *b;
+    int64_t n, k;
+    int32_t kind, mode;
+} prima_matrix;
+
+typedef struct {
+    float *kv; /* [2, nkv, cap, hd] */
+    int64_t pos, t, cap;
+} prima_segment;
+
+typedef void (*mm_f32)(const void *, const float *, float *, int64_t, int64_t, int64_t, int);
+typedef int (*mm_one)(const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
+typedef int (*mm_two)(const void *, const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
+
+static int matmul(const prima_matrix *w, const float *x, float *y, int64_t m, int threads) {
+    switch (w->kind) {
+    case MM_F32: ((mm_f32)w->fn)(w->a, x, y, m, w->n, w->k, threads); return 0;
+    case MM_ONE: return ((mm_one)w->fn)(w->a, x, y, m, w->n, w->k, w->mode, threads);
+    default: return ((mm_two)w->fn)(w->a, w->b, x, y, m, w->n, w->k, w->mode, threads);
+    }
+}
+
+/* y [rows, n] = x + y elementwise, as torch's add (one rounding each); x is one row [n] for all where broadcast (a
+ * bias). */
+static void add_rows(float *y, const float *x, int64_t rows, int64_t n, int broadcast) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) y[r * n + j] = x[(broadcast ? 0 : r * n) + j] + y[r * n + j];
+}
+
+/* x [rows, H] (the segments' rows in order) -> h = x + attention (post_attn_norm applied where given) and
+ * gu [rows, w_gate_up.n] = rms_norm(h, ffn_norm) @ w_gate_up.T. bqkv and post_attn_norm may be NULL. Returns 0, or
+ * -1 out of memory (a kernel's, or its own scratch). */
+int prima_attention_block(const float *x, float *h, float *gu, int64_t rows, int64_t hidden, const float *attn_norm,
+                          const float *bqkv, const prima_matrix *wqkv, const prima_matrix *wo,
+                          const float *post_attn_norm, const float *ffn_norm, const prima_matrix *w_gate_up,
+                          const prima_segment *segs, int64_t nseg, const float *cos, const float *sin, int64_t rot,
+                          int64_t nh, int64_t nkv, int64_t hd, int64_t window, float scale, float eps, int threads) {
+    const int64_t width = wqkv->n, att_width = nh * hd;
+    float *xn = malloc((size_t)rows * (size_t)(hidden + width + att_width) * sizeof(float));
+    if (xn == NULL) return -1;
+    float *qkv = xn + rows * hidden, *att = qkv + rows * width;
+    int failed = 0;
+    prima_rms_norm(x, attn_norm, xn, rows, hidden, eps);
+    failed = matmul(wqkv, xn, qkv, rows, threads);
+    if (!failed && bqkv != NULL) add_rows(qkv, bqkv, rows, width, 1);
+    for (int64_t s = 0, at = 0; !failed && s < nseg; at += segs[s].t, s++)
+        failed = prima_attend_rows(qkv + at * width, cos, sin, segs[s].kv, att + at * att_width, segs[s].t,
+                                   segs[s].pos, nh, nkv, hd, rot, segs[s].cap, window, scale, threads);
+    if (!failed) failed = matmul(wo, att, h, rows, threads);
+    if (!failed) {
+        if (post_attn_norm != NULL) prima_rms_norm(h, post_attn_norm, h, rows, hidden, eps);
+        add_rows(h, x, rows, hidden, 0);
+        prima_rms_norm(h, ffn_norm, xn, rows, hidden, eps);
+        failed = matmul(w_gate_up, xn, gu, rows, threads);
+    }
+    free(xn);
+    return failed ? -1 : 0;
+}
+
+/* out [rows, H] = h + (a @ w_down.T, post_ffn_norm applied where given: may be NULL). Returns 0, or -1. */
+int prima_down_block(const float *h, const float *a, float *out, int64_t rows, const prima_matrix *w_down,
+                     const float *post_ffn_norm, float eps, int threads) {
+    if (matmul(w_down, a, out, rows, threads)) return -1;
+    if (post_ffn_norm != NULL) prima_rms_norm(out, post_ffn_norm, out, rows, w_down->n, eps);
+    add_rows(out, h, rows, w_down->n, 0);
+    return 0;
+}

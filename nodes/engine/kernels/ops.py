@@ -1,6 +1,8 @@
 """A layer's float32 steps between matmuls as one C call each (ops.c): RMSNorm, and a segment's RoPE + KV cache
-write + one-row attention. Used where ops.c builds (x86 with AVX2 and up) for float32 activations; elsewhere, and for
-other dtypes, the torch ops of nodes/engine/model.py and row_attention.py run. Callers check `fits` first."""
+write + one-row attention; and a decode step's whole layer as two calls around its activation (attention_block,
+down_block: nodes/engine/layer_calls.py). Used where ops.c builds (x86 with AVX2 and up) for float32 activations;
+elsewhere, and for other dtypes, the torch ops of nodes/engine/model.py and row_attention.py run. Callers check
+`fits` first."""
 
 import ctypes
 from functools import cache
@@ -19,7 +21,34 @@ def _lib() -> ctypes.CDLL | None:
         lib.prima_rms_norm.restype = None
         lib.prima_attend_rows.argtypes = [p] * 5 + [i] * 8 + [f, ctypes.c_int]
         lib.prima_attend_rows.restype = ctypes.c_int
+        m, seg = ctypes.POINTER(Matrix), ctypes.POINTER(Segment)
+        lib.prima_attention_block.argtypes = [p] * 3 + [i] * 2 + [p] * 2 + [m] * 2 + [p] * 2 + [m, seg, i, p, p] + [
+            i] * 5 + [f] * 2 + [ctypes.c_int]
+        lib.prima_attention_block.restype = ctypes.c_int
+        lib.prima_down_block.argtypes = [p] * 3 + [i, m, p, f, ctypes.c_int]
+        lib.prima_down_block.restype = ctypes.c_int
     return lib
+
+
+class Matrix(ctypes.Structure):
+    """A weight matrix as ops.c's layer steps take it: one of our matmul kernels (its address) and its operands."""
+
+    _fields_ = [("fn", ctypes.c_void_p), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("n", ctypes.c_int64),
+                ("k", ctypes.c_int64), ("kind", ctypes.c_int32), ("mode", ctypes.c_int32)]
+
+
+F32, ONE, TWO = 0, 1, 2  # Matrix.kind: f32.c's (w, x, y, ...); q4.c's (a, x, y, ..., mode); q4.c's (a, b, x, ...)
+
+
+def matrix(fn, kind: int, shape: tuple[int, int], a: torch.Tensor, b: torch.Tensor | None = None,
+           mode: int = 0) -> Matrix:
+    """fn: the kernel (a ctypes function of q4.c or f32.c); a, b: its weight operands, which the caller keeps."""
+    return Matrix(ctypes.cast(fn, ctypes.c_void_p).value, a.data_ptr(), None if b is None else b.data_ptr(), shape[0],
+                  shape[1], kind, mode)
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [("kv", ctypes.c_void_p), ("pos", ctypes.c_int64), ("t", ctypes.c_int64), ("cap", ctypes.c_int64)]
 
 
 def available() -> bool:
@@ -49,4 +78,31 @@ def attend_rows(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tor
     if _lib().prima_attend_rows(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), out.data_ptr(), t, pos,
                                 nh, nkv, hd, cos.shape[1], cap, window or 0, scale, torch.get_num_threads()):
         raise MemoryError(f"ops.c: no memory for the attention scores of {t} rows over {pos + t} positions")
+    return out
+
+
+def attention_block(x: torch.Tensor, norms: tuple, wqkv: Matrix, wo: Matrix, w_gate_up: Matrix, segs: list,
+                    cos: torch.Tensor, sin: torch.Tensor, nh: int, nkv: int, hd: int, window: int | None, scale: float,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] (float32, contiguous) -> (h [T, H], x plus the attention, and rms_norm(h, ffn_norm) @ w_gate_up.T
+    [T, 2 I]), as model.attention_stage and the gate_up product compute them. norms: the data pointers of attn_norm,
+    bqkv, post_attn_norm, ffn_norm (0: none); segs: (kv, pos, t) in row order, each fitting attend_rows."""
+    rows, hidden = x.shape
+    h, gu = torch.empty(rows, hidden), torch.empty(rows, w_gate_up.n)
+    cs = (Segment * len(segs))(*((kv.data_ptr(), pos, t, kv.shape[2]) for kv, pos, t in segs))
+    attn_norm, bqkv, post_attn_norm, ffn_norm = norms
+    if _lib().prima_attention_block(x.data_ptr(), h.data_ptr(), gu.data_ptr(), rows, hidden, attn_norm, bqkv or None,
+                                    wqkv, wo, post_attn_norm or None, ffn_norm, w_gate_up, cs, len(segs),
+                                    cos.data_ptr(), sin.data_ptr(), cos.shape[1], nh, nkv, hd, window or 0, scale, eps,
+                                    torch.get_num_threads()):
+        raise MemoryError(f"ops.c: no memory for a layer step of {rows} rows")
+    return h, gu
+
+
+def down_block(h: torch.Tensor, a: torch.Tensor, w_down: Matrix, post_ffn_norm: int, eps: float) -> torch.Tensor:
+    """h + a @ w_down.T (post_ffn_norm's data pointer, 0: none, normalising the product first), as model.down_stage."""
+    out = torch.empty_like(h)
+    if _lib().prima_down_block(h.data_ptr(), a.data_ptr(), out.data_ptr(), h.shape[0], w_down, post_ffn_norm or None,
+                               eps, torch.get_num_threads()):
+        raise MemoryError(f"ops.c: no memory for the activations of a [{h.shape[0]}, {w_down.k}] matmul")
     return out

@@ -9,13 +9,14 @@ from functools import cache
 
 import torch
 
+from nodes.engine.kernels import ops
 from nodes.engine.kernels.build import chosen, library
 
 GROUP = 32  # weights per (d, m) along K, as nodes/engine/quant.py's int4
 # How activations are quantized (q4.c): "exact", two int8 terms a value (~14 bits; an exact activation gives the
 # weights back bit for bit), or "q8", ggml's Q8_0 (one int8 term a value, a float16 scale per 32: llama.cpp's
 # numerics, half the dot products). PRIMA_INT4_ACTIVATIONS picks one; exact by default: q8 was 10-25 % faster a
-# matmul on AVX-512 (~4 % a decode on AVX2, whose tiles take both modes as int16) but less exact (SmolLM2 Q4_1 lost
+# matmul on AVX-512 (0-12 % a decode on AVX2, whose tiles take both modes as int16) but less exact (SmolLM2 Q4_1 lost
 # "Paris" as llama.cpp does; docs/quantization.md).
 MODES = {"exact": 0, "q8": 1}
 MODE_ENV = "PRIMA_INT4_ACTIVATIONS"
@@ -78,6 +79,11 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tens
     return y
 
 
+def int8_matrix(q: torch.Tensor, scale: torch.Tensor) -> ops.Matrix:
+    """int8_mm's weights as ops.c's layer steps take them (q contiguous, scale float32: both kept by the caller)."""
+    return ops.matrix(_lib().prima_int8_mm, ops.TWO, tuple(q.shape), q, scale, MODES[mode()])
+
+
 def tiles() -> int:
     """Rows a tile of q4.c's build here (8 on AVX2: weights kept in tiles of rows), 0 where it keeps rows."""
     return _lib().prima_q4_tiles() if available() else 0
@@ -101,6 +107,9 @@ class Int8Tiles:
                                       k, self.mode, torch.get_num_threads()):
             raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
         return y
+
+    def matrix(self) -> ops.Matrix:
+        return ops.matrix(_lib().prima_int8_tiled_mm, ops.TWO, self.shape, self.tiles, self.scale, self.mode)
 
     def values(self, flat: torch.Tensor) -> torch.Tensor:
         """int8 values [R, K] of rows `flat` out of their tiles (chunk c's byte 2j + e: row j's value 2c + e)."""
@@ -161,6 +170,12 @@ class Q4Rows:
         if failed:
             raise MemoryError(f"q4.c: no memory for the activations of a [{m}, {k}] matmul")
         return y
+
+    def matrix(self) -> ops.Matrix:
+        """These weights as ops.c's layer steps take them (mm's kernel and operands)."""
+        if self.tile:
+            return ops.matrix(_lib().prima_q4_tiled_mm, ops.ONE, self.shape, self.tiles, mode=self.mode)
+        return ops.matrix(_lib().prima_q4_mm, ops.TWO, self.shape, self.q, self.dm, self.mode)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` de-quantized (d q + m in float32, rounded once: GGUF's values)."""

@@ -1,0 +1,62 @@
+"""A decode step's layer (a few float32 rows) as two C calls around its activation, where all of its matrices run
+our kernels: ops.c's attention_block (norm, qkv, RoPE + KV write + row attention per segment, wo, residual, norm,
+gate_up) and down_block (down, residual). The same functions in the same order as model.layer_forward's torch
+steps, so the same bits (tests/test_layer_calls.py); what it saves is Python: a layer was ~15 dispatches and 130-190 us
+of glue a token on a real AVX2 box, as long as SmolLM2's matmuls (docs/performance.md)."""
+
+from dataclasses import dataclass
+
+import torch
+
+from nodes.engine.kernels import ops
+from nodes.engine.quant import FEW_ROWS, kernel_matrix
+from nodes.engine.row_attention import ROW_ATTENTION
+
+NORMS = ("attn_norm", "bqkv", "post_attn_norm", "ffn_norm", "post_ffn_norm")
+MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A layer's matrices and norms as the C calls take them, and the objects they were taken from: used while the
+    layer still holds those very objects (a layer whose weights are replaced is bound again)."""
+
+    held: tuple
+    matrices: tuple[ops.Matrix, ...] | None  # None: some matrix is not one of our kernels'
+    norms: tuple[int, ...]  # data pointers, 0 for none
+
+
+def bind(layer) -> Bound:
+    held = tuple(getattr(layer, n) for n in MATRICES + NORMS)
+    bound = layer.bound
+    if bound is not None and all(a is b for a, b in zip(bound.held, held, strict=True)):
+        return bound
+    matrices = tuple(kernel_matrix(getattr(layer, n)) for n in MATRICES)
+    norms = tuple(0 if t is None else t.data_ptr() for t in (getattr(layer, n) for n in NORMS))
+    floats = all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in held[len(MATRICES):])
+    layer.bound = Bound(held, matrices if floats and None not in matrices else None, norms)
+    return layer.bound
+
+
+def fits(x: torch.Tensor, layer, segs, rope) -> bool:
+    """Whether these rows and segments take the C calls: float32 rows, few enough for f32.c's guarantee
+    (quant.FEW_ROWS), each segment within ops.c's row attention, no per-head norms (Qwen3, Gemma 3), no mixture."""
+    return (x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.is_contiguous()
+            and layer.moe is None and layer.q_norm is None and ops.fits(rope.cos, rope.sin)
+            and all(s.t <= ROW_ATTENTION and s.pos + s.t <= s.kv.shape[2] and ops.fits(s.kv) for s in segs))
+
+
+def forward(x: torch.Tensor, layer, segs, cfg, rope, act) -> torch.Tensor | None:
+    """model.layer_forward(x, layer, segs, cfg, rope) through the C calls (act: the MLP's activation), None where
+    they do not apply (fits, bind): the caller's torch steps run then."""
+    if not fits(x, layer, segs, rope):
+        return None
+    bound = bind(layer)
+    if bound.matrices is None:
+        return None
+    wqkv, wo, w_gate_up, w_down = bound.matrices
+    h, gu = ops.attention_block(x, bound.norms[:4], wqkv, wo, w_gate_up, [(s.kv, s.pos, s.t) for s in segs],
+                                rope.cos, rope.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope.window,
+                                (cfg.query_scale or cfg.head_dim) ** -0.5, cfg.norm_eps)
+    gate, up = gu.chunk(2, dim=-1)  # as model.gate_up_stage
+    return ops.down_block(h, act(gate) * up, w_down, bound.norms[4], cfg.norm_eps)

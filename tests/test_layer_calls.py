@@ -1,0 +1,111 @@
+"""A decode step's layer as two C calls (nodes/engine/layer_calls.py) gives model.layer_forward's torch steps' bits:
+the layer's output and every KV cache, for each kind of matrix our kernels take, a bias, post norms, a local
+window, and batches of segments; and it stands aside where it does not apply."""
+
+import pytest
+import torch
+
+from nodes.engine import layer_calls, model
+from nodes.engine.kernels import f32, ops, q4
+from nodes.engine.model import Layer, Segment, layer_forward
+from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, quantize_int4, quantize_int8
+from nodes.engine.rope import Rope
+from prima_rpc.spec.manifest import ModelConfig
+
+pytestmark = pytest.mark.skipif(not (ops.available() and q4.available() and f32.available()),
+                                reason="ops.c, q4.c and f32.c build on x86 with AVX2 and up only: elsewhere a layer "
+                                       "runs model.py's torch steps, which test_model and test_batch_invariance cover")
+NH, NKV, HD, HIDDEN, INTER = 6, 2, 16, 96, 128
+
+
+def config(window: int | None = None) -> ModelConfig:
+    return ModelConfig("llama", hidden=HIDDEN, intermediate=INTER, n_layers=1, n_heads=NH, n_kv_heads=NKV,
+                       head_dim=HD, vocab=32, max_seq_len=64, rope_theta=10000.0, sliding_window=window,
+                       local_layers=(0,) if window else ())
+
+
+def matrix(kind: str, n: int, k: int, gen: torch.Generator):
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    if kind == "float32":
+        return w
+    if kind == "int4":
+        q, dm = quantize_int4(w)
+        return Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
+    weight = Int8(*quantize_int8(w), torch.float32)
+    if kind == "int8-onednn":
+        weight.onednn = True  # oneDNN's path, which the C calls leave to torch
+    return weight
+
+
+def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0) -> Layer:
+    gen = torch.Generator().manual_seed(seed)
+    norm = lambda n: 1 + 0.1 * torch.randn(n, generator=gen)  # noqa: E731
+    qkv = (NH + 2 * NKV) * HD
+    return Layer(attn_norm=norm(HIDDEN), wqkv=matrix(kind, qkv, HIDDEN, gen),
+                 bqkv=0.1 * torch.randn(qkv, generator=gen) if bias else None, wo=matrix(kind, HIDDEN, NH * HD, gen),
+                 ffn_norm=norm(HIDDEN), w_gate_up=matrix(kind, 2 * INTER, HIDDEN, gen),
+                 w_down=matrix(kind, HIDDEN, INTER, gen), post_attn_norm=norm(HIDDEN) if post_norms else None,
+                 post_ffn_norm=norm(HIDDEN) if post_norms else None)
+
+
+def run(x, lay, spans, kvs, cfg, rope, calls: bool, monkeypatch):
+    """layer_forward over segments spans [(pos, t)] with caches kvs (cloned): (output, caches), through the C calls
+    or (calls False) the torch steps alone."""
+    kvs = [kv.clone() for kv in kvs]
+    with monkeypatch.context() as m:
+        if not calls:
+            m.setattr(layer_calls, "forward", lambda *args: None)
+        out = layer_forward(x, lay, [Segment(kv, pos, t) for kv, (pos, t) in zip(kvs, spans, strict=True)], cfg, rope)
+    return out, kvs
+
+
+KINDS = ["float32", "int4", "int8"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bias, post_norms, window", [(False, False, None), (True, False, None),
+                                                      (False, True, None), (False, False, 4)])
+@pytest.mark.parametrize("spans", [[(0, 1)], [(9, 1)], [(5, 4)], [(3, 1), (12, 5), (0, 2)]])
+def test_two_calls_give_the_torch_steps_bits(kind, bias, post_norms, window, spans, monkeypatch):
+    cfg, lay = config(window), layer(kind, bias, post_norms)
+    rope = Rope(cfg, cfg.max_seq_len, torch.float32).layer(0)
+    gen = torch.Generator().manual_seed(len(spans))
+    kvs = [torch.randn(2, NKV, cfg.max_seq_len, HD, generator=gen) for _ in spans]
+    x = torch.randn(sum(t for _, t in spans), HIDDEN, generator=gen)
+    assert layer_calls.fits(x, lay, [Segment(kv, p, t) for kv, (p, t) in zip(kvs, spans, strict=True)], rope)
+    ours, ours_kv = run(x, lay, spans, kvs, cfg, rope, True, monkeypatch)
+    theirs, theirs_kv = run(x, lay, spans, kvs, cfg, rope, False, monkeypatch)
+    assert lay.bound is not None and lay.bound.matrices is not None  # the C calls ran
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(a, b) for a, b in zip(ours_kv, theirs_kv, strict=True))
+
+
+def test_a_layer_whose_weights_are_replaced_is_bound_again(monkeypatch):
+    cfg, lay = config(), layer("int4")
+    rope = Rope(cfg, cfg.max_seq_len, torch.float32)
+    kv, x = torch.zeros(2, NKV, cfg.max_seq_len, HD), torch.randn(1, HIDDEN)
+    run(x, lay, [(0, 1)], [kv], cfg, rope, True, monkeypatch)
+    first = lay.bound
+    lay.w_down = layer("int4", seed=1).w_down
+    ours, _ = run(x, lay, [(0, 1)], [kv], cfg, rope, True, monkeypatch)
+    assert lay.bound is not first and lay.bound.held[3] is lay.w_down
+    assert torch.equal(ours, run(x, lay, [(0, 1)], [kv], cfg, rope, False, monkeypatch)[0])
+
+
+def test_what_the_calls_do_not_take_runs_the_torch_steps(monkeypatch):
+    """oneDNN's int8 matrices, bfloat16 rows, more than FEW_ROWS rows, a segment past its cache and per-head norms go
+    through model.py's steps (the C calls return None for them)."""
+    cfg = config()
+    rope = Rope(cfg, cfg.max_seq_len, torch.float32)
+    kv = torch.zeros(2, NKV, cfg.max_seq_len, HD)
+    segs = lambda t, pos=0: [Segment(kv, pos, t)]  # noqa: E731
+    act = model.ACTIVATIONS["silu"]
+    onednn = layer("int8-onednn")
+    assert layer_calls.forward(torch.randn(1, HIDDEN), onednn, segs(1), cfg, rope, act) is None
+    assert onednn.bound.matrices is None
+    lay = layer("int4")
+    assert layer_calls.forward(torch.randn(1, HIDDEN).bfloat16(), lay, segs(1), cfg, rope, act) is None
+    assert layer_calls.forward(torch.randn(9, HIDDEN), lay, segs(9), cfg, rope, act) is None
+    assert layer_calls.forward(torch.randn(2, HIDDEN), lay, segs(2, cfg.max_seq_len - 1), cfg, rope, act) is None
+    lay.q_norm, lay.k_norm = torch.ones(HD), torch.ones(HD)
+    assert layer_calls.forward(torch.randn(1, HIDDEN), lay, segs(1), cfg, rope, act) is None
