@@ -8,7 +8,7 @@ import torch
 from nodes.engine import layer_calls, model
 from nodes.engine.kernels import f32, ops, q4
 from nodes.engine.model import Layer, Segment, layer_forward
-from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4, quantize_int4, quantize_int8
+from nodes.engine.quant import Int4, Int8, machine_layout, onednn_int8_exact, pack_int4, quantize_int4, quantize_int8
 from nodes.engine.rope import Rope
 from prima_rpc.spec.manifest import ModelConfig
 
@@ -31,10 +31,7 @@ def matrix(kind: str, n: int, k: int, gen: torch.Generator):
     if kind == "int4":
         q, dm = quantize_int4(w)
         return Int4.from_dm(pack_int4(q, machine_layout()), dm, torch.float32, machine_layout())
-    weight = Int8(*quantize_int8(w), torch.float32)
-    if kind == "int8-onednn":
-        weight.onednn = True  # oneDNN's path, which the C calls leave to torch
-    return weight
+    return Int8(*quantize_int8(w), torch.float32)  # oneDNN's from ONEDNN_MIN_WEIGHTS weights, where exact
 
 
 def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0) -> Layer:
@@ -92,17 +89,26 @@ def test_a_layer_whose_weights_are_replaced_is_bound_again(monkeypatch):
     assert torch.equal(ours, run(x, lay, [(0, 1)], [kv], cfg, rope, False, monkeypatch)[0])
 
 
+@pytest.mark.skipif(not onednn_int8_exact(), reason="oneDNN's int8 sums saturate here (no VNNI): no int8 matrix "
+                    "takes oneDNN on this machine, so the C calls meet none")
+def test_onednn_int8_matrices_run_the_torch_steps(monkeypatch):
+    monkeypatch.setattr("nodes.engine.quant.ONEDNN_MIN_WEIGHTS", 0)
+    cfg, lay = config(), layer("int8")
+    assert lay.wqkv.onednn
+    rope, kv = Rope(cfg, cfg.max_seq_len, torch.float32), torch.zeros(2, NKV, cfg.max_seq_len, HD)
+    x, act = torch.randn(1, HIDDEN), model.ACTIVATIONS["silu"]
+    assert layer_calls.forward(x, lay, [Segment(kv, 0, 1)], cfg, rope, act) is None
+    assert lay.bound.matrices is None
+
+
 def test_what_the_calls_do_not_take_runs_the_torch_steps(monkeypatch):
-    """oneDNN's int8 matrices, bfloat16 rows, more than FEW_ROWS rows, a segment past its cache and per-head norms go
-    through model.py's steps (the C calls return None for them)."""
+    """bfloat16 rows, more than FEW_ROWS rows, a segment past its cache and per-head norms go through model.py's
+    steps (the C calls return None for them)."""
     cfg = config()
     rope = Rope(cfg, cfg.max_seq_len, torch.float32)
     kv = torch.zeros(2, NKV, cfg.max_seq_len, HD)
     segs = lambda t, pos=0: [Segment(kv, pos, t)]  # noqa: E731
     act = model.ACTIVATIONS["silu"]
-    onednn = layer("int8-onednn")
-    assert layer_calls.forward(torch.randn(1, HIDDEN), onednn, segs(1), cfg, rope, act) is None
-    assert onednn.bound.matrices is None
     lay = layer("int4")
     assert layer_calls.forward(torch.randn(1, HIDDEN).bfloat16(), lay, segs(1), cfg, rope, act) is None
     assert layer_calls.forward(torch.randn(9, HIDDEN), lay, segs(9), cfg, rope, act) is None

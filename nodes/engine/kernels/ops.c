@@ -96,9 +96,9 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
     return 0;
 }
 
-/* A decode step's layer as two calls (a layer took ~15 Python-level steps, 130-190 us of glue on AVX2, as long as a
- * node's matmuls on small models): prima_attention_block from the layer's input to its MLP's gate_up product, then,
- * after the activation (torch's, in Python), prima_down_block to the layer's output. Each step is the very function
+/* A decode step's layer as two calls where it took ~15 Python-level steps (SmolLM2 int4 on an AVX-512 Xeon: 13-16 us
+ * a layer saved, 5-10 % of a decode; docs/performance.md): prima_attention_block from the layer's input to its MLP's
+ * gate_up product, then, after the activation (torch's, in Python), prima_down_block to the layer's output. Each step is the very function
  * the unfused path (nodes/engine/model.py) runs, in its order, so the two give the same bits. A matrix is one of the
  * matmul kernels of q4.c / f32.c, found through ctypes and passed as its address with its operands. */
 enum { MM_F32 = 0, MM_ONE = 1, MM_TWO = 2 }; /* f32.c's (w); q4.c's tiles (tiles); q4.c's with two operands */
