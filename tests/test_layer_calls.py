@@ -34,7 +34,7 @@ def matrix(kind: str, n: int, k: int, gen: torch.Generator):
     return Int8(*quantize_int8(w), torch.float32)  # oneDNN's from ONEDNN_MIN_WEIGHTS weights, where exact
 
 
-def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0) -> Layer:
+def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0, head_norms: bool = False) -> Layer:
     gen = torch.Generator().manual_seed(seed)
     norm = lambda n: 1 + 0.1 * torch.randn(n, generator=gen)  # noqa: E731
     qkv = (NH + 2 * NKV) * HD
@@ -42,7 +42,8 @@ def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0
                  bqkv=0.1 * torch.randn(qkv, generator=gen) if bias else None, wo=matrix(kind, HIDDEN, NH * HD, gen),
                  ffn_norm=norm(HIDDEN), w_gate_up=matrix(kind, 2 * INTER, HIDDEN, gen),
                  w_down=matrix(kind, HIDDEN, INTER, gen), post_attn_norm=norm(HIDDEN) if post_norms else None,
-                 post_ffn_norm=norm(HIDDEN) if post_norms else None)
+                 post_ffn_norm=norm(HIDDEN) if post_norms else None, q_norm=norm(HD) if head_norms else None,
+                 k_norm=norm(HD) if head_norms else None)
 
 
 def run(x, lay, spans, kvs, cfg, rope, calls: bool, monkeypatch):
@@ -60,11 +61,13 @@ KINDS = ["float32", "int4", "int8"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("bias, post_norms, window", [(False, False, None), (True, False, None),
-                                                      (False, True, None), (False, False, 4)])
+@pytest.mark.parametrize("bias, post_norms, window, head_norms", [
+    (False, False, None, False), (True, False, None, False), (False, True, None, False), (False, False, 4, False),
+    (False, True, 4, True),  # Gemma 3's: post norms, per-head norms, a local window
+])
 @pytest.mark.parametrize("spans", [[(0, 1)], [(9, 1)], [(5, 4)], [(3, 1), (12, 5), (0, 2)]])
-def test_two_calls_give_the_torch_steps_bits(kind, bias, post_norms, window, spans, monkeypatch):
-    cfg, lay = config(window), layer(kind, bias, post_norms)
+def test_two_calls_give_the_torch_steps_bits(kind, bias, post_norms, window, head_norms, spans, monkeypatch):
+    cfg, lay = config(window), layer(kind, bias, post_norms, head_norms=head_norms)
     rope = Rope(cfg, cfg.max_seq_len, torch.float32).layer(0)
     gen = torch.Generator().manual_seed(len(spans))
     kvs = [torch.randn(2, NKV, cfg.max_seq_len, HD, generator=gen) for _ in spans]
@@ -102,8 +105,8 @@ def test_onednn_int8_matrices_run_the_torch_steps(monkeypatch):
 
 
 def test_what_the_calls_do_not_take_runs_the_torch_steps(monkeypatch):
-    """bfloat16 rows, more than FEW_ROWS rows, a segment past its cache and per-head norms go through model.py's
-    steps (the C calls return None for them)."""
+    """bfloat16 rows, more than FEW_ROWS rows and a segment past its cache go through model.py's steps (the C calls
+    return None for them)."""
     cfg = config()
     rope = Rope(cfg, cfg.max_seq_len, torch.float32)
     kv = torch.zeros(2, NKV, cfg.max_seq_len, HD)
@@ -113,5 +116,3 @@ def test_what_the_calls_do_not_take_runs_the_torch_steps(monkeypatch):
     assert layer_calls.forward(torch.randn(1, HIDDEN).bfloat16(), lay, segs(1), cfg, rope, act) is None
     assert layer_calls.forward(torch.randn(9, HIDDEN), lay, segs(9), cfg, rope, act) is None
     assert layer_calls.forward(torch.randn(2, HIDDEN), lay, segs(2, cfg.max_seq_len - 1), cfg, rope, act) is None
-    lay.q_norm, lay.k_norm = torch.ones(HD), torch.ones(HD)
-    assert layer_calls.forward(torch.randn(1, HIDDEN), lay, segs(1), cfg, rope, act) is None

@@ -43,11 +43,16 @@ def config(nh: int, nkv: int, hd: int, rotary: int | None, window: int | None) -
                        sliding_window=window, local_layers=(0,) if window else ())
 
 
-def torch_attend(qkv, kv, pos, cfg, rope, scale):
-    """nodes/engine/model.py's torch ops for a segment of rows: RoPE, the KV write, row_attention.attend_rows."""
+def torch_attend(qkv, kv, pos, cfg, rope, scale, norms=None):
+    """nodes/engine/model.py's torch ops for a segment of rows: per-head norms (model.rms_norm, itself held to torch's
+    in test_rms_norm_is_torchs_to_rounding_and_a_row_is_its_own), RoPE, the KV write, row_attention.attend_rows."""
     t, nh, nkv, hd = qkv.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
-    q, k = rope.apply(heads[:nh + nkv], pos).split([nh, nkv])
+    qk = heads[:nh + nkv]
+    if norms is not None:
+        qk = torch.cat([model.rms_norm(qk[:nh].contiguous(), norms[0], 1e-6),
+                        model.rms_norm(qk[nh:].contiguous(), norms[1], 1e-6)])
+    q, k = rope.apply(qk, pos).split([nh, nkv])
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
     return attend_rows(q, kv[:, :, :pos + t], pos, rope.window, scale)
@@ -60,21 +65,25 @@ def torch_attend(qkv, kv, pos, cfg, rope, scale):
     (2, 1, 10, None, None),  # a head width of no whole lanes
 ])
 @pytest.mark.parametrize("pos, t", [(0, 1), (7, 1), (11, 5), (3, 17)])
-def test_attention_rows_are_torchs(nh, nkv, hd, rotary, window, pos, t):
+@pytest.mark.parametrize("head_norms", [False, True])  # Qwen3's and Gemma 3's q_norm, k_norm
+def test_attention_rows_are_torchs(nh, nkv, hd, rotary, window, pos, t, head_norms):
     cfg = config(nh, nkv, hd, rotary, window)
     rope = Rope(cfg, cfg.max_seq_len, torch.float32).layer(0)
     gen = torch.Generator().manual_seed(pos * 31 + t)
     qkv = torch.randn(t, (nh + 2 * nkv) * hd, generator=gen)
     held = torch.randn(2, nkv, cfg.max_seq_len, hd, generator=gen)  # earlier positions' keys and values
+    norms = (1 + 0.3 * torch.randn(hd, generator=gen), 1 + 0.3 * torch.randn(hd, generator=gen)) if head_norms else None
     ours_kv, theirs_kv = held.clone(), held.clone()
     scale = hd ** -0.5
-    ours = ops.attend_rows(qkv, rope.cos, rope.sin, ours_kv, pos, nh, rope.window, scale)
-    theirs = torch_attend(qkv, theirs_kv, pos, cfg, rope, scale)
+    ours = ops.attend_rows(qkv, rope.cos, rope.sin, ours_kv, pos, nh, rope.window, scale, *(norms or (None, None)),
+                           1e-6)
+    theirs = torch_attend(qkv, theirs_kv, pos, cfg, rope, scale, norms)
     assert torch.equal(ours_kv, theirs_kv)  # RoPE rounds as torch's ops: the same keys
     assert ours.shape == theirs.shape == (t, nh * hd)
     assert (ours - theirs).abs().max() <= 2e-6 * held.abs().max()
     for i in range(t):  # each row as a one-token step at its position computes it
         alone_kv = held.clone()
         alone_kv[:, :, pos:pos + i] = ours_kv[:, :, pos:pos + i]
-        row = ops.attend_rows(qkv[i:i + 1], rope.cos, rope.sin, alone_kv, pos + i, nh, rope.window, scale)
+        row = ops.attend_rows(qkv[i:i + 1], rope.cos, rope.sin, alone_kv, pos + i, nh, rope.window, scale,
+                              *(norms or (None, None)), 1e-6)
         assert torch.equal(row, ours[i:i + 1]), i

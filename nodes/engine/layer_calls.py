@@ -12,7 +12,7 @@ from nodes.engine.kernels import ops
 from nodes.engine.quant import FEW_ROWS, kernel_matrix
 from nodes.engine.row_attention import ROW_ATTENTION
 
-NORMS = ("attn_norm", "bqkv", "post_attn_norm", "ffn_norm", "post_ffn_norm")
+NORMS = ("attn_norm", "bqkv", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
@@ -40,9 +40,9 @@ def bind(layer) -> Bound:
 
 def fits(x: torch.Tensor, layer, segs, rope) -> bool:
     """Whether these rows and segments take the C calls: float32 rows, few enough for f32.c's guarantee
-    (quant.FEW_ROWS), each segment within ops.c's row attention, no per-head norms (Qwen3, Gemma 3), no mixture."""
+    (quant.FEW_ROWS), each segment within ops.c's row attention, no mixture of experts."""
     return (x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.is_contiguous()
-            and layer.moe is None and layer.q_norm is None and ops.fits(rope.cos, rope.sin)
+            and layer.moe is None and ops.fits(rope.cos, rope.sin)
             and all(s.t <= ROW_ATTENTION and s.pos + s.t <= s.kv.shape[2] and ops.fits(s.kv) for s in segs))
 
 
@@ -55,8 +55,8 @@ def forward(x: torch.Tensor, layer, segs, cfg, rope, act) -> torch.Tensor | None
     if bound.matrices is None:
         return None
     wqkv, wo, w_gate_up, w_down = bound.matrices
-    h, gu = ops.attention_block(x, bound.norms[:4], wqkv, wo, w_gate_up, [(s.kv, s.pos, s.t) for s in segs],
+    h, gu = ops.attention_block(x, bound.norms[:6], wqkv, wo, w_gate_up, [(s.kv, s.pos, s.t) for s in segs],
                                 rope.cos, rope.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope.window,
                                 (cfg.query_scale or cfg.head_dim) ** -0.5, cfg.norm_eps)
     gate, up = gu.chunk(2, dim=-1)  # as model.gate_up_stage
-    return ops.down_block(h, act(gate) * up, w_down, bound.norms[4], cfg.norm_eps)
+    return ops.down_block(h, act(gate) * up, w_down, bound.norms[6], cfg.norm_eps)

@@ -214,13 +214,15 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
     t, kv, pos = seg.t, seg.kv, seg.pos
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     scale = (cfg.query_scale or hd) ** -0.5
-    if t <= ROW_ATTENTION and pos + t <= kv.shape[2] and small["q_norm"] is None and ops.fits(qkv, kv, rope.cos):
-        return ops.attend_rows(qkv, rope.cos, rope.sin, kv, pos, nh, rope.window, scale)  # what follows, one C call
+    qn, kn = small["q_norm"], small["k_norm"]
+    head_norms = () if qn is None else (qn, kn)
+    if t <= ROW_ATTENTION and pos + t <= kv.shape[2] and ops.fits(qkv, kv, rope.cos, *head_norms):
+        return ops.attend_rows(qkv, rope.cos, rope.sin, kv, pos, nh, rope.window, scale, qn, kn, cfg.norm_eps)
     heads = qkv.view(t, nh + 2 * nkv, hd).transpose(0, 1)
     qk = heads[:nh + nkv]
-    if small["q_norm"] is not None:  # per-head norms before RoPE (Qwen3, Gemma 3)
-        qk = torch.cat([rms_norm(qk[:nh], small["q_norm"], cfg.norm_eps), rms_norm(qk[nh:], small["k_norm"],
-                                                                                   cfg.norm_eps)])
+    if qn is not None:  # per-head norms before RoPE (Qwen3, Gemma 3); contiguous: rms_norm's C call for float32
+        qk = torch.cat([rms_norm(qk[:nh].contiguous(), qn, cfg.norm_eps),
+                        rms_norm(qk[nh:].contiguous(), kn, cfg.norm_eps)])
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
     if pos + t > kv.shape[2]:  # a sliding-window layer's ring has wrapped
         return _attend_ring(q, k, heads[nh + nkv:], kv, pos, rope.window, scale)

@@ -47,34 +47,47 @@ static inline float dot(const float *q, const float *k, int64_t hd) {
     return sum;
 }
 
+/* A head's hd values through its per-head RMSNorm (Qwen3's, Gemma 3's q_norm / k_norm) into tmp, or as they are where
+ * the model has none (w NULL). */
+static inline const float *head_norm(const float *x, const float *w, float *tmp, int64_t hd, float eps) {
+    if (w == NULL) return x;
+    prima_rms_norm(x, w, tmp, 1, hd, eps);
+    return tmp;
+}
+
 /* One segment's attention for rows at positions [pos, pos + t): qkv [t, (nh + 2 nkv) hd] (q heads, k heads, v heads),
  * cos / sin [>= pos + t, rot]; kv [2, nkv, cap, hd] (keys, values) gets each row's rotated key and its value at its
  * position, then row i attends over keys [lo_i, pos + i] (lo_i = pos + i + 1 - window, >= 0; window 0: all), query
- * head h over key head h / (nh / nkv), softmax(q k * scale) v, into out [t, nh hd]. Returns -1 out of memory. */
+ * head h over key head h / (nh / nkv), softmax(q k * scale) v, into out [t, nh hd]. q_norm, k_norm [hd]: per-head
+ * RMSNorms before RoPE, NULL where the model has none. Returns -1 out of memory. */
 int prima_attend_rows(const float *qkv, const float *cos, const float *sin, float *kv, float *out, int64_t t,
                       int64_t pos, int64_t nh, int64_t nkv, int64_t hd, int64_t rot, int64_t cap, int64_t window,
-                      float scale, int threads) {
+                      float scale, const float *q_norm, const float *k_norm, float eps, int threads) {
     const int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv;
     float *keys = kv, *values = kv + nkv * cap * hd;
+    float *normed = malloc((size_t)hd * sizeof(float));
+    if (normed == NULL) return -1;
     for (int64_t i = 0; i < t; i++) {
         const float *row = qkv + i * width, *c = cos + (pos + i) * rot, *s = sin + (pos + i) * rot;
         for (int64_t h = 0; h < nkv; h++) {
-            rope_head(row + (nh + h) * hd, c, s, keys + (h * cap + pos + i) * hd, hd, rot);
+            rope_head(head_norm(row + (nh + h) * hd, k_norm, normed, hd, eps), c, s, keys + (h * cap + pos + i) * hd,
+                      hd, rot);
             const float *v = row + (nh + nkv + h) * hd;
             float *dst = values + (h * cap + pos + i) * hd;
             for (int64_t j = 0; j < hd; j++) dst[j] = v[j];
         }
     }
+    free(normed);
     const int64_t span = pos + t;
-    float *scratch = malloc((size_t)(nh * t) * (size_t)(span + hd) * sizeof(float));
+    float *scratch = malloc((size_t)(nh * t) * (size_t)(span + 2 * hd) * sizeof(float));
     if (scratch == NULL) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (nh * t * span * hd > (1 << 18))
     for (int64_t job = 0; job < nh * t; job++) {
         const int64_t i = job / nh, h = job % nh, kh = h / group, at = pos + i;
         const int64_t lo = window > 0 && at + 1 - window > 0 ? at + 1 - window : 0;
-        float *q = scratch + job * (span + hd), *p = q + hd;
+        float *q = scratch + job * (span + 2 * hd), *qn = q + hd, *p = qn + hd;
         const float *row = qkv + i * width;
-        rope_head(row + h * hd, cos + at * rot, sin + at * rot, q, hd, rot);
+        rope_head(head_norm(row + h * hd, q_norm, qn, hd, eps), cos + at * rot, sin + at * rot, q, hd, rot);
         float top = -INFINITY;
         for (int64_t j = lo; j <= at; j++) {
             p[j] = dot(q, keys + (kh * cap + j) * hd, hd) * scale;
@@ -135,10 +148,11 @@ static void add_rows(float *y, const float *x, int64_t rows, int64_t n, int broa
 }
 
 /* x [rows, H] (the segments' rows in order) -> h = x + attention (post_attn_norm applied where given) and
- * gu [rows, w_gate_up.n] = rms_norm(h, ffn_norm) @ w_gate_up.T. bqkv and post_attn_norm may be NULL. Returns 0, or
+ * gu [rows, w_gate_up.n] = rms_norm(h, ffn_norm) @ w_gate_up.T. bqkv, q_norm, k_norm and post_attn_norm may be NULL. Returns 0, or
  * -1 out of memory (a kernel's, or its own scratch). */
 int prima_attention_block(const float *x, float *h, float *gu, int64_t rows, int64_t hidden, const float *attn_norm,
-                          const float *bqkv, const prima_matrix *wqkv, const prima_matrix *wo,
+                          const float *bqkv, const float *q_norm, const float *k_norm, const prima_matrix *wqkv,
+                          const prima_matrix *wo,
                           const float *post_attn_norm, const float *ffn_norm, const prima_matrix *w_gate_up,
                           const prima_segment *segs, int64_t nseg, const float *cos, const float *sin, int64_t rot,
                           int64_t nh, int64_t nkv, int64_t hd, int64_t window, float scale, float eps, int threads) {
@@ -152,7 +166,8 @@ int prima_attention_block(const float *x, float *h, float *gu, int64_t rows, int
     if (!failed && bqkv != NULL) add_rows(qkv, bqkv, rows, width, 1);
     for (int64_t s = 0, at = 0; !failed && s < nseg; at += segs[s].t, s++)
         failed = prima_attend_rows(qkv + at * width, cos, sin, segs[s].kv, att + at * att_width, segs[s].t,
-                                   segs[s].pos, nh, nkv, hd, rot, segs[s].cap, window, scale, threads);
+                                   segs[s].pos, nh, nkv, hd, rot, segs[s].cap, window, scale, q_norm, k_norm, eps,
+                                   threads);
     if (!failed) failed = matmul(wo, att, h, rows, threads);
     if (!failed) {
         if (post_attn_norm != NULL) prima_rms_norm(h, post_attn_norm, h, rows, hidden, eps);

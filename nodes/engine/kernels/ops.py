@@ -19,10 +19,10 @@ def _lib() -> ctypes.CDLL | None:
         p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         lib.prima_rms_norm.argtypes = [p] * 3 + [i] * 2 + [f]
         lib.prima_rms_norm.restype = None
-        lib.prima_attend_rows.argtypes = [p] * 5 + [i] * 8 + [f, ctypes.c_int]
+        lib.prima_attend_rows.argtypes = [p] * 5 + [i] * 8 + [f, p, p, f, ctypes.c_int]
         lib.prima_attend_rows.restype = ctypes.c_int
         m, seg = ctypes.POINTER(Matrix), ctypes.POINTER(Segment)
-        lib.prima_attention_block.argtypes = [p] * 3 + [i] * 2 + [p] * 2 + [m] * 2 + [p] * 2 + [m, seg, i, p, p] + [
+        lib.prima_attention_block.argtypes = [p] * 3 + [i] * 2 + [p] * 4 + [m] * 2 + [p] * 2 + [m, seg, i, p, p] + [
             i] * 5 + [f] * 2 + [ctypes.c_int]
         lib.prima_attention_block.restype = ctypes.c_int
         lib.prima_down_block.argtypes = [p] * 3 + [i, m, p, f, ctypes.c_int]
@@ -68,17 +68,24 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def attend_rows(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, pos: int, nh: int,
-                window: int | None, scale: float) -> torch.Tensor:
+                window: int | None, scale: float, q_norm: torch.Tensor | None = None,
+                k_norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """qkv [T, (nh + 2 nkv) hd] of rows at positions [pos, pos + T) -> attention [T, nh hd]: q and k rotated by the
     rope tables cos / sin [S, rot], each row's key and value written into kv [2, nkv, cap, hd] at its position, row i
     over the keys up to its own (the last `window` of them where the layer is local), as row_attention.attend_rows
-    computes a row after nodes/engine/model.py's RoPE (tests/test_ops.py holds the two together)."""
+    computes a row after nodes/engine/model.py's RoPE (tests/test_ops.py holds the two together). q_norm, k_norm
+    [hd] (float32, contiguous): per-head RMSNorms before RoPE (Qwen3, Gemma 3), as rms_norm computes them."""
     t, (_, nkv, cap, hd) = qkv.shape[0], kv.shape
     out = torch.empty(t, nh * hd)
     if _lib().prima_attend_rows(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv.data_ptr(), out.data_ptr(), t, pos,
-                                nh, nkv, hd, cos.shape[1], cap, window or 0, scale, torch.get_num_threads()):
+                                nh, nkv, hd, cos.shape[1], cap, window or 0, scale, _ptr(q_norm), _ptr(k_norm), eps,
+                                torch.get_num_threads()):
         raise MemoryError(f"ops.c: no memory for the attention scores of {t} rows over {pos + t} positions")
     return out
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def attention_block(x: torch.Tensor, norms: tuple, wqkv: Matrix, wo: Matrix, w_gate_up: Matrix, segs: list,
@@ -86,13 +93,14 @@ def attention_block(x: torch.Tensor, norms: tuple, wqkv: Matrix, wo: Matrix, w_g
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] (float32, contiguous) -> (h [T, H], x plus the attention, and rms_norm(h, ffn_norm) @ w_gate_up.T
     [T, 2 I]), as model.attention_stage and the gate_up product compute them. norms: the data pointers of attn_norm,
-    bqkv, post_attn_norm, ffn_norm (0: none); segs: (kv, pos, t) in row order, each fitting attend_rows."""
+    bqkv, q_norm, k_norm, post_attn_norm, ffn_norm (0: none); segs: (kv, pos, t) in row order, each fitting
+    attend_rows."""
     rows, hidden = x.shape
     h, gu = torch.empty(rows, hidden), torch.empty(rows, w_gate_up.n)
     cs = (Segment * len(segs))(*((kv.data_ptr(), pos, t, kv.shape[2]) for kv, pos, t in segs))
-    attn_norm, bqkv, post_attn_norm, ffn_norm = norms
+    attn_norm, bqkv, q_norm, k_norm, post_attn_norm, ffn_norm = norms
     if _lib().prima_attention_block(x.data_ptr(), h.data_ptr(), gu.data_ptr(), rows, hidden, attn_norm, bqkv or None,
-                                    wqkv, wo, post_attn_norm or None, ffn_norm, w_gate_up, cs, len(segs),
+                                    q_norm or None, k_norm or None, wqkv, wo, post_attn_norm or None, ffn_norm, w_gate_up, cs, len(segs),
                                     cos.data_ptr(), sin.data_ptr(), cos.shape[1], nh, nkv, hd, window or 0, scale, eps,
                                     torch.get_num_threads()):
         raise MemoryError(f"ops.c: no memory for a layer step of {rows} rows")
