@@ -26,6 +26,9 @@ TOP_LOGPROBS = (0, 20)  # OpenAI's most alternatives per position
 RESPONSE_FORMATS = ("", "text", "json_object", "json_schema")
 TOOL_CHOICES = ("", "auto", "none", "required")  # or the name of one of the tools
 MAX_TOOLS = 128
+# chat_template_kwargs: names the template gets from the head itself, and how long the JSON may be
+TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+MAX_TEMPLATE_KWARGS = 4096
 
 
 class RequestError(ValueError):
@@ -110,6 +113,7 @@ class GenerateRequest:
     json_schema: str = ""  # JSON text, with response_format "json_schema"
     tools: tuple[Tool, ...] = ()
     tool_choice: str = ""  # "" or "auto": the model decides; "none"; "required"; or one tool's name
+    chat_template_kwargs: str = ""  # JSON object: more variables for the chat template ({"enable_thinking": false})
 
     def __post_init__(self):
         object.__setattr__(self, "messages", tuple(self.messages))  # frozen: lists given become tuples
@@ -167,6 +171,25 @@ class GenerateRequest:
         for i, m in enumerate(self.messages):
             for c in m.tool_calls:
                 _check_json_object(f"messages[{i}]", c.arguments or "{}")
+        if self.chat_template_kwargs:
+            self._check_template_kwargs()
+
+    def _check_template_kwargs(self) -> None:
+        field = "chat_template_kwargs"
+        if self.raw:
+            raise RequestError(field, "chat_template_kwargs go with the chat template; a raw prompt has none")
+        if len(self.chat_template_kwargs) > MAX_TEMPLATE_KWARGS:
+            raise RequestError(field, f"chat_template_kwargs: at most {MAX_TEMPLATE_KWARGS} characters of JSON, "
+                                      f"got {len(self.chat_template_kwargs)}")
+        _check_json_object(field, self.chat_template_kwargs)
+        for name in json.loads(self.chat_template_kwargs):
+            if not name.isidentifier() or name in TEMPLATE_OWN:
+                raise RequestError(field, f"chat_template_kwargs: {name!r} is not a variable a request may set "
+                                          f"(names, not {', '.join(TEMPLATE_OWN)})")
+
+    def template_kwargs(self) -> dict:
+        """chat_template_kwargs as the template's variables (checked: a JSON object of names)."""
+        return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
 
     @property
     def forced_tool(self) -> bool:
@@ -181,7 +204,7 @@ class GenerateRequest:
             speculate=self.speculate, draft_tokens=self.draft_tokens, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             logprobs=self.logprobs, top_logprobs=self.top_logprobs, response_format=self.response_format,
-            json_schema=self.json_schema, tool_choice=self.tool_choice,
+            json_schema=self.json_schema, tool_choice=self.tool_choice, chat_template_kwargs=self.chat_template_kwargs,
             tools=[pb.Tool(name=t.name, description=t.description, parameters=t.parameters) for t in self.tools])
 
     @classmethod
@@ -196,7 +219,7 @@ class GenerateRequest:
                    repetition_penalty=msg.repetition_penalty or 1.0, logprobs=msg.logprobs,
                    top_logprobs=msg.top_logprobs, response_format=msg.response_format, json_schema=msg.json_schema,
                    tools=tuple(Tool(t.name, t.description, t.parameters) for t in msg.tools),
-                   tool_choice=msg.tool_choice)
+                   tool_choice=msg.tool_choice, chat_template_kwargs=msg.chat_template_kwargs)
 
 
 def _message_to_wire(m: Message) -> pb.ChatMessage:

@@ -16,18 +16,30 @@ PREFIX = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
 KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # the converter, its model classes, its gguf package
 
 
+def source_package() -> Path:
+    """llama-cpp-python's source package (llama.cpp inside), downloaded on first use; the test skips without it."""
+    sdist = prima_home() / "llama-convert" / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not sdist.is_file():
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                              f"llama-cpp-python=={VERSION}", "-d", str(sdist.parent)], capture_output=True, text=True)
+        if got.returncode or not sdist.is_file():
+            pytest.skip(f"cannot download llama-cpp-python {VERSION} for llama.cpp's converter: "
+                        f"{(got.stderr or got.stdout).strip().splitlines()[-1:]}")
+    return sdist
+
+
+def chat_template(name: str) -> str:
+    """A model family's own chat template as llama.cpp keeps it for its tests (models/templates/NAME)."""
+    with tarfile.open(source_package()) as tar:
+        return tar.extractfile(f"{PREFIX}models/templates/{name}").read().decode()
+
+
 def converter_dir() -> Path:
     """The extracted vendor/llama.cpp (converter and gguf-py only), downloaded on first use."""
     cache = prima_home() / "llama-convert" / VERSION
     if (cache / "convert_hf_to_gguf.py").is_file():
         return cache
-    sdist = cache.parent / f"llama_cpp_python-{VERSION}.tar.gz"
-    if not sdist.is_file():
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                              f"llama-cpp-python=={VERSION}", "-d", str(cache.parent)], capture_output=True, text=True)
-        if got.returncode or not sdist.is_file():
-            pytest.skip(f"cannot download llama-cpp-python {VERSION} for llama.cpp's converter: "
-                        f"{(got.stderr or got.stdout).strip().splitlines()[-1:]}")
+    sdist = source_package()
     tmp = cache.with_name(f".{cache.name}.partial-{os.getpid()}")
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers()

@@ -180,6 +180,32 @@ def test_chat_templates_render_as_transformers_renders_them(models, tmp_path):
         codec.chat_prompt(chat[:2] + chat[3:])
 
 
+def test_qwen3s_own_template_switches_thinking_as_transformers_does(models, tmp_path):
+    """Qwen3's template (llama.cpp's copy of Qwen3-0.6B's) with a request's enable_thinking: the prompt
+    transformers renders, an empty think block when off."""
+    import transformers
+
+    from nodes.generation.text import TextCodec
+    from prima_rpc.request import GenerateRequest, Message
+    from tests.llama_convert import chat_template
+
+    template = chat_template("Qwen-Qwen3-0.6B.jinja")
+    hf = models("qwen3")[0]
+    store = import_hf(hf, tmp_path / "store")
+    codec = TextCodec(replace(read_manifest(store)[0], chat_template=template), store / "tokenizer.json")
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+    rendered = {}
+    for think in (True, False):
+        request = GenerateRequest(messages=tuple(Message(m["role"], m["content"]) for m in chat),
+                                  chat_template_kwargs=json.dumps({"enable_thinking": think}))
+        rendered[think] = tok.apply_chat_template(chat, chat_template=template, tokenize=False,
+                                                  add_generation_prompt=True, enable_thinking=think)
+        assert codec.request_ids(request) == codec.encode(rendered[think])
+    assert rendered[False] == rendered[True] + "<think>\n\n</think>\n\n"
+    assert codec.request_ids(GenerateRequest(messages=request.messages)) == codec.encode(rendered[True])  # default
+
+
 def test_sentencepiece_user_defined_and_control_pieces_stay_whole():
     """llama.cpp keeps user-defined (4) and control (3) pieces whole; the rest merges by score, else bytes; each run
     of text after such a piece gets its own space prefix, as llama.cpp gives it."""

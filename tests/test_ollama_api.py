@@ -44,6 +44,14 @@ def test_tool_messages_answer_their_calls_in_order():
     assert r.messages[2:] == (Message("tool", "one", (), "call_1_0", "a"), Message("tool", "two", (), "call_1_1", "b"))
 
 
+def test_think_is_the_templates_enable_thinking():
+    assert parse_ollama({**BASE, "think": False}, True, 10).request.template_kwargs() == {"enable_thinking": False}
+    assert parse_ollama({"model": "m", "prompt": ASK, "think": True}, False, 10).request.template_kwargs() == {
+        "enable_thinking": True}
+    raw = parse_ollama({"model": "m", "prompt": RAW, "raw": True, "think": True}, False, 10).request
+    assert raw.template_kwargs() == {}  # a raw prompt has no template to switch
+
+
 def test_a_generate_body_is_templated_unless_raw():
     r = parse_ollama({"model": "m", "prompt": ASK, "system": SYSTEM}, False, 10).request
     assert r.messages == (Message("system", SYSTEM), Message("user", ASK)) and not r.raw
@@ -58,6 +66,7 @@ def test_a_generate_body_is_templated_unless_raw():
     (True, {"options": {"temperature": "hot"}}, "options.temperature"),
     (True, {"options": {"top_k": 1.5}}, "options.top_k"), (True, {"options": {"temperature": 5}}, "temperature"),
     (True, {"format": "yaml"}, "format"), (False, {"prompt": "x", "context": [1, 2]}, "context"),
+    (True, {"think": "high"}, "think"),
 ])
 def test_bad_bodies_name_the_parameter(chat, change, param):
     with pytest.raises(ApiError) as err:

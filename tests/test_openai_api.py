@@ -111,6 +111,8 @@ def assert_openai_error(body: dict, param: str | None = None) -> None:
     ({"messages": CHAT, "model": 3}, "model", "string"),
     ({"messages": CHAT, "speculate": "magic"}, "speculate", "one of off, ngram, draft"),
     ({"messages": CHAT, "draft_tokens": 17}, "draft_tokens", "integer in"),
+    ({"messages": CHAT, "chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs", "expected an object"),
+    ({"messages": CHAT, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "not a variable"),
 ])
 def test_bad_chat_bodies_name_the_parameter(body, param, message):
     with pytest.raises(ApiError) as err:
@@ -121,6 +123,7 @@ def test_bad_chat_bodies_name_the_parameter(body, param, message):
 @pytest.mark.parametrize("body, param", [
     ({}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"),
     ({"prompt": "hi", "echo": True}, "echo"), ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),  # no template
 ])
 def test_bad_completion_bodies_name_the_parameter(body, param):
     with pytest.raises(ApiError) as err:
@@ -138,6 +141,8 @@ def test_good_bodies_become_generate_arguments():
     assert call.request == GenerateRequest(messages=(Message("system", "Be brief."), Message("user", "a\nb")),
                                            max_tokens=5, temperature=0.5, top_p=0.9, seed=2**64 - 1, stop=("\n",))
     assert call.stream and call.include_usage and call.model == "x"
+    think = parse_request({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}, True, 8).request
+    assert think.template_kwargs() == {"enable_thinking": False}
     spec = parse_request({"prompt": "hi", "speculate": "ngram", "draft_tokens": 3}, chat=False, default_max_tokens=8)
     assert (spec.request.speculate, spec.request.draft_tokens) == ("ngram", 3)
     plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64).request

@@ -24,6 +24,12 @@ from prima_rpc.v1 import prima_pb2 as pb
     (dict(messages=[Message("user", "ok"), Message("user", "\udcff")]), "messages[1]", "a message is not valid"),
     (dict(speculate="magic"), "speculate", "speculate must be one of off, ngram, draft, got 'magic'"),
     (dict(draft_tokens=17), "draft_tokens", "draft_tokens must be in [1, 16], got 17"),
+    (dict(chat_template_kwargs="[1]"), "chat_template_kwargs", "a JSON object is expected"),
+    (dict(chat_template_kwargs="{"), "chat_template_kwargs", "not JSON"),
+    (dict(chat_template_kwargs='{"messages": []}'), "chat_template_kwargs", "'messages' is not a variable"),
+    (dict(chat_template_kwargs='{"a b": 1}'), "chat_template_kwargs", "'a b' is not a variable"),
+    (dict(chat_template_kwargs='{"x": "%s"}' % ("y" * 4096)), "chat_template_kwargs", "at most 4096 characters"),
+    (dict(chat_template_kwargs='{"enable_thinking": false}', raw=True), "chat_template_kwargs", "a raw prompt"),
 ])
 def test_a_field_out_of_range_is_named(fields, field, message):
     with pytest.raises(RequestError) as err:
@@ -41,7 +47,7 @@ def test_the_defaults_are_the_heads():
     GenerateRequest("hi"),
     GenerateRequest(messages=(Message("system", "Be brief."), Message("user", "a\nb")), max_tokens=5,
                     temperature=0.5, top_k=40, top_p=0.75, seed=2**64 - 1, stop=("\n", "END"), speculate="ngram",
-                    draft_tokens=3, request_id="r1"),
+                    draft_tokens=3, request_id="r1", chat_template_kwargs='{"enable_thinking": false}'),
     GenerateRequest("raw text", raw=True, seed=0, speculate="off"),
 ])
 def test_the_wire_round_trip_is_exact(request_):

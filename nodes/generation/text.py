@@ -41,9 +41,10 @@ class TextCodec:
         """The tool-call markup of this model's chat template (nodes/generation/tool_calls.py)."""
         return tool_calls.family(self.manifest.chat_template)
 
-    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, variables: dict | None = None) -> str:
         """messages as transformers passes them (tool calls and results included); tools: OpenAI's JSON, for
-        templates that render them."""
+        templates that render them; variables: a request's chat_template_kwargs (Qwen3's enable_thinking), as
+        transformers' apply_chat_template(**kwargs) passes them."""
         if self.template is None:
             raise PromptError("this model has no chat template; send a raw prompt")
         for m in messages:
@@ -52,8 +53,8 @@ class TextCodec:
         bos = self.token_text(self.manifest.bos_token_id)
         eos = self.token_text(self.manifest.eos_token_ids[0] if self.manifest.eos_token_ids else None)
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos,
-                                        **({"tools": tools} if tools else {}))
+            return self.template.render(**(variables or {}), messages=messages, add_generation_prompt=True,
+                                        bos_token=bos, eos_token=eos, **({"tools": tools} if tools else {}))
         except TemplateError as exc:
             raise PromptError(f"chat template failed: {exc}") from None
 
@@ -70,13 +71,14 @@ class TextCodec:
             ids = [bos, *ids]
         return ids
 
-    def prompt_ids(self, prompt: str = "", messages: list[dict] | None = None, raw: bool = False) -> list[int]:
+    def prompt_ids(self, prompt: str = "", messages: list[dict] | None = None, raw: bool = False,
+                   variables: dict | None = None) -> list[int]:
         if messages:
-            text = self.chat_prompt(messages)
+            text = self.chat_prompt(messages, variables=variables)
         elif not prompt:
             raise PromptError("the prompt is empty")
         else:
-            text = prompt if raw else self.chat_prompt([{"role": "user", "content": prompt}])
+            text = prompt if raw else self.chat_prompt([{"role": "user", "content": prompt}], variables=variables)
         return self.encode(text)
 
     def request_ids(self, request: GenerateRequest) -> list[int]:
@@ -84,7 +86,7 @@ class TextCodec:
         in the generic prompt of tool_calls.py) or its prompt."""
         tools = request.tools if request.tool_choice != "none" else ()
         if not request.messages and not tools:
-            return self.prompt_ids(request.prompt, raw=request.raw)
+            return self.prompt_ids(request.prompt, raw=request.raw, variables=request.template_kwargs())
         if request.raw:
             raise PromptError("tools need the chat template; raw prompts cannot carry them")
         messages = request.messages or (tool_calls.Message("user", request.prompt),)
@@ -92,7 +94,8 @@ class TextCodec:
         chat = tool_calls.template_messages(messages, tools, native)
         if not chat:
             raise PromptError("the prompt is empty")
-        return self.encode(self.chat_prompt(chat, tool_calls.openai_tools(tools) if native and tools else None))
+        return self.encode(self.chat_prompt(chat, tool_calls.openai_tools(tools) if native and tools else None,
+                                            request.template_kwargs()))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

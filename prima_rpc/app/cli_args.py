@@ -1,6 +1,7 @@
 """Checks of `prima-ctl` arguments, made before anything starts: the target node, text, requests, stores, windows."""
 
 import ipaddress
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,24 @@ def text(value: str, what: str) -> str:
         return check_text(value, what)
     except ValueError as exc:
         fail(str(exc))
+
+
+TEMPLATE_VAR_HELP = "NAME=VALUE for the chat template (repeatable; VALUE as JSON where it is): enable_thinking=false"
+
+
+def template_vars(items: list[str]) -> str:
+    """--template-var NAME=VALUE options as chat_template_kwargs' JSON: VALUE read as JSON where it is (false, 3,
+    "x"), else as a string; a one-line error for an item without NAME=."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            fail(f"--template-var takes NAME=VALUE (e.g. enable_thinking=false), got {item!r}")
+        try:
+            out[name.strip()] = json.loads(value)
+        except ValueError:
+            out[name.strip()] = value
+    return json.dumps(out) if out else ""
 
 
 def request(**fields) -> GenerateRequest:

@@ -61,11 +61,12 @@ def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: 
              stop: list[str] = typer.Option([], help="stop string (repeatable)"),
              raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json"),
              speculate: str = typer.Option("", help="off | ngram (prompt lookup) | draft; default: the head's"),
-             draft_tokens: int = typer.Option(0, help="most tokens drafted per ring trip (1-16; 0: default)")):
+             draft_tokens: int = typer.Option(0, help="most tokens drafted per ring trip (1-16; 0: default)"),
+             template_var: list[str] = typer.Option([], help=cli_args.TEMPLATE_VAR_HELP)):
     """Stream a completion from the ring's head (the --node)."""
     request = cli_args.request(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, seed=seed, stop=stop, raw=raw, speculate=speculate,
-                               draft_tokens=draft_tokens)
+                               draft_tokens=draft_tokens, chat_template_kwargs=cli_args.template_vars(template_var))
     reach(ctx.obj)
     tokens, text, done = asyncio.run(stream(ctx.obj, request, echo=not json_out))
     if json_out:
@@ -77,11 +78,13 @@ def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: 
         print()
 
 
-def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0)):
+def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0),
+         template_var: list[str] = typer.Option([], help=cli_args.TEMPLATE_VAR_HELP)):
     """An interactive chat with the ring (empty line or Ctrl-D ends it; Ctrl-C stops an answer).
 
     A failed turn prints its error and the chat goes on; the exit status is 1 if any turn failed."""
-    history = cli_args.request(max_tokens=max_tokens, temperature=temperature)  # the chat so far
+    history = cli_args.request(max_tokens=max_tokens, temperature=temperature,  # the chat so far
+                               chat_template_kwargs=cli_args.template_vars(template_var))
     reach(ctx.obj)
     failed = False
     while (line := _read_line()) is not None:

@@ -24,11 +24,12 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
                                               "stores; for int8/int4 the fastest this machine measures)"),
         speculate: str = typer.Option("off", help="off | ngram (prompt lookup) | draft (needs --draft)"),
         draft: Path = typer.Option(None, help="draft model store (same tokenizer) for --speculate draft"),
-        draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)")):
+        draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)"),
+        template_var: list[str] = typer.Option([], help=cli_args.TEMPLATE_VAR_HELP)):
     """Generate with the single-process reference (the oracle every ring is checked against)."""
     request = cli_args.request(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, seed=seed, stop=stop, raw=raw, speculate=speculate,
-                               draft_tokens=draft_tokens)
+                               draft_tokens=draft_tokens, chat_template_kwargs=cli_args.template_vars(template_var))
     params = _reference_params(request)
     if speculate == "draft" and draft is None:
         fail("--speculate draft needs --draft DIR (a store of the same tokenizer)")
@@ -60,10 +61,14 @@ def _generate(request: GenerateRequest, params, model: Path, dtype: str | None, 
     from nodes.generation.draft import DraftModel, load_draft
     from nodes.generation.reference import ReferenceModel
     from nodes.generation.speculate import Speculator
+    from nodes.generation.text import PromptError
 
     torch_dtype = getattr(torch, dtype) if dtype else None
     ref = ReferenceModel(model, dtype=torch_dtype)
-    prompt_ids = ref.codec.prompt_ids(request.prompt, raw=request.raw)
+    try:
+        prompt_ids = ref.codec.request_ids(request)
+    except PromptError as exc:
+        fail(str(exc))
     drafter = None
     if request.speculate == "draft":
         try:

@@ -143,6 +143,11 @@ def parse_ollama(body, chat: bool, default_max_tokens: int, default_temperature:
         fields, empty = _generate(body)
     if empty:
         return OllamaCall(None, stream, model)
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool):
+        raise _bad("think", "a boolean", think)
+    if think is not None and not fields.get("raw"):  # Ollama's switch is the template's enable_thinking (Qwen3)
+        fields["chat_template_kwargs"] = json.dumps({"enable_thinking": think})
     try:
         request = GenerateRequest(**fields, **_format(body), **_options(body, default_max_tokens, default_temperature))
     except RequestError as exc:

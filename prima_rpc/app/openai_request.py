@@ -218,6 +218,7 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
         raise _invalid("draft_tokens", "draft_tokens", 0)
     prompt, messages = ("", _messages(body)) if chat else (_prompt(body), ())
     logprobs, top_logprobs = _logprobs(body, chat)
+    template_kwargs = _template_kwargs(body, chat)
     try:
         tools = openai_tools.tools(body) if chat else ()
         choice = openai_tools.tool_choice(body) if chat else ""
@@ -236,7 +237,7 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0), logprobs=logprobs,
             top_logprobs=top_logprobs, response_format=response_format, json_schema=schema, tools=tools,
-            tool_choice=choice)
+            tool_choice=choice, chat_template_kwargs=template_kwargs)
     except RequestError as exc:
         field = exc.field.partition("[")[0]
         if exc.field in EXPECTED:  # out of range
@@ -248,6 +249,18 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
         raise ApiError(400, f"Invalid '{param}': {exc}.", param, "invalid_value") from None
     # top_p 0 keeps one token; on the wire 0 means off
     return replace(request, temperature=0.0) if request.top_p == 0.0 else request
+
+
+def _template_kwargs(body: dict, chat: bool) -> str:
+    """chat_template_kwargs (vLLM's and llama.cpp server's name: {"enable_thinking": false} for Qwen3) as JSON
+    text; chat completions only, the completions endpoint has no template."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return ""
+    if not chat or not isinstance(value, dict):
+        raise ApiError(400, f"Invalid 'chat_template_kwargs': expected an object (chat completions only), got "
+                       f"{_show(value)}.", "chat_template_kwargs", "invalid_value")
+    return json.dumps(value) if value else ""
 
 
 def _logprobs(body: dict, chat: bool) -> tuple[bool, int]:

@@ -100,7 +100,8 @@ def attention_block(x: torch.Tensor, norms: tuple, wqkv: Matrix, wo: Matrix, w_g
     cs = (Segment * len(segs))(*((kv.data_ptr(), pos, t, kv.shape[2]) for kv, pos, t in segs))
     attn_norm, bqkv, q_norm, k_norm, post_attn_norm, ffn_norm = norms
     if _lib().prima_attention_block(x.data_ptr(), h.data_ptr(), gu.data_ptr(), rows, hidden, attn_norm, bqkv or None,
-                                    q_norm or None, k_norm or None, wqkv, wo, post_attn_norm or None, ffn_norm, w_gate_up, cs, len(segs),
+                                    q_norm or None, k_norm or None, wqkv, wo, post_attn_norm or None, ffn_norm,
+                                    w_gate_up, cs, len(segs),
                                     cos.data_ptr(), sin.data_ptr(), cos.shape[1], nh, nkv, hd, window or 0, scale, eps,
                                     torch.get_num_threads()):
         raise MemoryError(f"ops.c: no memory for a layer step of {rows} rows")
