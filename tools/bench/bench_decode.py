@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -138,8 +139,32 @@ def llama_cpp_ready(mode: str) -> bool:
         return False
     if importlib.util.find_spec("llama_cpp") is None and mode == "install":
         print("installing llama-cpp-python (a source build, ~10 minutes) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "llama-cpp-python"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "llama-cpp-python"], check=True,
+                       env={**os.environ, "CMAKE_ARGS": without_amx(cpu_flags())})
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+# /proc/cpuinfo flags -> ggml's CMake options, for a build of this CPU's instruction sets without AMX
+GGML_ISA = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "bmi2": "BMI2", "avx_vnni": "AVX_VNNI",
+            "avx512f": "AVX512", "avx512vbmi": "AVX512_VBMI", "avx512_vnni": "AVX512_VNNI",
+            "avx512_bf16": "AVX512_BF16"}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        return {f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+                for f in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+def without_amx(flags: set[str]) -> str:
+    """CMAKE_ARGS for llama-cpp-python where the CPU has AMX: ggml's native build then multiplies its quantized
+    types in its AMX backend, which crashed (SIGSEGV in ggml_backend_amx_mul_mat, llama-cpp-python 0.3.36) on a
+    2-core Xeon VM on every quantized file; the same instruction sets without AMX ran. Elsewhere: native."""
+    if "amx_int8" not in flags:
+        return os.environ.get("CMAKE_ARGS", "")
+    return " ".join(["-DGGML_NATIVE=OFF"] + [f"-DGGML_{opt}=ON" for flag, opt in GGML_ISA.items() if flag in flags])
 
 
 def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str, str, str]]:
@@ -238,6 +263,8 @@ def run_row(args: argparse.Namespace, label: str, impl: str, path: str, dtype: s
         (["--dtype", dtype] if dtype else []) + \
         (["--prompt-tokens", str(args.prompt_tokens)] if args.prompt_tokens else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ROW_ENV.get(label, {})})
+    if out.returncode < 0:  # a crash leaves no message of its own
+        return f"failed: killed by {signal.Signals(-out.returncode).name}"
     if out.returncode:
         return f"failed: {out.stderr.strip().splitlines()[-1:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])
