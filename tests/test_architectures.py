@@ -12,7 +12,7 @@ import torch
 from nodes.generation.reference import ReferenceModel
 from prima_rpc.app import ring
 from prima_rpc.spec.manifest import StoreError, read_manifest
-from tests.arch_models import FAMILIES, PROMPT, check, model_maker
+from tests.arch_models import FAMILIES, PROMPT, check, model_maker, write_model
 from tests.llama_convert import convert
 from tests.rings import collect, greedy_reference, local_ring
 from tools.import_gguf import import_gguf
@@ -60,6 +60,21 @@ def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path, 
         assert roles.count("relay") == 1, roles
         if budget:
             assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]) if info.windows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama3.1", "qwen3", "phi3"])
+def test_each_family_on_a_ring_with_a_relay_equals_the_single_process(smol_store, family, tmp_path):
+    """Four layers on three nodes, two holding one each (k = 2), one relaying: the single process's greedy tokens
+    (Gemma 3's own test above adds windows that wrap and streamed layers)."""
+    hf = write_model(family, smol_store / "tokenizer.json", tmp_path / "hf", num_hidden_layers=4)
+    store = import_hf(hf, tmp_path / "store")
+    prompt = "The capital of France is"
+    expected = greedy_reference(store, [prompt], 10, raw=True)[prompt]
+    with local_ring(store, 3, tmp_path / "logs", [1, 0, 1]) as local:
+        assert collect(local.addresses[0], prompt, 10, raw=True)[0] == expected
+        roles = [info.role for _, info in ring.walk(local.addresses[0])]
+        assert roles.count("relay") == 1, roles
 
 
 def tiny_gguf(path, arch: str, skip: str = ""):
