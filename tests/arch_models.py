@@ -24,6 +24,7 @@ FAMILIES = {
     # heads wider than hidden / n_heads, as in every Qwen3 and Gemma 3: q is 128 wide on a hidden of 64
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True, head_dim=32)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6)),  # q, k, v biases
     # six layers: llama.cpp takes every sixth as global; a window of 4 is crossed by the test's sequences
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4, head_dim=32,
                                                               query_pre_attn_scalar=32, final_logit_softcapping=30.0,
@@ -68,9 +69,9 @@ def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, cha
         cfg = getattr(transformers, config_cls)(**{**SHAPE, **extra, **shape})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).float().eval()
-    with torch.no_grad():  # norms away from their init (ones, or Gemma's zeros), so the tests see them
+    with torch.no_grad():  # norms away from their init (ones, or Gemma's zeros), biases from zero: the tests see them
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(out)
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), bos_token="<|im_start|>",
