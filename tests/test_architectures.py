@@ -71,7 +71,7 @@ def test_a_gemma3_ring_with_a_relay_equals_the_single_process(models, tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama3.1", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["llama3.1", "mistral", "qwen2", "qwen3", "phi3"])
 def test_each_family_on_a_ring_with_a_relay_equals_the_single_process(smol_store, family, tmp_path):
     """Four layers on three nodes, two holding one each (k = 2), one relaying: the single process's greedy tokens
     (Gemma 3's own test above adds windows that wrap and streamed layers)."""
