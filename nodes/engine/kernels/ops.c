@@ -65,8 +65,7 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
                       float scale, const float *q_norm, const float *k_norm, float eps, int threads) {
     const int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv;
     float *keys = kv, *values = kv + nkv * cap * hd;
-    float *normed = malloc((size_t)hd * sizeof(float));
-    if (normed == NULL) return -1;
+    float normed[k_norm != NULL ? hd : 1]; /* a key head's norm, where the model has one: no malloc a call */
     for (int64_t i = 0; i < t; i++) {
         const float *row = qkv + i * width, *c = cos + (pos + i) * rot, *s = sin + (pos + i) * rot;
         for (int64_t h = 0; h < nkv; h++) {
@@ -77,7 +76,6 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
             for (int64_t j = 0; j < hd; j++) dst[j] = v[j];
         }
     }
-    free(normed);
     const int64_t span = pos + t;
     float *scratch = malloc((size_t)(nh * t) * (size_t)(span + 2 * hd) * sizeof(float));
     if (scratch == NULL) return -1;
@@ -111,9 +109,10 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
 
 /* A decode step's layer as two calls where it took ~15 Python-level steps (SmolLM2 int4 on an AVX-512 Xeon: 13-16 us
  * a layer saved, 5-10 % of a decode; docs/performance.md): prima_attention_block from the layer's input to its MLP's
- * gate_up product, then, after the activation (torch's, in Python), prima_down_block to the layer's output. Each step is the very function
- * the unfused path (nodes/engine/model.py) runs, in its order, so the two give the same bits. A matrix is one of the
- * matmul kernels of q4.c / f32.c, found through ctypes and passed as its address with its operands. */
+ * gate_up product, then, after the activation (torch's, in Python), prima_down_block to the layer's output. Each
+ * step is the very function the unfused path (nodes/engine/model.py) runs, in its order, so the two give the same
+ * bits. A matrix is one of the matmul kernels of q4.c / f32.c, found through ctypes and passed as its address with
+ * its operands. */
 enum { MM_F32 = 0, MM_ONE = 1, MM_TWO = 2 }; /* f32.c's (w); q4.c's tiles (tiles); q4.c's with two operands */
 
 typedef struct {
@@ -148,8 +147,8 @@ static void add_rows(float *y, const float *x, int64_t rows, int64_t n, int broa
 }
 
 /* x [rows, H] (the segments' rows in order) -> h = x + attention (post_attn_norm applied where given) and
- * gu [rows, w_gate_up.n] = rms_norm(h, ffn_norm) @ w_gate_up.T. bqkv, q_norm, k_norm and post_attn_norm may be NULL. Returns 0, or
- * -1 out of memory (a kernel's, or its own scratch). */
+ * gu [rows, w_gate_up.n] = rms_norm(h, ffn_norm) @ w_gate_up.T. bqkv, q_norm, k_norm and post_attn_norm may be
+ * NULL. Returns 0, or -1 out of memory (a kernel's, or its own scratch). */
 int prima_attention_block(const float *x, float *h, float *gu, int64_t rows, int64_t hidden, const float *attn_norm,
                           const float *bqkv, const float *q_norm, const float *k_norm, const prima_matrix *wqkv,
                           const prima_matrix *wo,
