@@ -4,8 +4,6 @@ probes' exactness here, and what an AVX2 machine's flags say."""
 import json
 import os
 import platform
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +21,7 @@ from nodes.engine.dtype_choice import (
     probe_format,
     timed_rounds,
 )
+from tests.subprocesses import run_python
 
 FAST, SLOW = 0.001, 0.02
 EXACT, ROUNDED = 1e-6, 0.004
@@ -154,6 +153,5 @@ def test_an_avx2_machine_has_no_native_bfloat16():
     no, whatever this CPU's flags, and the machine key differs from this one's, so its choice is its own."""
     code = "from nodes.engine.dtype_choice import machine_key, native_bfloat16; print(native_bfloat16(), machine_key())"
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
-    native, key = out.stdout.split(" ", 1)
-    assert native == "False" and " AVX2 " in key and "onednn-int8-exact=False" in key, out.stderr[-2000:]
+    native, key = run_python(code, env=env, timeout=120).split(" ", 1)
+    assert native == "False" and " AVX2 " in key and "onednn-int8-exact=False" in key

@@ -3,7 +3,6 @@
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from nodes.engine.store import LayerStore
 from prima_rpc.app import ring
 from prima_rpc.client import PrimaError
 from tests.rings import collect, greedy_reference, local_ring
+from tests.subprocesses import run_python
 
 pytestmark = pytest.mark.slow
 MB = 1 << 20
@@ -66,9 +66,8 @@ TOKENIZER_OVERHEAD = 48 * MB  # the head also holds the tokenizer (about 33 MiB 
 def test_peak_rss_stays_within_budget(smol_store):
     cfg = LayerStore(smol_store).config
     budget = head_bytes(cfg, torch.float32) + 40 * MB + 6 * layer_bytes(cfg, torch.float32)
-    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(smol_store), str(budget), "6"],
-                         capture_output=True, text=True, timeout=300, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    out = run_python(RSS_SCRIPT, str(smol_store), str(budget), "6")
+    r = json.loads(out.strip().splitlines()[-1])
     assert r["budget"] == budget and r["streamed"] > 20  # most of the 30 layers stream
     growth = r["peak"] - r["baseline"]
     assert growth <= budget + RSS_OVERHEAD, f"peak RSS grew {growth / MB:.0f} MiB for a {budget / MB:.0f} MiB budget"

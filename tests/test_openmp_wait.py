@@ -2,10 +2,10 @@
 has no effect, and co-located nodes either hold each other's cores (libgomp's default) or wake late (PASSIVE)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.subprocesses import run_python
 
 # Records GOMP_SPINCOUNT at the moment torch is first imported: by the entry point, or later (the CLI loads it lazily).
 SPY = """
@@ -25,9 +25,7 @@ print(seen[0])
 
 def torch_sees(module: str, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    out = subprocess.run([sys.executable, "-c", SPY.format(module=module)], env={**clean, **env},
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return run_python(SPY.format(module=module), env={**clean, **env}).strip()
 
 
 @pytest.mark.parametrize("module", ["nodes.ring.main", "prima_rpc.app.cli", "tools.bench.bench_prediction"])

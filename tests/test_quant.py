@@ -7,8 +7,6 @@ see an AVX2 machine's paths on this one."""
 import json
 import os
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +45,7 @@ from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 from tests.rings import collect, collect_all, greedy_reference, local_ring
 from tests.shards import ring_step
+from tests.subprocesses import run_python
 from tools.default_model import default_gguf, ensure_default_store
 from tools.import_gguf import import_gguf
 from tools.synth import synth
@@ -131,8 +130,7 @@ def test_the_onednn_probe_sees_saturating_sums_under_avx2():
             "print(onednn_int8_exact(), Int8(torch.ones(4096, 2048, dtype=torch.int8), torch.ones(4096), "
             "torch.bfloat16).onednn)")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
+    assert run_python(code, env=env, timeout=120).split() == ["False", "False"]
 
 
 # ------------------------------------------------------------------ SmolLM2 from its Q4_1 GGUF
