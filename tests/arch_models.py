@@ -25,6 +25,9 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True, head_dim=32)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6)),  # q, k, v biases
+    # no window (as Mistral 7B v0.2 and later): llama.cpp's converter writes none, its GGUF is a llama one; the
+    # window is tests/test_arch_sliding_window.py's, whose sequences cross it
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(rope_theta=1e6, sliding_window=None)),
     # six layers: llama.cpp takes every sixth as global; a window of 4 is crossed by the test's sequences
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=6, sliding_window=4, head_dim=32,
                                                               query_pre_attn_scalar=32, final_logit_softcapping=30.0,
@@ -47,8 +50,6 @@ MOE_FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2,
                                                             intermediate_size=32, rope_theta=1e6)),
 }
-# Families whose sliding window only tests/test_arch_sliding_window.py crosses (its sequences are long)
-WINDOWED_FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", dict(rope_theta=1e6))}
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, vocab_size=49152, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
              eos_token_id=2, initializer_range=0.3)
@@ -58,7 +59,7 @@ def write_model(family: str, tokenizer_json: Path, out: Path, seed: int = 0, cha
                 **shape) -> Path:
     """A seeded random model of `family` saved as a Hugging Face directory (float32 safetensors); shape: SHAPE's
     fields to change (e.g. num_hidden_layers)."""
-    config_cls, model_cls, extra = {**FAMILIES, **MOE_FAMILIES, **WINDOWED_FAMILIES}[family]
+    config_cls, model_cls, extra = {**FAMILIES, **MOE_FAMILIES}[family]
     if family == "gemma3-vision":
         # transformers' image-text Gemma 3 never soft-caps logits (real configs set no cap)
         text = {**SHAPE, **FAMILIES["gemma3"][2], "final_logit_softcapping": None, "rope_parameters": {

@@ -42,6 +42,7 @@ def test_from_a_gguf_too(windowed, tmp_path):
     """llama.cpp's converter writes Gemma 3's and Phi-3's windows (a Mistral's llama-architecture GGUF has none)."""
     store, ids, logits, hf = windowed
     if read_manifest(store)[0].config.architecture == "mistral":
+        # a windowless Mistral's GGUF: tests/test_architectures.py::test_gguf_import_equals_transformers
         pytest.skip("llama.cpp's converter writes no window for a Mistral")
     gguf_store = import_gguf(convert(hf, tmp_path / "w.gguf"), tmp_path / "store")
     got, want = (read_manifest(s)[0].config for s in (gguf_store, store))

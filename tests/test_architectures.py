@@ -1,9 +1,10 @@
-"""Llama 3.1, Qwen2, Qwen3, Phi-3 and Gemma 3 as users get them: tiny random models written by transformers,
+"""Llama 3.1, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 as users get them: tiny random models written by transformers,
 imported from the Hugging Face directory and from a GGUF written by llama.cpp's own converter, give transformers'
 greedy tokens and logits; a ring with a relay gives the single process's tokens; bad GGUF files get one line
 naming the file."""
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -50,6 +51,8 @@ def test_gguf_import_equals_transformers(models, family, tmp_path):
     same = ("architecture", "n_layers", "head_dim", "tie_embeddings", "sliding_window", "local_layers",
             "local_rope_theta", "query_scale", "logit_softcap")
     hf_cfg = read_manifest(import_hf(hf, tmp_path / "hf-store"))[0].config
+    if family == "mistral":  # llama.cpp writes a Mistral as a llama
+        hf_cfg = replace(hf_cfg, architecture="llama")
     assert [getattr(manifest.config, k) for k in same] == [getattr(hf_cfg, k) for k in same]
 
 
@@ -227,6 +230,43 @@ def test_qwen3s_own_template_switches_thinking_as_transformers_does(models, tmp_
         assert codec.request_ids(request) == codec.encode(rendered[think])
     assert rendered[False] == rendered[True] + "<think>\n\n</think>\n\n"
     assert codec.request_ids(GenerateRequest(messages=request.messages)) == codec.encode(rendered[True])  # default
+
+
+# llama.cpp's copies of the families' own templates; it keeps none of Gemma 3's (whose system message folds into the
+# first user turn, as TEMPLATE above does): Gemma 2's has its turns and refuses a system message
+OWN_TEMPLATES = ["google-gemma-2-2b-it", "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+                 "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
+                 "microsoft-Phi-3.5-mini-instruct", "Qwen-Qwen2.5-7B-Instruct"]
+
+
+@pytest.mark.parametrize("name", OWN_TEMPLATES)
+def test_the_families_own_templates_render_as_transformers_renders_them(models, tmp_path, name):
+    """With and without a system message: transformers' prompt, or its refusal's message."""
+    import transformers
+    from jinja2 import TemplateError
+
+    from nodes.generation.text import PromptError, TextCodec
+    from tests.llama_convert import chat_template
+
+    template = chat_template(f"{name}.jinja")
+    hf = models("qwen3")[0]
+    store = import_hf(hf, tmp_path / "store")
+    codec = TextCodec(replace(read_manifest(store)[0], chat_template=template), store / "tokenizer.json")
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    refused = 0
+    for messages in (chat, chat[1:]):
+        try:
+            want = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:
+            refused += 1
+            with pytest.raises(PromptError, match=re.escape(str(exc))):
+                codec.chat_prompt(messages)
+            continue
+        assert codec.chat_prompt(messages) == want
+        assert "Capital of France?" in want
+    assert refused == (name == "google-gemma-2-2b-it")  # only Gemma 2 refuses (its system message)
 
 
 def test_sentencepiece_user_defined_and_control_pieces_stay_whole():

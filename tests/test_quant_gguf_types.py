@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from nodes.engine.formats import weight_format
@@ -51,6 +51,21 @@ def q6k_blocks(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     scales = rng.integers(-60, 60, (b, 16), dtype=np.int8).view(np.uint8)
     d = rng.uniform(1e-5, 5e-5, (b, 1)).astype(np.float16).view(np.uint8)
     return np.concatenate([body, scales, d], axis=1).reshape(n, -1)
+
+
+# float16 scales at a block's start: Q5_K's d and dmin (then 12 bytes of 6-bit scales and mins, 32 of high bits, 128 of
+# nibbles), IQ4_XS's d (then 2 + 4 bytes of 6-bit scales, 128 of nibbles), IQ4_NL's d (then 16 bytes of nibbles)
+HEAD_SCALES = {"Q5_K": 2, "IQ4_XS": 1, "IQ4_NL": 1}
+
+
+def scaled_blocks(rng: np.random.Generator, n: int, k: int, kind: str) -> np.ndarray:
+    """Random blocks of `kind` (HEAD_SCALES) uint8 [n, k/weights a block * its bytes]: small float16 scales, the
+    rest random bytes (gguf.quants can de-quantize these types but not write them)."""
+    size, nbytes = GGML_QUANT_SIZES[Q[kind]]
+    b, heads = n * k // size, HEAD_SCALES[kind]
+    d = rng.uniform(1e-5, 1e-3, (b, heads)).astype(np.float16).view(np.uint8)
+    rest = rng.integers(0, 256, (b, nbytes - 2 * heads), dtype=np.uint8)
+    return np.concatenate([d, rest], axis=1).reshape(n, -1)
 
 
 @pytest.mark.parametrize("tiny", [False, True], ids=["normal", "subnormal-scales"])
@@ -97,8 +112,9 @@ def test_q4k_rows_must_be_whole_super_blocks():
 H, FF, HEADS, KV, LAYERS = 256, 512, 4, 2, 2
 SHAPES = {"attn_q": (H, H), "attn_k": (KV * H // HEADS, H), "attn_v": (KV * H // HEADS, H), "attn_output": (H, H),
           "ffn_gate": (FF, H), "ffn_up": (FF, H), "ffn_down": (H, FF)}
-# Q4_K_M's mix on an 8B-like shape: Q4_K, with Q6_K attn_v and ffn_down in some layers, a Q8_0 embedding
-TYPES = {0: {}, 1: {"attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_up": "Q5_0"}}
+# Q4_K_M's mix on an 8B-like shape: Q4_K, with a Q6_K attn_v in some layers, a Q8_0 embedding; beside them in layer
+# 1's int8 matrices a Q4_K attn_q and the main types of Q5_K_M, IQ4_XS and IQ4_NL files
+TYPES = {0: {}, 1: {"attn_k": "IQ4_XS", "attn_v": "Q6_K", "ffn_gate": "IQ4_NL", "ffn_up": "Q5_0", "ffn_down": "Q5_K"}}
 
 
 def mixed_gguf(path, types=TYPES, base: str = "Q4_K"):
@@ -119,6 +135,8 @@ def mixed_gguf(path, types=TYPES, base: str = "Q4_K"):
             w.add_tensor(name, q4k_blocks(rng, n, k), raw_dtype=Q.Q4_K)
         elif kind == "Q6_K":
             w.add_tensor(name, q6k_blocks(rng, n, k), raw_dtype=Q.Q6_K)
+        elif kind in HEAD_SCALES:
+            w.add_tensor(name, scaled_blocks(rng, n, k, kind), raw_dtype=Q[kind])
         else:
             w.add_tensor(name, quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, Q[kind]),
                          raw_dtype=Q[kind])
@@ -155,7 +173,8 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_layer_by_layer(mi
     path, store, lines = mixed
     manifest = json.loads((store / "manifest.json").read_text())
     assert manifest["dtype"] == "int4" and manifest["name"] == "store"  # the directory's name, not general.name
-    # attn_v (in wqkv), ffn_up (in w_gate_up) and ffn_down are Q6_K / Q5_0 in layer 1: int8 there only
+    # attn_k and attn_v (in wqkv), ffn_gate and ffn_up (in w_gate_up) and ffn_down are int8 types in layer 1: int8
+    # there only
     assert manifest["quant"]["int8_layers"] == [[], ["wqkv", "w_gate_up", "w_down"]]
     assert "int8_matrices" not in manifest["quant"]
     assert manifest["files"]["embed"]["format"] == "int8"
@@ -163,9 +182,12 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_layer_by_layer(mi
     assert manifest["bits_per_weight"] == pytest.approx((5 * per_layer + 5 * H * H + 8 * (per_layer - H * H))
                                                         / (2 * per_layer))
     assert lines == ["Q8_0: 1 tensor, 12.6M weights -> int8 rows (nearest)",  # most weights first
-                     "Q4_K: 11 tensors, 0.9M weights -> int4 (its blocks as they are) and int8 rows (nearest)",
-                     "Q6_K: 2 tensors, 0.2M weights -> int8 rows (nearest)",
-                     "Q5_0: 1 tensor, 0.1M weights -> int8 rows (nearest)"]
+                     "Q4_K: 9 tensors, 0.7M weights -> int4 (its blocks as they are) and int8 rows (nearest)",
+                     "IQ4_NL: 1 tensor, 0.1M weights -> int8 rows (nearest)",
+                     "Q5_0: 1 tensor, 0.1M weights -> int8 rows (nearest)",
+                     "Q5_K: 1 tensor, 0.1M weights -> int8 rows (nearest)",
+                     "IQ4_XS: 1 tensor, 0.0M weights -> int8 rows (nearest)",
+                     "Q6_K: 1 tensor, 0.0M weights -> int8 rows (nearest)"]
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     store_ = LayerStore(store)
     fmt = weight_format(store_.manifest)
@@ -321,7 +343,7 @@ def test_import_prints_what_each_type_became_and_one_summary_line(mixed, tmp_pat
     res = ctl_here("import", str(mixed[0]), str(tmp_path / "kitchen"), "--name", "Kitchen model")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
-    assert lines[1].startswith("Q4_K: 11 tensors") and lines[-1] == str(tmp_path / "kitchen")
+    assert lines[1].startswith("Q4_K: 9 tensors") and lines[-1] == str(tmp_path / "kitchen")
     size = sum(f.stat().st_size for f in (tmp_path / "kitchen").iterdir()) / 1e6
     assert lines[-2].startswith(f"made 'Kitchen model': int4, {size:.1f} MB (")
     assert lines[-2].endswith(" s") and " bits/weight), in " in lines[-2]
