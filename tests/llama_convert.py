@@ -2,6 +2,7 @@
 subprocess (its gguf-py on PYTHONPATH), so that GGUF tests read files written the way users' files are."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,7 +48,12 @@ def converter_dir() -> Path:
         for m in members:
             m.name = m.name[len(PREFIX):]
         tar.extractall(tmp, members=members, filter="data")
-    tmp.rename(cache)
+    try:
+        tmp.rename(cache)
+    except OSError:  # another test process extracted it first (xdist workers, parallel CI jobs)
+        if not (cache / "convert_hf_to_gguf.py").is_file():
+            raise
+        shutil.rmtree(tmp)
     return cache
 
 
