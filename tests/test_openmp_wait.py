@@ -1,7 +1,9 @@
-"""Every entry point sets OpenMP's short spin before torch loads libgomp (prima_rpc/__init__.py): read later, it
-has no effect, and co-located nodes either hold each other's cores (libgomp's default) or wake late (PASSIVE)."""
+"""Every entry point sets OpenMP's spin before torch loads libgomp (prima_rpc/__init__.py): read later, it has no
+effect. A process alone spins long enough to keep its workers across a layer's Python; nodes a local ring starts on
+one machine spin briefly, or they hold each other's cores (libgomp's default) or wake late (PASSIVE)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +31,24 @@ def torch_sees(module: str, **env) -> str:
 
 
 @pytest.mark.parametrize("module", ["nodes.ring.main", "prima_rpc.app.cli", "tools.bench.bench_prediction"])
-def test_entry_points_set_a_short_spin_before_torch_loads(module):
-    assert torch_sees(module) == "3000"
+def test_entry_points_set_their_spin_before_torch_loads(module):
+    assert torch_sees(module) == "30000"
+
+
+@pytest.mark.parametrize("n, spin", [(1, "30000"), (2, "3000")])
+def test_nodes_of_a_local_ring_spin_briefly_when_they_share_the_machine(tmp_path, n, spin):
+    import prima_rpc
+    from prima_rpc.app.local_ring import launch
+
+    if prima_rpc.OPENMP_SET_BY_USER:
+        pytest.skip("this run's own OMP_WAIT_POLICY or GOMP_SPINCOUNT reaches the nodes")
+    ring = launch(None, n, log_dir=tmp_path, detach=False)
+    try:
+        for proc in ring.processes:
+            env = dict(v.split("=", 1) for v in Path(f"/proc/{proc.pid}/environ").read_text().split("\0") if "=" in v)
+            assert env["GOMP_SPINCOUNT"] == spin
+    finally:
+        ring.stop()
 
 
 def test_a_users_own_openmp_setting_wins():

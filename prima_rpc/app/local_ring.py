@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+import prima_rpc
 from prima_rpc.channel import TOKEN_ENV
 from prima_rpc.control import Control, Deadlines
 
@@ -188,7 +189,9 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
     for old in [*log_dir.glob("*.pid"), log_dir / RING_FILE]:  # a ring that is gone: its records go too
         old.unlink(missing_ok=True)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    env = dict(os.environ)  # OpenMP's short spin for nodes sharing cores: set in prima_rpc/__init__.py
+    env = dict(os.environ)
+    if n > 1 and not prima_rpc.OPENMP_SET_BY_USER:  # nodes sharing the cores spin briefly (prima_rpc/__init__.py)
+        env["GOMP_SPINCOUNT"] = prima_rpc.SHARED_SPIN
     env.setdefault("OMP_NUM_THREADS", str(threads_each(n)))
     env.pop(TOKEN_ENV, None)
     env.update({TOKEN_ENV: token} if token else {})
