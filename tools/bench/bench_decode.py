@@ -2,7 +2,7 @@
 stores vs llama.cpp on the same GGUF (and transformers on SmolLM2's, with --transformers).
 
 Models: `smollm2` (the default model's Q4_1 GGUF, int4 keeps its blocks exactly; and its F32 de-quantization with
-llama.cpp's Q8_0 and Q4_0 of that, each imported with its types kept, tools.bench.make_kquants) and `8b` (llama3-8b
+llama.cpp's Q8_0, Q4_0 and Q4_K_M of that, each imported with its types kept, tools.bench.make_kquants) and `8b` (llama3-8b
 layer dims, 4 layers, seeded random Q4_0 / Q8_0 blocks written by tools.bench.make_gguf, SmolLM2's tokenizer; int4
 from the Q4_0 file, int8 and bfloat16 from the Q8_0 one; Q4_K_M: llama.cpp's quantizer on the Q8_0 file,
 imported with its types kept, tools.bench.make_kquants). Stores and files are made on first use under
@@ -181,7 +181,7 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
     if model == "smollm2":
         from tools.bench.make_kquants import make_all
 
-        gguf, made = default_gguf(), make_all(work / "smollm2", ("Q8_0", "Q4_0"))  # llama.cpp's quantizer
+        gguf, made = default_gguf(), make_all(work / "smollm2", ("Q8_0", "Q4_0", "Q4_K_M"))  # llama.cpp's quantizer
         rows = [("float32", "prima", str(ensure_default_store()), "float32"),
                 ("bfloat16", "prima", str(ensure_default_store()), "bfloat16"),
                 ("int8", "prima", str(ensure_default_store(dtype="int8")), "bfloat16"),
@@ -191,10 +191,13 @@ def rows_for(model: str, work: Path, transformers: bool) -> list[tuple[str, str,
                 ("int4 f32 q8", "prima", str(ensure_default_store(dtype="int4")), "float32"),  # ggml's Q8_0 mode
                 ("Q8_0 f32", "prima", store(made["Q8_0"], None), "float32"),  # each file's types kept
                 ("Q4_0 f32", "prima", store(made["Q4_0"], None), "float32"),
+                ("Q4_K_M", "prima", store(made["Q4_K_M"], None), "bfloat16"),
+                ("Q4_K_M f32", "prima", store(made["Q4_K_M"], None), "float32"),
                 ("Q4_1", "llama.cpp", str(gguf), ""),
                 ("F32", "llama.cpp", str(made["F32"]), ""),  # the Q4_1 file's weights, as the float32 store's
                 ("Q8_0", "llama.cpp", str(made["Q8_0"]), ""),
-                ("Q4_0", "llama.cpp", str(made["Q4_0"]), "")]
+                ("Q4_0", "llama.cpp", str(made["Q4_0"]), ""),
+                ("Q4_K_M", "llama.cpp", str(made["Q4_K_M"]), "")]
         if transformers:
             rows += [("float32", "transformers", str(gguf), "float32"), ("bfloat16", "transformers", str(gguf),
                                                                          "bfloat16")]
@@ -235,7 +238,7 @@ def machine_dtype(store_dtype: str) -> str:
 
 
 GOALS = {"smollm2": [("int4", "Q4_1", 0.9), ("float32", "F32", 0.9), ("Q8_0 f32", "Q8_0", 0.9),  # issue 26's goal
-                     ("Q4_0 f32", "Q4_0", 0.9)],  # for every file
+                     ("Q4_0 f32", "Q4_0", 0.9), ("Q4_K_M", "Q4_K_M", 0.9)],  # for every file (#27: Q4_K_M)
          "8b": [("int4", "Q4_0", 0.9), ("int8", "Q8_0", 0.9), ("Q4_K_M", "Q4_K_M", 0.9)]}
 
 
