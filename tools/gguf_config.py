@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
+from gguf import MODEL_TENSOR, GGUFReader, Keys
 
 from prima_rpc.spec.arch import ARCHS as ARCH_OF
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 from tools.gguf_moe import MOE_ARCHS, family, moe_fields
+from tools.gguf_names import tensor_name
 from tools.hf_rope import context_length
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", *MOE_ARCHS)  # llama.cpp's general.architecture names
@@ -35,7 +36,7 @@ def rope_scaling(reader: GGUFReader, src: Path, arch: str, rot_dim: int) -> dict
         return field(reader, k.format(arch=arch), default)
 
     kind = key(Keys.Rope.SCALING_TYPE, "none")
-    long, short = (tensor(reader, f"{TENSOR_NAMES[t]}.weight")
+    long, short = (tensor(reader, tensor_name(t))
                    for t in (MODEL_TENSOR.ROPE_FACTORS_LONG, MODEL_TENSOR.ROPE_FACTORS_SHORT))
     if long is not None or kind == "longrope":
         if long is None or short is None:
@@ -55,7 +56,7 @@ def rope_scaling(reader: GGUFReader, src: Path, arch: str, rot_dim: int) -> dict
     if kind != "none":
         raise StoreError(f"{src}: rope scaling {kind!r} is not supported (only linear, yarn, longrope and llama3's "
                          f"rope_freqs)")
-    freqs = tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS]}.weight")
+    freqs = tensor(reader, tensor_name(MODEL_TENSOR.ROPE_FREQS))
     return None if freqs is None else {"type": "factors", "factors": factors(src, freqs, rot_dim)}
 
 
@@ -89,6 +90,12 @@ def local_attention(reader: GGUFReader, arch: str, n_layers: int, hidden: int, h
     )
 
 
+def has_qkv_bias(reader: GGUFReader, n_layers: int) -> bool:
+    """Whether a layer holds a q bias (Qwen2's q, k, v biases)."""
+    names = {t.name for t in reader.tensors}
+    return any(tensor_name(MODEL_TENSOR.ATTN_Q, i, "bias") in names for i in range(n_layers))
+
+
 def read_config(reader: GGUFReader, src: Path) -> ModelConfig:
     arch = field(reader, Keys.General.ARCHITECTURE)
     if arch not in ARCHS:
@@ -98,9 +105,9 @@ def read_config(reader: GGUFReader, src: Path) -> ModelConfig:
         return field(reader, k.format(arch=arch), default)
 
     hidden, heads = int(key(Keys.LLM.EMBEDDING_LENGTH)), int(key(Keys.Attention.HEAD_COUNT))
-    embed = tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD]}.weight")
+    embed = tensor(reader, tensor_name(MODEL_TENSOR.TOKEN_EMBD))
     if embed is None:
-        raise StoreError(f"{src}: GGUF file lacks tensor 'token_embd.weight'")
+        raise StoreError(f"{src}: GGUF file lacks tensor {tensor_name(MODEL_TENSOR.TOKEN_EMBD)!r}")
     n_layers, head_dim = int(key(Keys.LLM.BLOCK_COUNT)), int(key(Keys.Attention.KEY_LENGTH, hidden // heads))
     rot_dim = int(key(Keys.Rope.DIMENSION_COUNT, head_dim))
     if rot_dim != head_dim and ARCH_OF[family(reader, arch)].gguf_permuted_qk:
@@ -114,7 +121,7 @@ def read_config(reader: GGUFReader, src: Path) -> ModelConfig:
         norm_eps=float(key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-5)),
         rope_theta=float(key(Keys.Rope.FREQ_BASE, 10000.0)), rope_scaling=scaling,
         rotary_dim=None if rot_dim == head_dim else rot_dim,
-        qkv_bias=any(t.name.endswith("attn_q.bias") for t in reader.tensors),
-        tie_embeddings=tensor(reader, f"{TENSOR_NAMES[MODEL_TENSOR.OUTPUT]}.weight") is None,
+        qkv_bias=has_qkv_bias(reader, n_layers),
+        tie_embeddings=tensor(reader, tensor_name(MODEL_TENSOR.OUTPUT)) is None,
         **local_attention(reader, arch, n_layers, hidden, heads, head_dim), **moe_fields(reader, arch, key),
     )

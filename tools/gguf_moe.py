@@ -4,10 +4,11 @@ and each expert cut out of the merged `ffn_{gate,up,down}_exps` tensors as a uni
 from types import SimpleNamespace
 
 import torch
-from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
+from gguf import MODEL_TENSOR, GGUFReader, Keys
 
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.shapes import expert_shapes
+from tools.gguf_names import tensor_name as name
 
 MOE_ARCHS = ("qwen2moe", "qwen3moe")  # llama.cpp's names; Mixtral is its "llama" with experts
 # llama.cpp's own choice where the file does not say (expert_weights_norm): qwen3moe and Mixtral renormalise
@@ -15,10 +16,6 @@ NORM_TOPK = {"qwen2moe": False, "qwen3moe": True, "mixtral": True}
 EXPS = {"w_gate": MODEL_TENSOR.FFN_GATE_EXP, "w_up": MODEL_TENSOR.FFN_UP_EXP, "w_down": MODEL_TENSOR.FFN_DOWN_EXP}
 SHARED = {"ws_gate": MODEL_TENSOR.FFN_GATE_SHEXP, "ws_up": MODEL_TENSOR.FFN_UP_SHEXP,
           "ws_down": MODEL_TENSOR.FFN_DOWN_SHEXP}
-
-
-def name(t: MODEL_TENSOR, i: int) -> str:
-    return f"{TENSOR_NAMES[t].format(bid=i)}.weight"
 
 
 def family(reader: GGUFReader, arch: str) -> str:

@@ -33,13 +33,15 @@ def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 def build_tokenizer(model: str, pre: str, tokens: list[str], token_types: list[int], merges: list[str],
                     scores: list[float] | None = None, add_prefix: bool = True) -> Tokenizer:
     """A `tokenizers` tokenizer of a GGUF vocabulary: byte-level BPE ('gpt2') or SentencePiece BPE ('llama')."""
+    user = [t for t, ty in zip(tokens, token_types) if ty == USER_DEFINED]
     if model == "llama":
         tok = sentencepiece_bpe(tokens, scores or [0.0] * len(tokens), token_types, add_prefix)
         # user-defined pieces are whole tokens wherever they occur (those with spaces, '▁', come from merges)
-        tok.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, token_types)
-                        if ty == USER_DEFINED and "▁" not in t])
+        tok.add_tokens([AddedToken(t, normalized=False) for t in user if "▁" not in t])
     elif model == "gpt2":
         tok = byte_level_bpe(pre, tokens, merges)
+        # the converter's user-defined tokens are the HF added tokens not marked special (Qwen3's <think>): whole
+        tok.add_tokens([AddedToken(t, normalized=False) for t in user])
     else:
         raise StoreError(f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE and "
                          "'llama' SentencePiece BPE)")
@@ -53,6 +55,8 @@ def byte_level_bpe(pre: str, tokens: list[str], merges: list[str]) -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in ("llama-bpe", "llama3")))
+    if pre == "qwen2":  # Qwen2's tokenizer.json composes text (NFC) before splitting; llama.cpp does not, HF does
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     return tok

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFReader, Keys
+from gguf import MODEL_TENSOR, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from nodes.engine.formats import Format, writing_format
@@ -19,6 +19,7 @@ from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes, matrix_shapes
 from tools import gguf_moe
 from tools.gguf_config import field, read_config
+from tools.gguf_names import tensor_name
 from tools.gguf_tokenizer import build_tokenizer
 from tools.gguf_types import FLOAT_TYPES, INT4_EXACT, TypeReport, int4_blocks, store_format
 from tools.store_writer import StoreWriter
@@ -31,8 +32,9 @@ LAYER_TENSORS = {
     MODEL_TENSOR.ATTN_K_NORM: "k_norm", MODEL_TENSOR.ATTN_POST_NORM: "post_attn_norm",
     MODEL_TENSOR.FFN_POST_NORM: "post_ffn_norm",
 }
-GGUF_NAME = {store: TENSOR_NAMES[t].removeprefix("blk.{bid}.") for t, store in LAYER_TENSORS.items()}
-QKV = TENSOR_NAMES[MODEL_TENSOR.ATTN_QKV].removeprefix("blk.{bid}.")  # Phi-3: q, k, v fused by rows
+GGUF_TENSOR = {store: t for t, store in LAYER_TENSORS.items()}
+EMBED, OUTPUT_NORM, OUTPUT = (tensor_name(t) for t in (MODEL_TENSOR.TOKEN_EMBD, MODEL_TENSOR.OUTPUT_NORM,
+                                                       MODEL_TENSOR.OUTPUT))
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -71,9 +73,13 @@ class GgufTensors:
         self.report.add(t.tensor_type.name, int(t.n_elements), str(self.dtype).removeprefix("torch."))
         return self.get(name)
 
-    def heads(self, gname: str) -> int | None:
-        """The heads whose rows llama.cpp permuted for its interleaved RoPE (None: not permuted)."""
-        return {"attn_q": self.cfg.n_heads, "attn_k": self.cfg.n_kv_heads}.get(gname) if self.permute else None
+    def heads(self, name: str, i: int) -> int | None:
+        """The heads whose rows llama.cpp permuted for its interleaved RoPE in layer i's tensor `name` (None: not
+        permuted)."""
+        if not self.permute:
+            return None
+        return {tensor_name(MODEL_TENSOR.ATTN_Q, i): self.cfg.n_heads,
+                tensor_name(MODEL_TENSOR.ATTN_K, i): self.cfg.n_kv_heads}.get(name)
 
     def matrix(self, name: str, parts: list[tuple[str, int | None]], fmt: Format) -> dict[str, torch.Tensor]:
         """A quantized store's matrix `name` from GGUF tensors stacked by rows (each unpermuted if asked)."""
@@ -124,20 +130,21 @@ def open_gguf(src: Path) -> GGUFReader:
 def embed_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
     """The embed unit's tensors and format."""
     if not g.fmt:
-        return {"embed.weight": g.float_tensor("token_embd.weight")}, ""
-    f = g.outer("token_embd.weight")
-    return g.matrix("embed", [("token_embd.weight", None)], f), f.name
+        return {"embed.weight": g.float_tensor(EMBED)}, ""
+    f = g.outer(EMBED)
+    return g.matrix("embed", [(EMBED, None)], f), f.name
 
 
 def matrix_parts(g: GgufTensors, i: int) -> dict[str, list[str]]:
     """Each of the store's fused matrices of layer i (shapes.FUSED): its GGUF tensors, in row order (Phi-3's files
     hold wqkv and w_gate_up fused already: one tensor each)."""
     def names(*parts: str) -> list[str]:
-        return [f"blk.{i}.{GGUF_NAME[p]}.weight" for p in parts]
+        return [tensor_name(GGUF_TENSOR[p], i) for p in parts]
 
-    fused_qkv, has_gate = f"blk.{i}.{QKV}.weight" in g.tensors, f"blk.{i}.{GGUF_NAME['w_gate']}.weight" in g.tensors
+    qkv = tensor_name(MODEL_TENSOR.ATTN_QKV, i)  # Phi-3: q, k, v fused by rows
+    fused_qkv, has_gate = qkv in g.tensors, names("w_gate")[0] in g.tensors
     mlp = {"w_gate_up": names("w_gate", "w_up") if has_gate else names("w_up"), "w_down": names("w_down")}
-    return {"wqkv": [f"blk.{i}.{QKV}.weight"] if fused_qkv else names("wq", "wk", "wv"), "wo": names("wo"),
+    return {"wqkv": [qkv] if fused_qkv else names("wq", "wk", "wv"), "wo": names("wo"),
             **({} if g.cfg.moe else mlp)}  # a mixture's: tools/gguf_moe.py
 
 
@@ -146,13 +153,13 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
     shapes = layer_shapes(g.cfg)
     unit = {}
     for name in (n.removesuffix(".weight") for n in shapes if n.endswith("norm.weight")):
-        unit[f"{name}.weight"] = g.get(f"blk.{i}.{GGUF_NAME[name]}.weight")
+        unit[f"{name}.weight"] = g.get(tensor_name(GGUF_TENSOR[name], i))
     if g.cfg.qkv_bias:
-        unit.update({f"{p}.bias": g.get(f"blk.{i}.{GGUF_NAME[p]}.bias") for p in ("wq", "wk", "wv")})
+        unit.update({f"{p}.bias": g.get(tensor_name(GGUF_TENSOR[p], i, "bias")) for p in ("wq", "wk", "wv")})
     if g.cfg.moe:
         unit.update(gguf_moe.dense_tensors(g, i))
     for fused, parts in matrix_parts(g, i).items():
-        heads = [g.heads(p.split(".")[2]) for p in parts]
+        heads = [g.heads(p, i) for p in parts]
         if g.fmt:
             unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt.layer(i).matrix(fused)))
             continue
@@ -168,11 +175,11 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
 
 def head_unit(g: GgufTensors) -> tuple[dict[str, torch.Tensor], str]:
     """The head unit's tensors (final norm; output unless tied) and format."""
-    head = {"norm.weight": g.get("output_norm.weight")}
-    f = g.outer("output.weight") if g.fmt and not g.cfg.tie_embeddings else g.fmt
+    head = {"norm.weight": g.get(OUTPUT_NORM)}
+    f = g.outer(OUTPUT) if g.fmt and not g.cfg.tie_embeddings else g.fmt
     if not g.cfg.tie_embeddings:
-        head.update(g.matrix("output", [("output.weight", None)], f) if f
-                    else {"output.weight": g.float_tensor("output.weight")})
+        head.update(g.matrix("output", [(OUTPUT, None)], f) if f
+                    else {"output.weight": g.float_tensor(OUTPUT)})
     return head, f.name if f else ""
 
 
