@@ -10,7 +10,9 @@ environment (OpenMP's short spin, prima_rpc/__init__.py). Bytes per hop per toke
 size of one decode frame times k (frames cross each hop k times a token). prima.cpp (tools/bench/prima_cpp.py):
 the default model's Q4_1 GGUF, the same windows with -lw, 1 thread a rank, its own eval timer; built on demand
 from --prima-cpp DIR (a source tree or bare git directory), else found in the cache, else a "no prima.cpp build"
-line. Compare it with `--store int4`, which keeps that file's Q4_1 blocks.
+line. Compare it with `--store int4`, which keeps that file's Q4_1 blocks. Each of its runs comes right after one
+of ours on the same shape (a VM's speed drifts by 1.3x within minutes), and the ratio column is the median of
+those pairs' ratios.
 """
 
 import argparse
@@ -76,20 +78,39 @@ def frame_bytes(hidden: int, dtype: str) -> int:
                     hidden=codec.encode(x)).ByteSize()
 
 
-def prima_cpp_rows(where: Path | None, tokens: int, repeats: int) -> list[tuple]:
-    """prima.cpp's 3-rank rings on the default model's Q4_1 GGUF (the windows of SHAPES), or none, saying why."""
+def prima_cpp_cli(where: Path | None, skip: bool) -> Path | None:
+    """prima.cpp's llama-cli, or None, saying why."""
+    if skip:
+        return None
     try:
-        cli = prima_cpp.find_llama_cli(where)
-        rows = []
-        for name, windows in SHAPES.items():
-            if len(windows) == 3:
-                tpots = [prima_cpp.ring_tpot(cli, default_gguf(), windows, tokens) for _ in range(repeats)]
-                rows.append((f"prima.cpp {name} {windows}", 30 // sum(windows), float("nan"),
-                             statistics.median(tpots), 0))
-        return rows
+        return prima_cpp.find_llama_cli(where)
     except prima_cpp.PrimaCppMissing as exc:
         print(f"no prima.cpp build: {exc}")
-        return []
+        return None
+
+
+def shape_rows(store: Path, name: str, windows: list[int], node_args: list[str], logs: Path, tokens: int,
+               repeats: int, fb: int, cli: Path | None) -> list[tuple]:
+    """Our ring of this shape (and prima.cpp's 3-rank ring of the same windows, each of its runs right after one
+    of ours): rows (name, k, TTFT, TPOT, bytes/hop/token, ours / prima.cpp)."""
+    local = launch(store, len(windows), log_dir=logs, extra_args=[node_args] * len(windows), detach=False)
+    runs, theirs = [], []
+    try:
+        ring.start(local.addresses[0], windows)
+        asyncio.run(ring_run(local.addresses[0], 4))  # warm-up
+        for _ in range(repeats):
+            runs.append(asyncio.run(ring_run(local.addresses[0], tokens)))
+            if cli is not None and len(windows) == 3:
+                theirs.append(prima_cpp.ring_tpot(cli, default_gguf(), windows, tokens))
+    finally:
+        local.stop()
+    k = 30 // sum(windows)
+    tpot = statistics.median(r.tpot_ms for r in runs)
+    pairs = statistics.median(r.tpot_ms / t for r, t in zip(runs, theirs)) if theirs else float("nan")
+    rows = [(f"{name} {windows}", k, statistics.median(r.ttft_ms for r in runs), tpot, k * fb, pairs)]
+    if theirs:
+        rows.append((f"prima.cpp {name} {windows}", k, float("nan"), statistics.median(theirs), 0, float("nan")))
+    return rows
 
 
 def main() -> None:
@@ -114,29 +135,19 @@ def main() -> None:
                           str(args.tokens), "--store", args.store, "--dtype", dtype, "--repeats", str(args.repeats)],
                          capture_output=True, text=True, check=True).stdout
     ref_ttft, ref_tpot, used = json.loads(out.strip().splitlines()[-1])
-    rows = [(f"reference (1 process, {used})", 1, ref_ttft, ref_tpot, 0)]
+    rows = [(f"reference (1 process, {used})", 1, ref_ttft, ref_tpot, 0, float("nan"))]
     fb = frame_bytes(576, used)
     node_args = [] if dtype == "auto" else ["--dtype", dtype]
+    cli = prima_cpp_cli(args.prima_cpp, args.no_prima_cpp)
     with tempfile.TemporaryDirectory() as logs:
         for name, windows in SHAPES.items():
-            local = launch(store, len(windows), log_dir=Path(logs), extra_args=[node_args] * len(windows),
-                           detach=False)
-            try:
-                ring.start(local.addresses[0], windows)
-                asyncio.run(ring_run(local.addresses[0], 4))  # warm-up
-                runs = [asyncio.run(ring_run(local.addresses[0], args.tokens)) for _ in range(args.repeats)]
-            finally:
-                local.stop()
-            k = 30 // sum(windows)
-            rows.append((f"{name} {windows}", k, statistics.median(r.ttft_ms for r in runs),
-                         statistics.median(r.tpot_ms for r in runs), k * fb))
-    if not args.no_prima_cpp:
-        rows += prima_cpp_rows(args.prima_cpp, args.tokens, args.repeats)
+            rows += shape_rows(store, name, windows, node_args, Path(logs), args.tokens, args.repeats, fb, cli)
     print(f"SmolLM2-135M-Instruct {args.store} store, {args.tokens} tokens, median of {args.repeats}; "
           f"decode frame = {fb} bytes")
-    print(f"{'shape':40} {'k':>2} {'TTFT ms':>8} {'TPOT ms':>8} {'TPOT / ref':>10} {'bytes/hop/token':>15}")
-    for name, k, ttft, tpot, b in rows:
-        print(f"{name:40} {k:2d} {ttft:8.1f} {tpot:8.1f} {tpot / ref_tpot:10.2f} {b:15d}")
+    print(f"{'shape':40} {'k':>2} {'TTFT ms':>8} {'TPOT ms':>8} {'TPOT / ref':>10} {'bytes/hop/token':>15} "
+          f"{'TPOT / prima.cpp (pairs)':>24}")
+    for name, k, ttft, tpot, b, pairs in rows:
+        print(f"{name:40} {k:2d} {ttft:8.1f} {tpot:8.1f} {tpot / ref_tpot:10.2f} {b:15d} {pairs:24.2f}")
 
 
 if __name__ == "__main__":
