@@ -357,11 +357,65 @@ void prima_q4_tile(const uint8_t *q, const uint16_t *dm, uint8_t *tiles, int64_t
         }
 }
 
+/* Group g's exact int32 sums S of a tile's 8 rows (lane j: row j) with activation rows [r0, r0 + mt), EXACT's
+ * int16 terms x16 = 128 a + b: each 16-byte chunk widened to int16, one _mm256_madd_epi16 with a broadcast pair. */
+static inline __attribute__((always_inline)) void group_sums_x16(const uint8_t *blk, const acts *x, int64_t r0,
+                                                                 int64_t mt, int64_t g, const int at_once,
+                                                                 __m256i *sum) {
+    const __m256i low = _mm256_set1_epi16(15);
+    for (int c = 0; c < 8; c++) {
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
+        const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
+        for (int r = 0; r < mt && r < at_once; r++) {
+            const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c;
+            int32_t pl, ph;
+            memcpy(&pl, xr, 4);
+            memcpy(&ph, xr + 16, 4);
+            sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(pl)),
+                                                               _mm256_madd_epi16(hi, _mm256_set1_epi32(ph))));
+        }
+    }
+}
+
+/* The same S for Q8's one int8 term a: the weight bytes meet the activations in _mm256_maddubs_epi16 (values 0-15 by
+ * signed terms), 32 products an instruction where int16 madd takes 16, and the weights need no widening. A 32-byte
+ * load holds chunks c and c + 1: int16 lane j of its low half is row j's pair 2c, of its high half row j's pair
+ * 2c + 2, so the activation register broadcasts one pair to each half. A group's 8 maddubs sum in int16 (each at
+ * most 2 * 15 * 127 = 3810 in magnitude, so 30480: exact), then its two halves in int32: the same S, so the same
+ * bits (1.08x on SmolLM2's layer matmuls at one thread on a real AVX2 Zen 3; docs/performance.md, session 23). */
+static inline __attribute__((always_inline)) void group_sums_q8(const uint8_t *blk, const acts *x, int64_t r0,
+                                                                int64_t mt, int64_t g, const int at_once,
+                                                                __m256i *sum) {
+    const __m256i low = _mm256_set1_epi8(15);
+    /* bytes (0, 1) repeated in the low half, (2, 3) in the high: a pair for each half from one 32-bit broadcast */
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                           2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    __m256i s16[MT_MAX];
+    for (int r = 0; r < at_once; r++) s16[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c += 2) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 * c));
+        const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        for (int r = 0; r < mt && r < at_once; r++) {
+            const int8_t *ar = x->a + (r0 + r) * x->k + g * GROUP + 2 * c;
+            int32_t pl, ph;
+            memcpy(&pl, ar, 4);
+            memcpy(&ph, ar + 16, 4);
+            const __m256i al = _mm256_shuffle_epi8(_mm256_set1_epi32(pl), pairs),
+                          ah = _mm256_shuffle_epi8(_mm256_set1_epi32(ph), pairs);
+            s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al),
+                                                               _mm256_maddubs_epi16(hi, ah)));
+        }
+    }
+    for (int r = 0; r < mt && r < at_once; r++)
+        sum[r] = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[r])),
+                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[r], 1)));
+}
+
 /* y [M, N] for the TILE rows of tile t and activation rows [r0, r0 + mt): per row and output, sum over groups in
  * order of S d sx (S the group's exact int32 sum) and, apart, of m sum(x); their sum last: one order for any call. */
 static inline __attribute__((always_inline)) void tiled_tile(const uint8_t *tiles, const acts *x, float *y, int64_t r0,
-                                                             int64_t mt, int64_t n, int64_t t, const int at_once) {
-    const __m256i low = _mm256_set1_epi16(15);
+                                                             int64_t mt, int64_t n, int64_t t, const int at_once,
+                                                             const int q8) { /* q8: x->mode == Q8, a constant */
     __m256 accd[MT_MAX], accm[MT_MAX];
     for (int r = 0; r < at_once; r++) accd[r] = accm[r] = _mm256_setzero_ps();
     const uint8_t *blk = tiles + t * x->groups * TILE_BYTES;
@@ -370,78 +424,16 @@ static inline __attribute__((always_inline)) void tiled_tile(const uint8_t *tile
             for (int o = 0; o < TILE_BYTES; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
         __m256i sum[MT_MAX];
         for (int r = 0; r < at_once; r++) sum[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++) {
-            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * c)));
-            const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
-            for (int r = 0; r < mt && r < at_once; r++) {
-                const int16_t *xr = x->x16 + (r0 + r) * x->k + g * GROUP + 2 * c;
-                int32_t pl, ph;
-                memcpy(&pl, xr, 4);
-                memcpy(&ph, xr + 16, 4);
-                sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(pl)),
-                                                                   _mm256_madd_epi16(hi, _mm256_set1_epi32(ph))));
-            }
-        }
+        if (q8)
+            group_sums_q8(blk, x, r0, mt, g, at_once, sum);
+        else
+            group_sums_x16(blk, x, r0, mt, g, at_once, sum);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2)));
         const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2 + 2 * TILE)));
         for (int r = 0; r < mt && r < at_once; r++) {
             const int64_t at = (r0 + r) * x->groups + g;
             /* d sx is exact (11 by at most 11 significant bits) and S is below 2^24: one rounding, the fma's */
             accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, _mm256_set1_ps(x->scale[at])),
-                                      accd[r]);
-            accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->sums[at]), accm[r]);
-        }
-    }
-    for (int r = 0; r < mt && r < at_once; r++) {
-        float out[TILE];
-        _mm256_storeu_ps(out, _mm256_add_ps(accd[r], accm[r]));
-        for (int j = 0; j < TILE && t * TILE + j < n; j++) y[(r0 + r) * n + t * TILE + j] = out[j];
-    }
-}
-
-/* tiled_tile for Q8 activations (one int8 term, natural order): the weights stay bytes and meet the activations in
- * _mm256_maddubs_epi16 (unsigned values 0-15 by signed terms), 32 products an instruction where int16 madd takes 16
- * and the weights need no widening. A 32-byte load holds chunks c and c + 1: int16 lane j of the low half is row j's
- * pair 2c, of the high half row j's pair 2c + 2, so the activation register broadcasts one pair to each half. A
- * group's 8 maddubs sum in int16 (each at most 2 * 15 * 127 = 3810 in magnitude, so 30480: exact) and its two halves
- * in int32: the same S as tiled_tile's, so the same bits. Real AVX2 Zen 3, 3-node ring of SmolLM2 int4, one thread
- * a node: see docs/performance.md (session 23). */
-static inline __attribute__((always_inline)) void tiled_tile_q8(const uint8_t *tiles, const acts *x, float *y,
-                                                                int64_t r0, int64_t mt, int64_t n, int64_t t,
-                                                                const int at_once) {
-    const __m256i low = _mm256_set1_epi8(15);
-    /* bytes (0, 1) repeated in the low half, (2, 3) in the high: a pair for each half from one 32-bit broadcast */
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                           2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    __m256 accd[MT_MAX], accm[MT_MAX];
-    for (int r = 0; r < at_once; r++) accd[r] = accm[r] = _mm256_setzero_ps();
-    const uint8_t *blk = tiles + t * x->groups * TILE_BYTES;
-    for (int64_t g = 0; g < x->groups; g++, blk += TILE_BYTES) {
-        if (r0 == 0)
-            for (int o = 0; o < TILE_BYTES; o += 64) _mm_prefetch((const char *)blk + AHEAD_BYTES + o, _MM_HINT_T0);
-        __m256i sum[MT_MAX];
-        for (int r = 0; r < at_once; r++) sum[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c += 2) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 * c));
-            const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-            for (int r = 0; r < mt && r < at_once; r++) {
-                const int8_t *ar = x->a + (r0 + r) * x->k + g * GROUP + 2 * c;
-                int32_t pl, ph;
-                memcpy(&pl, ar, 4);
-                memcpy(&ph, ar + 16, 4);
-                const __m256i al = _mm256_shuffle_epi8(_mm256_set1_epi32(pl), pairs),
-                              ah = _mm256_shuffle_epi8(_mm256_set1_epi32(ph), pairs);
-                sum[r] = _mm256_add_epi16(sum[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, al),
-                                                                   _mm256_maddubs_epi16(hi, ah)));
-            }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2)));
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + TILE * GROUP / 2 + 2 * TILE)));
-        for (int r = 0; r < mt && r < at_once; r++) {
-            const int64_t at = (r0 + r) * x->groups + g;
-            const __m256i s32 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sum[r])),
-                                                 _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sum[r], 1)));
-            accd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(d, _mm256_set1_ps(x->scale[at])),
                                       accd[r]);
             accm[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->sums[at]), accm[r]);
         }
@@ -463,14 +455,14 @@ int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m,
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
         for (int64_t r0 = 0; r0 < m; r0 += step) {
             const int64_t mt = m - r0 < step ? m - r0 : step;
-            if (mode == Q8 && step == 2)
-                tiled_tile_q8(tiles, &xs, y, r0, mt, n, t, 2);
-            else if (mode == Q8)
-                tiled_tile_q8(tiles, &xs, y, r0, mt, n, t, MT_MAX);
+            if (step == 2 && mode == Q8)
+                tiled_tile(tiles, &xs, y, r0, mt, n, t, 2, 1);
             else if (step == 2)
-                tiled_tile(tiles, &xs, y, r0, mt, n, t, 2);
+                tiled_tile(tiles, &xs, y, r0, mt, n, t, 2, 0);
+            else if (mode == Q8)
+                tiled_tile(tiles, &xs, y, r0, mt, n, t, MT_MAX, 1);
             else
-                tiled_tile(tiles, &xs, y, r0, mt, n, t, MT_MAX);
+                tiled_tile(tiles, &xs, y, r0, mt, n, t, MT_MAX, 0);
         }
     return 0;
 }
