@@ -9,13 +9,16 @@
 set -eu
 ROOT=${ROOT:-/srv/arm64}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-PACKAGES="torch==2.13.0 numpy pytest gguf structlog grpcio grpcio-tools protobuf psutil rich safetensors tokenizers
+# torch: PyPI's aarch64 wheels from 2.11 on are CUDA builds (cuda-toolkit, cudnn: GBs, and not all resolvable);
+# 2.10.0 is the newest CPU-only one (the project's torch==2.13.0 has no CPU aarch64 wheel on PyPI)
+PACKAGES="torch==2.10.0 numpy pytest gguf structlog grpcio grpcio-tools protobuf psutil rich safetensors tokenizers
  llguidance jinja2 typer sentencepiece"
 
 mounted() { grep -q " $ROOT$1 " /proc/mounts; }
 
-enter() { # the checkout at /src, /proc for torch and OpenMP
+enter() { # the checkout at /src, /proc and /sys for torch and OpenMP
     mounted /proc || mount -t proc proc "$ROOT/proc"
+    mounted /sys || mount -t sysfs sysfs "$ROOT/sys"
     mkdir -p "$ROOT/src"
     mounted /src || mount --bind "$SRC" "$ROOT/src"
 }
