@@ -1,8 +1,6 @@
 """float32 matmuls of few rows through f32.c (nodes/engine/kernels/f32.py): within float32's rounding bound of the
 exact product, a row's bits the same alone, in any call of up to FEW_ROWS rows and on any thread count, in every
-build this CPU runs; quant.linear takes it for float32 rows where it builds."""
-
-import platform
+build this CPU runs (x86 and aarch64 ones); quant.linear takes it for float32 rows where it builds."""
 
 import pytest
 import torch
@@ -10,10 +8,11 @@ import torch
 from nodes.engine.kernels import f32
 from nodes.engine.kernels.build import BUILDS
 from nodes.engine.quant import FEW_ROWS, linear
-from tests.test_kernels import run_here
+from tests.test_kernels import run_here, skip_unless_for_this_machine
 
-pytestmark = pytest.mark.skipif(not f32.available(), reason="f32.c has no build here (not x86 with AVX2, or no C "
-                                "compiler): float32 rows keep torch's GEMMs, test_batch_invariance covers them")
+pytestmark = pytest.mark.skipif(not f32.available(), reason="f32.c has no build here (not x86 with AVX2 nor "
+                                "aarch64, or no C compiler): float32 rows keep torch's GEMMs, test_batch_invariance "
+                                "covers them")
 # [N, K]: SmolLM2's wqkv and w_down, and odd sizes (a K tail shorter than a vector, an N tail short of a tile)
 SHAPES = [(960, 576), (576, 1536), (37, 100), (11, 28), (13, 7)]  # K = 28: two tail chunks, one masked
 
@@ -55,9 +54,9 @@ BUILD_CHECK = ("import torch; from nodes.engine.kernels import f32; from nodes.e
                "torch.equal(f32.mm(x, w)[2:3], f32.mm(x[2:3].contiguous(), w)))")
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="f32.c's builds are x86's")
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_every_build_this_cpu_runs_holds_the_bound(build, tmp_path):
+    skip_unless_for_this_machine(build)
     out = run_here(BUILD_CHECK, {"PRIMA_KERNEL_ISA": build, "PRIMA_HOME": str(tmp_path)})
     if out == ["none"]:
         pytest.skip(f"this CPU (or torch's ISA limit) does not run f32.c's {build} build; another build covers it")

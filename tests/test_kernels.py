@@ -1,9 +1,11 @@
 """Our int4 kernel (nodes/engine/kernels/q4.c through q4.py): the weights it multiplies by are the stored ones bit for
 bit (GGUF Q4_0 / Q4_1), its result is within each activation mode's stated bound of the exact product (q8: the
 product with ggml's Q8_0 activations, to float32 rounding), a row's bits do not depend on what shares its call, every
-build this CPU runs (AVX2, AVX-512BW, AVX-512 VNNI) holds the same, and it is built for the instruction set torch
-may use (or torch's kernels stay). Its int8 path (float32 int8 matrices outside oneDNN) holds the same bounds."""
+build this CPU runs (AVX2, AVX-512BW, AVX-512 VNNI; NEON with and without dotprod) holds the same, AVX2 and NEON
+builds give the same bits, and it is built for the instruction set torch may use (or torch's kernels stay). Its int8
+path (float32 int8 matrices outside oneDNN) holds the same bounds."""
 
+import ctypes
 import os
 import platform
 import subprocess
@@ -27,8 +29,8 @@ from nodes.engine.quant import (
     quantize_int8,
 )
 
-pytestmark = pytest.mark.skipif(not q4.available(), reason="q4.c has no build here (not x86 with AVX2, or no C "
-                                "compiler): int4 keeps torch's kernels, which tests/test_quant.py covers")
+pytestmark = pytest.mark.skipif(not q4.available(), reason="q4.c has no build here (not x86 with AVX2 nor aarch64, "
+                                "or no C compiler): int4 keeps torch's kernels, which tests/test_quant.py covers")
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -143,7 +145,14 @@ CHECK = ("import torch; from nodes.engine.kernels import q4; from nodes.engine.q
          "print(torch.backends.cpu.get_cpu_capability(), type(w).__name__, "
          "torch.equal(w.mm(torch.eye(64)).t(), w.rows(torch.arange(64))), q4.build())")
 EXACT = {q4.MODE_ENV: "exact"}
-X86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="q4.c's builds are x86's")
+MACHINE = platform.machine().lower()
+X86 = pytest.mark.skipif(MACHINE not in BUILDS["avx2"][2], reason=f"x86's ISA limits: this is {MACHINE}")
+ARM = pytest.mark.skipif(MACHINE not in BUILDS["neon"][2], reason=f"aarch64's NEON builds: this is {MACHINE}")
+
+
+def skip_unless_for_this_machine(build: str) -> None:
+    if MACHINE not in BUILDS[build][2]:
+        pytest.skip(f"the {build} build is for {' / '.join(BUILDS[build][2])}, this is {MACHINE}")
 
 
 @X86
@@ -172,9 +181,9 @@ def build_check() -> None:
     print(q4.build().split()[0], *ok)
 
 
-@X86
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_every_build_this_cpu_runs_is_exact_and_row_invariant(build, tmp_path):
+    skip_unless_for_this_machine(build)
     out = run_here("from tests.test_kernels import build_check; build_check()",
                    {"PRIMA_KERNEL_ISA": build, "PRIMA_HOME": str(tmp_path)})
     if out == ["none"]:
@@ -188,9 +197,30 @@ def test_an_unknown_kernel_isa_is_a_clear_error(tmp_path):
     assert out.returncode != 0 and "PRIMA_KERNEL_ISA='sse9' is not a kernel build" in out.stderr
 
 
+@X86
 def test_without_a_build_for_the_isa_torch_kernels_stay(tmp_path):
     """ATEN_CPU_CAPABILITY=default (no vector instructions for torch): q4.c is not used, int4 is torch's Int4."""
     assert run_here(CHECK, {"ATEN_CPU_CAPABILITY": "default", "PRIMA_HOME": str(tmp_path)})[1] == "Int4"
+
+
+@ARM
+def test_on_aarch64_torchs_default_capability_keeps_neon(tmp_path):
+    """torch's DEFAULT kernels on aarch64 are NEON ones (NEON is part of every aarch64 CPU): q4.c runs there too."""
+    out = run_here(CHECK, {"ATEN_CPU_CAPABILITY": "default", **EXACT, "PRIMA_HOME": str(tmp_path)})
+    assert out[1:4] == ["Q4Rows", "True", "neon-dotprod" if neon_dotprod() else "neon"]
+
+
+def neon_dotprod() -> bool:
+    """Whether this aarch64 CPU has the dot product instructions, asked as cpu_ok.h asks (Linux's AT_HWCAP)."""
+    libc = ctypes.CDLL(None)
+    libc.getauxval.restype = ctypes.c_ulong
+    return bool(libc.getauxval(16) & (1 << 20))  # AT_HWCAP, HWCAP_ASIMDDP
+
+
+def test_a_build_for_another_machine_is_never_chosen(tmp_path):
+    """PRIMA_KERNEL_ISA naming the other machine's build (neon on x86, avx2 on aarch64): no build, torch's kernels."""
+    other = "avx2" if MACHINE in BUILDS["neon"][2] else "neon"
+    assert run_here(CHECK, {"PRIMA_KERNEL_ISA": other, "PRIMA_HOME": str(tmp_path)})[1] == "Int4"
 
 
 def test_without_a_compiler_torch_kernels_stay(tmp_path):
@@ -222,3 +252,36 @@ def test_int8_is_within_the_stated_bound_and_a_row_is_its_own(shape, mode):
     assert (err <= activation_bound(x.double(), deq, mode)).all()
     alone = torch.cat([w.mm(r) for r in x.split(1)])
     assert all(torch.equal(w.mm(x[:rows]), alone[:rows]) for rows in range(2, 10))
+
+
+def same_bits_outputs() -> bytes:
+    """The outputs of q4.c (int4 and int8, in this process's mode), f32.c and ops.c's RMSNorm for inputs made of
+    integers and powers of two (numpy's streams: the same on every machine), as bytes."""
+    from nodes.engine.kernels import f32, ops
+
+    rng = np.random.default_rng(7)
+    q = torch.from_numpy(rng.integers(0, 16, (37, 160), dtype=np.uint8))
+    dm = torch.from_numpy((rng.integers(-1000, 1000, (5, 37, 2)) / 65536).astype(np.float16))  # exact in float16
+    x = torch.from_numpy(np.ldexp(rng.integers(-2**20, 2**20, (9, 160)), rng.integers(-40, -10, (9, 160)))).float()
+    w8 = torch.from_numpy(rng.integers(-127, 128, (37, 160), dtype=np.int8))
+    s8 = torch.from_numpy(np.ldexp(rng.integers(1, 2**20, 37), -30)).float()
+    int8 = q4.Int8Tiles(w8, s8).mm(x) if q4.tiles() else q4.int8_mm(x, w8, s8)  # as quant.Int8 takes them
+    out = [q4.Q4Rows.from_values(q, dm).mm(x), int8, f32.mm(x, x.flip(0).contiguous()), ops.rms_norm(x, x[0], 1e-5)]
+    return b"".join(t.contiguous().numpy().tobytes() for t in out)
+
+
+# sha256 of same_bits_outputs() in each mode from the avx2 build: NEON builds sum each output as its tiles do
+SAME_BITS = {"exact": "33b74e0b82326932049c4e6f39ae952ca16f733088cc41017f4fbc4b6941c0e7",
+             "q8": "a147bbb1c65303e90efe4495f37f5f43c30aec5124a8ad6a943bf93d09b69fed"}
+
+
+@pytest.mark.parametrize("build", ["avx2", "neon-dotprod", "neon"])  # AVX-512 builds sum in other orders
+def test_avx2_and_neon_builds_give_the_same_bits(build, mode, tmp_path):
+    skip_unless_for_this_machine(build)
+    out = run_here("import hashlib; from nodes.engine.kernels import q4; from tests.test_kernels import "
+                   "same_bits_outputs; b = q4.build(); "
+                   "print(b, hashlib.sha256(same_bits_outputs()).hexdigest() if b else '')",
+                   {"PRIMA_KERNEL_ISA": build, "PRIMA_HOME": str(tmp_path)})  # the mode fixture's variable too
+    if out == ["None"]:
+        pytest.skip(f"this CPU (or torch's ISA limit) does not run the {build} build")
+    assert out == [build, mode, SAME_BITS[mode]]

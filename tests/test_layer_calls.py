@@ -13,8 +13,9 @@ from nodes.engine.rope import Rope
 from prima_rpc.spec.manifest import ModelConfig
 
 pytestmark = pytest.mark.skipif(not (ops.available() and q4.available() and f32.available()),
-                                reason="ops.c, q4.c and f32.c build on x86 with AVX2 and up only: elsewhere a layer "
-                                       "runs model.py's torch steps, which test_model and test_batch_invariance cover")
+                                reason="ops.c, q4.c and f32.c build on x86 with AVX2 and up and on aarch64 only: "
+                                       "elsewhere a layer runs model.py's torch steps, which test_model and "
+                                       "test_batch_invariance cover")
 NH, NKV, HD, HIDDEN, INTER = 6, 2, 16, 96, 128
 
 

@@ -11,7 +11,8 @@ from nodes.engine.rope import Rope
 from nodes.engine.row_attention import attend_rows
 from prima_rpc.spec.manifest import ModelConfig
 
-pytestmark = pytest.mark.skipif(not ops.available(), reason="ops.c builds on x86 with AVX2 and up only")
+pytestmark = pytest.mark.skipif(not ops.available(), reason="ops.c has no build here (x86 with AVX2 and "
+                                "up, aarch64), or no C compiler")
 
 
 def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -99,9 +99,10 @@ def embed_rows(w, ids: torch.Tensor) -> torch.Tensor:
 
 # --- int4: torch's packed CPU layout ------------------------------------------------------------------
 # The kernel (aten/src/ATen/native/cpu/int4mm_kernel.cpp) wants [N, K/2] bytes in blocks of BLOCK_N rows
-# (64 with AVX-512, 32 otherwise), each [K, BLOCK_N/2] bytes: with "lanes" (AVX-512, AVX2) byte j holds row
-# j in its low nibble and row j + BLOCK_N/2 in its high one, without (scalar builds) rows 2j and 2j+1; a
-# last partial block always pairs. It dequantizes w = (q - 8) * scale + zero in float32 (one fma).
+# (64 with AVX-512, 32 otherwise, 16 in aarch64 builds: torch 2.10's), each [K, BLOCK_N/2] bytes: with "lanes"
+# (AVX-512, AVX2) byte j holds row j in its low nibble and row j + BLOCK_N/2 in its high one, without (scalar
+# and aarch64 builds) rows 2j and 2j+1; a last partial block always pairs. It dequantizes w = (q - 8) * scale +
+# zero in float32 (one fma).
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Layout:
         raise ValueError(f"unknown int4 layout {name!r}; known: {[x.name for x in LAYOUTS]}")
 
 
-LAYOUTS = (Layout(64, True), Layout(32, True), Layout(32, False))
+LAYOUTS = (Layout(64, True), Layout(32, True), Layout(32, False), Layout(16, False))
 
 
 def pack_int4(q: torch.Tensor, layout: Layout) -> torch.Tensor:

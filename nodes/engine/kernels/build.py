@@ -1,6 +1,6 @@
-"""Compiles a kernel's C source for this machine's instruction set at first use and loads it (ctypes), cached in
-$PRIMA_HOME/kernels by source (with the headers beside it), flags and compiler; None where there is no compiler or
-the ISA has no build."""
+"""Compiles a kernel's C source for this machine's instruction set (x86: AVX2, AVX-512; aarch64: NEON) at first use
+and loads it (ctypes), cached in $PRIMA_HOME/kernels by source (with the headers beside it), flags and compiler; None
+where there is no compiler or the ISA has no build."""
 
 import ctypes
 import hashlib
@@ -20,13 +20,18 @@ from prima_rpc.spec.home import prima_home
 HERE = Path(__file__).parent
 AVX2 = ("-mavx2", "-mfma", "-mf16c")
 AVX512 = (*AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
-# Each build: the flags it is compiled with and the torch CPU capabilities under which it may run (so
-# ATEN_CPU_CAPABILITY=avx2 limits these kernels as it limits torch's), best first. A build is used where the CPU
-# runs it (the library's own prima_cpu_ok, __builtin_cpu_supports); PRIMA_KERNEL_ISA=NAME asks for one.
+X86, ARM = ("x86_64", "amd64"), ("aarch64", "arm64")  # platform.machine(), lower case (arm64: macOS)
+ANY = None  # every torch capability: NEON is part of every aarch64 CPU, so torch's DEFAULT kernels there use it too
+# Each build: the flags it is compiled with, the torch CPU capabilities under which it may run (so
+# ATEN_CPU_CAPABILITY=avx2 limits these kernels as it limits torch's) and the machines it is for, best first. A build
+# is used where the CPU runs it (the library's own prima_cpu_ok: __builtin_cpu_supports, or aarch64's HWCAP bits);
+# PRIMA_KERNEL_ISA=NAME asks for one.
 BUILDS = {
-    "avx512vnni": ((*AVX512, "-mavx512vnni"), ("AVX512",)),
-    "avx512": (AVX512, ("AVX512",)),
-    "avx2": (AVX2, ("AVX2", "AVX512")),
+    "avx512vnni": ((*AVX512, "-mavx512vnni"), ("AVX512",), X86),
+    "avx512": (AVX512, ("AVX512",), X86),
+    "avx2": (AVX2, ("AVX2", "AVX512"), X86),
+    "neon-dotprod": (("-march=armv8.2-a+dotprod",), ANY, ARM),  # vdotq_s32: 16 int8 products a step
+    "neon": (("-march=armv8-a",), ANY, ARM),  # vmull_s8 + vpadalq_s16: any aarch64 CPU
 }
 COMMON = ("-O3", "-fopenmp", "-fPIC", "-shared")  # libgomp: torch's own, already loaded, so one thread pool
 # a kernel's own flags: ops.c's products and sums round one at a time, as torch's elementwise ops (no fused a*b+c)
@@ -49,7 +54,8 @@ def candidates() -> list[str]:
     if asked and asked not in BUILDS:
         raise ValueError(f"{ENV}={asked!r} is not a kernel build; known: {', '.join(BUILDS)}")
     names = [asked] if asked else list(BUILDS)
-    return [b for b in names if isa() in BUILDS[b][1]]
+    here = platform.machine().lower()
+    return [b for b in names if here in BUILDS[b][2] and (BUILDS[b][1] is ANY or isa() in BUILDS[b][1])]
 
 
 @cache
@@ -58,7 +64,7 @@ def chosen(name: str) -> tuple[str, ctypes.CDLL] | None:
     that the CPU runs; None where none does (no build for its ISA, no compiler, or every build failed: said in the
     log; torch's kernels are used instead)."""
     cc = compiler()
-    if platform.machine().lower() not in ("x86_64", "amd64") or cc is None:
+    if cc is None:
         return None
     for build in candidates():
         try:

@@ -6,11 +6,40 @@
  * for the hardware prefetcher (SmolLM2's float32 layers on a 2-core AVX2 Zen 3: 13.9 -> 17.4 GB/s for one row,
  * 10.1 -> 16.9 for four; the tiles' explicit prefetch only slowed it there). Each output is summed in one fixed
  * order whatever rows share its call and however rows split across threads: a row's result is the same alone, in a
- * verify frame or in a batch. */
-#include <immintrin.h>
+ * verify frame or in a batch. aarch64 builds (NEON) run AVX2's way, its 8 lanes as two 4-lane registers: the same
+ * fmas and sums in the same order, so the same bits as AVX2. */
 #include <stdint.h>
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
+#include <immintrin.h>
+#endif
 
-#if defined(__AVX512F__)
+#if defined(__aarch64__)
+#define VW 8
+typedef struct {
+    float32x4_t lo, hi; /* AVX2's lanes 0-3 and 4-7 */
+} vec;
+static inline vec zero(void) { return (vec){vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+static inline vec fma8(vec a, vec b, vec c) { return (vec){vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)}; }
+static inline vec add8(vec a, vec b) { return (vec){vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+/* lanes [k, k + VW) of p, zeros past n (the tail of a row) */
+static inline vec load(const float *p, int64_t k, int64_t n) {
+    if (k + VW <= n) return (vec){vld1q_f32(p + k), vld1q_f32(p + k + 4)};
+    float t[VW] = {0};
+    for (int64_t j = 0; j < n - k; j++) t[j] = p[k + j];
+    return (vec){vld1q_f32(t), vld1q_f32(t + 4)};
+}
+/* AVX2's order: lanes j + (j + 4), then (0 + 2) + (1 + 3) */
+static inline float hsum(vec v) {
+    const float32x4_t s = vaddq_f32(v.lo, v.hi);
+    const float32x2_t h = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+    return vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
+}
+#define RB 1
+#define MT 4
+#define U 2 /* accumulators along K: chunk c (of VW lanes) sums into acc[c % U] */
+#elif defined(__AVX512F__)
 #define VW 16
 typedef __m512 vec;
 #define ZERO() _mm512_setzero_ps()
@@ -75,6 +104,37 @@ static inline void tile(const float *w, const float *x, float *y, int64_t r0, in
     }
     for (int i = 0; i < RB && row + i < n; i++)
         for (int r = 0; r < mt; r++) y[(r0 + r) * n + row + i] = hsum(acc[i][r]);
+}
+
+#elif defined(__aarch64__)
+/* y [M, N] for weight row ROW and activation rows [r0, r0 + mt), mt <= MT: AVX2's tile below, step for step. */
+static inline void tile(const float *w, const float *x, float *y, int64_t r0, int64_t mt, int64_t n, int64_t k,
+                        int64_t row) {
+    const float *wr = w + row * k;
+    vec acc[MT][U];
+    for (int r = 0; r < MT; r++)
+        for (int u = 0; u < U; u++) acc[r][u] = zero();
+    int64_t c = 0;
+    for (; c + VW * U <= k; c += VW * U) {
+        vec wv[U];
+        for (int u = 0; u < U; u++) wv[u] = load(wr, c + u * VW, k);
+        for (int r = 0; r < MT; r++) {
+            if (r < mt) {
+                const float *xr = x + (r0 + r) * k;
+                for (int u = 0; u < U; u++) acc[r][u] = fma8(wv[u], load(xr, c + u * VW, k), acc[r][u]);
+            }
+        }
+    }
+    for (int u = 0; c < k; c += VW, u++) { /* the tail: fewer than U chunks, the last one zero-padded */
+        const vec wv = load(wr, c, k);
+        for (int r = 0; r < MT; r++)
+            if (r < mt) acc[r][u] = fma8(wv, load(x + (r0 + r) * k, c, k), acc[r][u]);
+    }
+    for (int r = 0; r < mt; r++) {
+        vec sum = acc[r][0];
+        for (int u = 1; u < U; u++) sum = add8(sum, acc[r][u]);
+        y[(r0 + r) * n + row] = hsum(sum);
+    }
 }
 
 #else

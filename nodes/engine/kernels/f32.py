@@ -1,6 +1,6 @@
 """float32 weights times few float32 activation rows through f32.c (decode steps, verify frames): each weight row
 read once for all rows, every output summed in one fixed order whatever rows share the call. Used where f32.c
-builds (x86 with AVX2 and up); elsewhere torch's GEMMs of PAIR columns (nodes/engine/quant.py)."""
+builds (x86 with AVX2 and up, aarch64); elsewhere torch's GEMMs of PAIR columns (nodes/engine/quant.py)."""
 
 import ctypes
 from functools import cache

@@ -4,8 +4,12 @@
  * with -ffp-contract=off, so every product and sum rounds as torch's elementwise ops do: RoPE's results, and hence
  * the cache's keys, equal torch's bit for bit (tests/test_ops.py). Sums (the norm's mean of squares, attention's dot
  * products and softmax) go in one fixed order per row, so a row's result does not depend on the other rows of its
- * call. */
+ * call. aarch64 builds (NEON) sum dot products in AVX2's order, so the same bits. */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,6 +40,21 @@ static void rope_head(const float *x, const float *c, const float *s, float *out
 
 /* q . k over hd values: 8 lanes of products summed in turn, then the lanes (one order for every call), the rest
  * one by one. */
+#if defined(__aarch64__)
+static inline float dot(const float *q, const float *k, int64_t hd) { /* AVX2's below: its 8 lanes as lo, hi */
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    int64_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        lo = vfmaq_f32(lo, vld1q_f32(q + d), vld1q_f32(k + d));
+        hi = vfmaq_f32(hi, vld1q_f32(q + d + 4), vld1q_f32(k + d + 4));
+    }
+    const float32x4_t s = vaddq_f32(lo, hi);
+    const float32x2_t h = vadd_f32(vget_low_f32(s), vget_high_f32(s)); /* lanes 0 + 2, 1 + 3 */
+    float sum = vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
+    for (; d < hd; d++) sum = fmaf(q[d], k[d], sum);
+    return sum;
+}
+#else
 static inline float dot(const float *q, const float *k, int64_t hd) {
     __m256 acc = _mm256_setzero_ps();
     int64_t d = 0;
@@ -46,6 +65,7 @@ static inline float dot(const float *q, const float *k, int64_t hd) {
     for (; d < hd; d++) sum = fmaf(q[d], k[d], sum);
     return sum;
 }
+#endif
 
 /* A head's hd values through its per-head RMSNorm (Qwen3's, Gemma 3's q_norm / k_norm) into tmp, or as they are where
  * the model has none (w NULL). */

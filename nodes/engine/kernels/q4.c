@@ -13,8 +13,13 @@
  *    EXACT's dot products.
  * The products are summed exactly in int32, so the result is the exact product of the weights as stored with the
  * activations as quantized, rounded a few times in float32 (tests/test_kernels.py holds each mode's bound). Each
- * output is summed in one fixed order whatever rows share its call and however rows split across threads. */
+ * output is summed in one fixed order whatever rows share its call and however rows split across threads.
+ * aarch64 builds (NEON, with or without the dot product extension) are in q4_neon.h. */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#else
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +33,10 @@
 #define WIDE 1 /* two groups per 64-byte register */
 #define RB 4
 #define MT 4
+#elif defined(__aarch64__)
+#define WIDE 0 /* q4_neon.h: a group a step */
+#define RB 4
+#define MT 2
 #else
 #define WIDE 0
 #define RB 4
@@ -36,7 +45,11 @@
 /* AVX2 builds hold EXACT's two terms as one int16 x = 128 a + b (|x| <= 16320) and multiply with _mm256_madd_epi16:
  * the same exact int32 sums in 3 instructions a group where the two int8 terms took 6 (maddubs, madd, for each,
  * and the shift and add), and weights widen from 16 bytes to int16 in 3. The AVX-512 builds keep the two terms. */
+#if defined(__aarch64__)
+#define X16 0 /* NEON builds keep EXACT's two int8 terms (q4_neon.h) */
+#else
 #define X16 (!WIDE)
+#endif
 
 #include "cpu_ok.h" /* prima_cpu_ok: build.py loads a build only where this CPU runs it */
 
@@ -61,7 +74,11 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
             sum += v[j];
         }
         if (mode == Q8) {
+#if defined(__aarch64__) /* fcvt rounds to nearest even, as _cvtss_sh(, 0) */
+            const float d = (float)(__fp16)(amax / 127.0f), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+#else
             const float d = _cvtsh_ss(_cvtss_sh(amax / 127.0f, 0)), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+#endif
             int isum = 0;
             for (int j = 0; j < GROUP; j++) {
                 const int8_t q = (int8_t)nearbyintf(v[j] * id);
@@ -77,6 +94,7 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
             int e = 0;
             frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
             const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
+#if X16
             if (X16) { /* the loop below in 8 lanes: the same correctly rounded divisions and roundings to even */
                 const __m256 sv = _mm256_set1_ps(s), fine = _mm256_set1_ps(128.0f / s), step = _mm256_set1_ps(128.0f);
                 __m256i t[4];
@@ -94,6 +112,7 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
                 sums[g] = sum;
                 continue;
             }
+#endif
             for (int j = 0; j < GROUP; j++) {
                 const float hi = nearbyintf(v[j] / s), lo = nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
                 a[slot(g, j, groups, natural)] = (int8_t)hi;
@@ -105,6 +124,7 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
     }
 }
 
+#if !defined(__aarch64__) /* x86's sums and dot products (NEON's: q4_neon.h) */
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -138,6 +158,7 @@ static inline __m256i group_dot(__m256i w, const int8_t *a, const int8_t *b, int
     if (mode == Q8) return hi;
     return _mm256_add_epi32(_mm256_slli_epi32(hi, 7), dot256(w, _mm256_loadu_si256((const __m256i *)b)));
 }
+#endif
 
 /* Per-row state of a call: activation rows' terms, scales and sums, each row's [K] or [G]. */
 typedef struct {
@@ -147,6 +168,7 @@ typedef struct {
     int64_t k, groups, mode;
 } acts;
 
+#if !defined(__aarch64__)
 /* 32 unsigned weights of group g of a row, in the natural order. */
 static inline __m256i unpack256(const uint8_t *qr, int64_t g) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)(qr + g * 16));
@@ -256,6 +278,7 @@ static inline void narrow_tile(const uint8_t *const *qr, const uint16_t *const *
 static inline void ahead(const void *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
+#endif
 
 /* The calling thread's buffer for a call's quantized activations, kept for its next call (a decode step makes ~120:
  * a malloc and free each cost as much as a small matmul's quantization); NULL out of memory. */
@@ -284,6 +307,9 @@ static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural,
     return 0;
 }
 
+#if defined(__aarch64__)
+#include "q4_neon.h" /* prima_q4_tiles, prima_q4_mm and prima_int8_mm of NEON builds */
+#else
 #if WIDE /* the row layout's int4 matmul: AVX-512 builds (AVX2 ones tile, below) */
 /* y [M, N] = x @ w.T for weight rows [row, row + RB) (those below N) and activation rows [r0, r0 + mt). */
 static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x, float *y, int64_t r0, int64_t mt,
@@ -591,6 +617,7 @@ int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
     return 0;
 }
+#endif
 
 /* out [N, K/2] in this kernel's order from torch's packed layout of whole blocks of `block` rows ("lanes": row j
  * of a block in byte j's low nibble, row j + block/2 in byte j's high one; else rows 2j, 2j + 1); out zeroed. */

@@ -1,6 +1,7 @@
 """int4 weights in GGUF's Q4 order multiplied through q4.c (activations quantized to int8, integer dot products
-per instruction set): the int4 path for float32 activations wherever q4.c builds (AVX2 and up), where torch's float32
-int4 kernel is a scalar loop. Which activation dtype a machine runs int4 in is measured (nodes/engine/dtype_choice.py).
+per instruction set): the int4 path for float32 activations wherever q4.c builds (x86 AVX2 and up, aarch64 NEON),
+where torch's float32 int4 kernel is a scalar loop. Which activation dtype a machine runs int4 in is measured
+(nodes/engine/dtype_choice.py).
 """
 
 import ctypes
@@ -120,7 +121,7 @@ class Int8Tiles:
 
 class Q4Rows:
     """Weights [N, K]: w = d q + m per group of 32 along K (GGUF Q4_0 / Q4_1 exactly), in the layout the build
-    multiplies fastest: one row's groups in a row (AVX-512), or tiles of rows, each group's values and scales of 8
+    multiplies fastest: one row's groups in a row (AVX-512, NEON), or tiles of rows, each group's values and scales of 8
     rows together (AVX2; q4.c says why)."""
 
     def __init__(self, q: torch.Tensor, dm: torch.Tensor):
