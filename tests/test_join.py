@@ -20,7 +20,12 @@ from tests.ctl import ctl
 from tests.rings import collect, greedy_reference, local_ring
 
 pytestmark = pytest.mark.slow
-PROMPTS = ["What is the capital of France?", "Name a colour.", "Count to five.", "What is 2 + 2?"]
+# The joiner must join while a request is still generating: SmolLM2 ends the short answers within 8-19 tokens, and
+# the story runs past TOKENS, so one stream stays in flight ~190 steps after all four have started (with "Count to
+# five." at 64 tokens the window was ~45 steps, and a joiner on a busy 2-core machine missed it 2 runs in 6).
+PROMPTS = ["What is the capital of France?", "Name a colour.", "Write a short story about a robot who learns to paint.",
+           "What is 2 + 2?"]
+TOKENS = 200
 
 
 def status(node: str, token: str | None = None) -> list[dict]:
@@ -75,12 +80,12 @@ def streams_under_way(head: str, prompts: list[str], max_tokens: int) -> tuple[t
 
 
 def test_a_fourth_node_joins_during_four_requests_and_takes_layers(smol_store, tmp_path):
-    expected = greedy_reference(smol_store, PROMPTS, 64)
+    expected = greedy_reference(smol_store, PROMPTS, TOKENS)
     with local_ring(smol_store, 3, tmp_path, windows=[10, 10, 10]) as local:
         head, first, last = local.addresses
         proc, new = joiner(first, tmp_path / "joiner.log", "--cache", str(tmp_path / "cache"), gated=True)
         try:
-            requests, answers, started = streams_under_way(head, PROMPTS, 64)
+            requests, answers, started = streams_under_way(head, PROMPTS, TOKENS)
             assert started.wait(60), "the four streams did not start"
             proc.stdin.write(b"go\n")  # join now, while every stream is generating
             proc.stdin.close()
@@ -98,7 +103,7 @@ def test_a_fourth_node_joins_during_four_requests_and_takes_layers(smol_store, t
             nodes = status(head)
             assert nodes[-1]["address"] == new and nodes[-1]["windows"] and nodes[-1]["fetched_bytes"] > 0
             assert nodes[-1]["state"] == "up"
-            assert collect(head, PROMPTS[0], 64)[0] == expected[PROMPTS[0]]
+            assert collect(head, PROMPTS[0], TOKENS)[0] == expected[PROMPTS[0]]
         finally:
             proc.terminate()
             proc.wait(15)
