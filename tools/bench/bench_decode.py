@@ -2,9 +2,9 @@
 stores vs llama.cpp on the same GGUF (and transformers on SmolLM2's, with --transformers).
 
 Models: `smollm2` (the default model's Q4_1 GGUF, int4 keeps its blocks exactly; and its F32 de-quantization with
-llama.cpp's Q8_0, Q4_0 and Q4_K_M of that, each imported with its types kept, tools.bench.make_kquants) and `8b` (llama3-8b
-layer dims, 4 layers, seeded random Q4_0 / Q8_0 blocks written by tools.bench.make_gguf, SmolLM2's tokenizer; int4
-from the Q4_0 file, int8 and bfloat16 from the Q8_0 one; Q4_K_M: llama.cpp's quantizer on the Q8_0 file,
+llama.cpp's Q8_0, Q4_0 and Q4_K_M of that, each imported with its types kept, tools.bench.make_kquants) and `8b`
+(llama3-8b layer dims, 4 layers, seeded random Q4_0 / Q8_0 blocks written by tools.bench.make_gguf, SmolLM2's
+tokenizer; int4 from the Q4_0 file, int8 and bfloat16 from the Q8_0 one; Q4_K_M: llama.cpp's quantizer on the Q8_0 file,
 imported with its types kept, tools.bench.make_kquants). Stores and files are made on first use under
 --work. llama.cpp is llama-cpp-python: used when importable, installed with pip on demand with
 `--llama-cpp install`, skipped with `off` (it is not a dependency of the project).
