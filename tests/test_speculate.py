@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 from nodes.engine.store import LayerStore
 from nodes.errors import Rejected
 from nodes.generation.draft import DraftModel, load_draft
+from nodes.generation.head_step import RowLogits
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.sampling import Sampler, SamplingParams
 from nodes.generation.speculate import PromptLookup, SpeculateParams, Speculator
@@ -182,3 +183,27 @@ def test_a_draft_of_another_tokenizer_is_refused(smol_store, tiny_store, tiny_qw
         load_draft(tiny_store / "missing", target)
     same = ReferenceModel(tiny_store).codec
     assert load_draft(tiny_qwen_store, same).cfg.n_layers > 0
+
+
+def test_verify_projects_no_row_after_the_first_rejection(tiny_store):
+    """The head's verify rows are projected as the verification reads them: a draft whose first token is wrong
+    costs one lm-head product, not four; an accepted draft reads every row; the tokens are the plain step's."""
+    model = ReferenceModel(tiny_store)
+    context = model.codec.encode("the cat sat on the")
+    cache = model.new_cache(64)
+    model.step(context[:-1], 0, cache)
+    target = int(model.step(context, 0, model.new_cache(64)).argmax())
+    h = model.hidden(context[-1:] + [target, target, target], len(context) - 1, cache)
+
+    def logits_of(hidden):
+        return model.head.logits(hidden[-1:], model.cfg.norm_eps)[0]
+
+    wrong = (target + 1) % model.cfg.vocab
+    rows = RowLogits(logits_of, h, 4)
+    assert Sampler(SamplingParams()).verify(rows, [wrong, wrong, wrong]) == [target]
+    assert rows.projected == 1
+    rows = RowLogits(logits_of, h, 4)
+    out = Sampler(SamplingParams()).verify(rows, [target, target, target])
+    assert rows.projected == len(out) and out[0] == target
+    assert out == Sampler(SamplingParams()).verify(torch.stack([logits_of(h[:i + 1]) for i in range(4)]),
+                                                   [target] * 3)

@@ -19,18 +19,25 @@ async def embed(pool: Executor, embed_ids: Callable[[list[int]], torch.Tensor], 
 async def next_tokens(gen: Generation, pool: Executor, logits_of: Callable[[torch.Tensor], torch.Tensor],
                       hidden: torch.Tensor, draft: list[int], logits: torch.Tensor | None = None) -> list[TokenOut]:
     """The tokens a step's answer gives `gen`: hidden [T, H] after all layers, its last len(draft) + 1 rows
-    projected each alone by logits_of (hidden [t, H] -> logits [V] of its last row) on the compute thread;
-    logits [V]: a plain step's, already projected with its batch's."""
+    projected each alone by logits_of (hidden [t, H] -> logits [V] of its last row) on the compute thread, as the
+    verification reads them; logits [V]: a plain step's, already projected with its batch's."""
     loop = asyncio.get_running_loop()
     if draft:
-        rows = await loop.run_in_executor(pool, row_logits, logits_of, hidden, len(draft) + 1)
-        return gen.accept_draft(rows, draft)
+        return await loop.run_in_executor(pool, gen.accept_draft, RowLogits(logits_of, hidden, len(draft) + 1), draft)
     if logits is None:
         logits = await loop.run_in_executor(pool, logits_of, hidden)
     return [gen.accept(logits)]
 
 
-def row_logits(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, rows: int) -> torch.Tensor:
-    """Logits [rows, V] of the last `rows` positions, each projected alone exactly as a plain step projects it."""
-    t = hidden.shape[0]
-    return torch.stack([logits_of(hidden[:i + 1]) for i in range(t - rows, t)])
+class RowLogits:
+    """Logits of the last `rows` positions of hidden [T, H], row i ([V]) projected alone exactly as a plain step
+    projects it, when first read: the verification stops at the first rejected draft token, and the rows after it
+    (an lm-head product each, 1 ms on SmolLM2) are never computed."""
+
+    def __init__(self, logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, rows: int):
+        self.logits_of, self.hidden, self.first = logits_of, hidden, hidden.shape[0] - rows
+        self.projected = 0  # rows computed so far
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.projected += 1
+        return self.logits_of(self.hidden[:self.first + i + 1])

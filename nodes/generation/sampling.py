@@ -66,7 +66,8 @@ class Sampler:
     def verify(self, logits: torch.Tensor, draft: list[int]) -> list[int]:
         """The tokens a verification forward yields: the accepted prefix of `draft`, then one of the target's own.
 
-        logits [len(draft) + 1, V]: row i follows the context plus draft[:i]. Each row's token is drawn as a plain
+        logits [len(draft) + 1, V], or rows projected as they are read (head_step.RowLogits): row i follows the
+        context plus draft[:i], and no row after the first rejection is read. Each row's token is drawn as a plain
         step draws it (its position's own generator; greedy: the argmax), and a draft token is accepted while it
         equals that draw. With the draft a point mass on x this accepts with probability p(x), as the standard
         rejection rule does, and every emitted token is exactly the one the request gives without speculation.
