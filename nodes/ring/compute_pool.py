@@ -8,7 +8,8 @@ the same kind of job (function, rows) last took under INLINE_S, so the loop neve
 a streamed layer or a slow device stays on the thread. Kinds never seen run on the thread first. Only a node that
 computes on one torch thread runs jobs inline: with more, the loop's jobs get an OpenMP team of their own beside
 the compute thread's, whose workers spin between jobs and take the cores (a 2-thread SmolLM2 node: 16.8 ms a token
-on its thread, 30.5 inline)."""
+on its thread, 30.5 inline). Each job's thread CPU time is a span too (FUNCTION.cpu): where a job's wall time is
+more than that, the OS gave its core to something else meanwhile."""
 
 import asyncio
 import threading
@@ -60,25 +61,26 @@ class ComputePool(Executor):
 
     def _inline(self, key: tuple[str, int], fn: Callable, args: tuple, kwargs: dict) -> Future:
         fut: Future = Future()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             fut.set_result(fn(*args, **kwargs))
         except BaseException as exc:  # the awaiting caller gets it, as from the thread
             fut.set_exception(exc)
         took = self._took[key] = time.perf_counter() - start
         self.spans.add(f"{key[0]}.inline", took)
+        self.spans.add(f"{key[0]}.cpu", time.thread_time() - cpu)
         return fut
 
     def _on_thread(self, loop, key: tuple[str, int], fn: Callable, args: tuple, kwargs: dict) -> Future:
         submitted = time.perf_counter()
-        stamps = [0.0, 0.0]  # when the thread began and ended the job
+        stamps = [0.0, 0.0, 0.0]  # when the thread began and ended the job, and the thread's CPU time in it
 
         def job():
-            stamps[0] = time.perf_counter()
+            stamps[0], cpu = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                stamps[1] = time.perf_counter()
+                stamps[1], stamps[2] = time.perf_counter(), time.thread_time() - cpu
                 self._took[key] = stamps[1] - stamps[0]
                 with self._lock:
                     self._busy -= 1
@@ -87,6 +89,7 @@ class ComputePool(Executor):
             name = key[0]
             self.spans.add(f"{name}.wait", stamps[0] - submitted)
             self.spans.add(f"{name}.run", stamps[1] - stamps[0])
+            self.spans.add(f"{name}.cpu", stamps[2])
             self.spans.add(f"{name}.back", time.perf_counter() - stamps[1])
 
         def done(f: Future) -> None:

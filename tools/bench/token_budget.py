@@ -35,14 +35,17 @@ from tools.default_model import ensure_default_store
 PARTS = {"Shard.compute_batch": "layers", "Shard.embed": "embedding", "Shard.logits": "logits",
          "Shard.last_logits": "logits"}
 ENV = re.compile(r"[A-Z][A-Z0-9_]*")  # a variant's NAME=VALUE word with such a NAME sets the nodes' environment
-LINES = ["layers", "embedding", "logits", "hand-off to compute thread", "hand-off back to loop", "receive + decode",
-         "encode", "send", "inbox wait"]
+CPU_LINE = "layers: thread CPU time"  # of the layers' wall time above: not a part of the token's sum
+LINES = ["layers", CPU_LINE, "embedding", "logits", "hand-off to compute thread", "hand-off back to loop",
+         "receive + decode", "encode", "send", "inbox wait"]
 
 
 def budget_line(span: str) -> str | None:
     fn, _, part = span.rpartition(".")
     if part in ("run", "inline"):
         return PARTS.get(fn)
+    if part == "cpu" and PARTS.get(fn) == "layers":
+        return CPU_LINE
     if part == "wait" and fn in PARTS:
         return "hand-off to compute thread"
     if part == "back" and fn in PARTS:
@@ -111,7 +114,8 @@ class Variant:
         tpot = statistics.median(self.tpots)
         per = [{k: v * 1e3 / self.tokens for k, v in node.items()} for node in self.seconds]
         out = [[line, *(f"{p.get(line, 0.0):.2f}" for p in per)] for line in LINES]
-        out.append(["rest of the ring", *(f"{max(tpot - sum(p.values()), 0.0):.2f}" for p in per)])
+        rest = [max(tpot - sum(v for k, v in p.items() if k != CPU_LINE), 0.0) for p in per]
+        out.append(["rest of the ring", *(f"{r:.2f}" for r in rest)])
         out.append(["TPOT (median)", *(f"{tpot:.2f}" for _ in per)])
         return out
 
