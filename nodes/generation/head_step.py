@@ -2,18 +2,18 @@
 the compute thread, then sampling and detokenising. The profiler's token probe (nodes/profiling/frame.py) runs
 this same code, so what it measures is what the head does."""
 
-import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
 
 import torch
 
 from nodes.generation.state import Generation, TokenOut
+from nodes.jobs import run_job
 
 
 async def embed(pool: Executor, embed_ids: Callable[[list[int]], torch.Tensor], ids: list[int]) -> torch.Tensor:
     """Embeddings [len(ids), H] of a step's tokens, computed on the compute thread."""
-    return await asyncio.get_running_loop().run_in_executor(pool, embed_ids, ids)
+    return await run_job(pool, embed_ids, ids)
 
 
 async def next_tokens(gen: Generation, pool: Executor, logits_of: Callable[[torch.Tensor], torch.Tensor],
@@ -21,11 +21,10 @@ async def next_tokens(gen: Generation, pool: Executor, logits_of: Callable[[torc
     """The tokens a step's answer gives `gen`: hidden [T, H] after all layers, its last len(draft) + 1 rows
     projected each alone by logits_of (hidden [t, H] -> logits [V] of its last row) on the compute thread, as the
     verification reads them; logits [V]: a plain step's, already projected with its batch's."""
-    loop = asyncio.get_running_loop()
     if draft:
-        return await loop.run_in_executor(pool, gen.accept_draft, RowLogits(logits_of, hidden, len(draft) + 1), draft)
+        return await run_job(pool, gen.accept_draft, RowLogits(logits_of, hidden, len(draft) + 1), draft)
     if logits is None:
-        logits = await loop.run_in_executor(pool, logits_of, hidden)
+        logits = await run_job(pool, logits_of, hidden)
     return [gen.accept(logits)]
 
 

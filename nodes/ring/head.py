@@ -15,6 +15,7 @@ from nodes.generation.draft import DraftModel, load_draft
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, Prefilled, TokenOut
+from nodes.jobs import run_job
 from nodes.ring import frames
 from nodes.ring.admit import KvLedger
 from nodes.ring.head_port import NodePort
@@ -72,8 +73,7 @@ class Head:
                 if not gen.tokens:  # the prompt: from the cached prefix on, if the ring holds one
                     ids, pos = ids[plan.use_len:], plan.use_len
                 # Speculation: one trip verifies the drafts, as one multi-position frame.
-                draft = await asyncio.get_running_loop().run_in_executor(node.pool, gen.draft) \
-                    if drafter else gen.draft()
+                draft = await run_job(node.pool, gen.draft) if drafter else gen.draft()
                 start = time.perf_counter()
                 try:
                     async for done, hidden in self._trip(req, request_id, ids + draft, pos, gen.capacity,
@@ -225,8 +225,7 @@ class Head:
         reqs = [(self.requests.get(rid), h) for rid, h in results]
         plain = [(r, h) for r, h in reqs if r is not None and r.rows == 1]
         if len(plain) > 1:  # alone, the request projects its own row as before
-            logits = await asyncio.get_running_loop().run_in_executor(
-                self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
+            logits = await run_job(self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
             for (r, _), row in zip(plain, logits, strict=True):
                 r.logits = row
         for r, h in reqs:

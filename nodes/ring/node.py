@@ -26,6 +26,7 @@ from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
+from nodes.jobs import run_job
 from nodes.ring import admit, batching, frames, node_info, weights
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
@@ -270,8 +271,7 @@ class Node:
         start = time.perf_counter()
         items = [(w.hidden, cache, w.start_pos) for w, cache in ready]
         try:
-            hidden, next_layer = await asyncio.get_running_loop().run_in_executor(
-                self.pool, shard.compute_batch, items, batch[0].next_layer)
+            hidden, next_layer = await run_job(self.pool, shard.compute_batch, items, batch[0].next_layer)
         except ValueError as exc:  # a streamed layer that could not be read: every request of the batch fails
             for w, _ in ready:
                 await self._fail_request(w.request_id, Code.INVALID_ARGUMENT, str(exc))
