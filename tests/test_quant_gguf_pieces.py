@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 
 import tools.import_gguf as importer
 from nodes.engine import layer_calls
-from nodes.engine.formats import weight_format
+from nodes.engine.formats import Format, weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.kernels import ops, q4
 from nodes.engine.model import rms_norm
@@ -27,6 +27,22 @@ from tools.gguf_types import q4k_int4
 from tools.import_gguf import import_gguf, unpermute
 
 PROMPT = "The quick brown fox"
+
+
+QKV = ("wq", "wk", "wv")
+
+
+@pytest.mark.parametrize("fmt, pieces", [
+    (Format("int4"), [("wqkv", "int4", QKV)]),
+    (Format("int8"), [("wqkv", "int8", QKV)]),
+    (Format("int4", int8=("wqkv",)), [("wqkv", "int8", QKV)]),  # stores written before per-part formats
+    (Format("int4", int8=("wqkv", "wv")), [("wqkv", "int8", QKV)]),  # the widest of such a layer and a split one
+    (Format("int4", int8=("wv",)), [("wqkv.0", "int4", ("wq", "wk")), ("wqkv.1", "int8", ("wv",))]),
+    (Format("int4", int8=("wk",)), [("wqkv.0", "int4", ("wq",)), ("wqkv.1", "int8", ("wk",)),
+                                    ("wqkv.2", "int4", ("wv",))]),
+])
+def test_a_matrix_is_one_piece_per_run_of_parts_in_one_format(fmt, pieces):
+    assert [(p.name, p.fmt.name, p.parts) for p in fmt.pieces("wqkv")] == pieces
 
 
 @pytest.fixture(scope="module")
