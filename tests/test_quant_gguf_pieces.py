@@ -17,7 +17,7 @@ from nodes.engine.formats import Format, weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.kernels import ops, q4
 from nodes.engine.model import rms_norm
-from nodes.engine.quant import BITS, FEW_ROWS, Int8, Rows, linear, machine_layout, pack_int4, quantize_int8
+from nodes.engine.quant import BITS, FEW_ROWS, Int4, Int8, Rows, linear, machine_layout, pack_int4, quantize_int8
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
@@ -141,3 +141,14 @@ def test_memory_and_bits_count_each_pieces_bytes(stores):
         assert layer_bytes(cfg, torch.float32, fmt) == small + max(on_disk)  # the widest: layers 1 and 3's
         assert s.manifest.bits_per_weight == pytest.approx(bits / weights)
     assert LayerStore(pieces).entry("layer.1").bytes < LayerStore(whole).entry("layer.1").bytes
+
+
+def test_bfloat16_activations_take_torchs_kernels_piece_by_piece(stores):
+    """Where a machine runs int4 in bfloat16 (nodes/engine/dtype_choice.py) each piece goes through torch's kernel
+    of its format: the logits stay within bfloat16's reach of the float32 activations' (8 bits a value)."""
+    model, ref = ReferenceModel(stores[1], torch.bfloat16), ReferenceModel(stores[1], torch.float32)
+    wqkv = model.layers[1].wqkv
+    assert isinstance(wqkv, Rows) and [type(p) for p in wqkv.pieces] == [Int4, Int8]
+    ids = ref.codec.prompt_ids(PROMPT)
+    ours, theirs = (m.step(ids, 0, m.new_cache(len(ids))) for m in (model, ref))
+    assert (ours - theirs).abs().max() < 0.05 * theirs.abs().max()
