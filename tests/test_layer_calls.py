@@ -1,6 +1,7 @@
 """A decode step's layer as two C calls (nodes/engine/layer_calls.py) gives model.layer_forward's torch steps' bits:
-the layer's output and every KV cache, for each kind of matrix our kernels take, a bias, post norms, a local
-window, and batches of segments; and it stands aside where it does not apply."""
+the layer's output and every KV cache, for each kind of matrix our kernels take (and matrices of int4 rows above
+int8 ones), a bias, post norms, a local window, and batches of segments; and it stands aside where it does not
+apply."""
 
 import pytest
 import torch
@@ -8,7 +9,16 @@ import torch
 from nodes.engine import layer_calls, model
 from nodes.engine.kernels import f32, ops, q4
 from nodes.engine.model import Layer, Segment, layer_forward
-from nodes.engine.quant import Int4, Int8, machine_layout, onednn_int8_exact, pack_int4, quantize_int4, quantize_int8
+from nodes.engine.quant import (
+    Int4,
+    Int8,
+    Rows,
+    machine_layout,
+    onednn_int8_exact,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+)
 from nodes.engine.rope import Rope
 from prima_rpc.spec.manifest import ModelConfig
 
@@ -25,7 +35,10 @@ def config(window: int | None = None) -> ModelConfig:
                        local_layers=(0,) if window else ())
 
 
-def matrix(kind: str, n: int, k: int, gen: torch.Generator):
+def matrix(kind: str, n: int, k: int, gen: torch.Generator, int8_rows: int = 0):
+    if kind == "split":  # int4 rows above int8 ones, as a Q4_K_M layer's Q4_K wq, wk above its Q6_K wv (quant.Rows)
+        top = n - (int8_rows or n // 4)
+        return Rows([matrix("int4", top, k, gen), matrix("int8", n - top, k, gen)])
     w = torch.randn(n, k, generator=gen) / k ** 0.5
     if kind == "float32":
         return w
@@ -39,7 +52,7 @@ def layer(kind: str, bias: bool = False, post_norms: bool = False, seed: int = 0
     gen = torch.Generator().manual_seed(seed)
     norm = lambda n: 1 + 0.1 * torch.randn(n, generator=gen)  # noqa: E731
     qkv = (NH + 2 * NKV) * HD
-    return Layer(attn_norm=norm(HIDDEN), wqkv=matrix(kind, qkv, HIDDEN, gen),
+    return Layer(attn_norm=norm(HIDDEN), wqkv=matrix(kind, qkv, HIDDEN, gen, int8_rows=NKV * HD),
                  bqkv=0.1 * torch.randn(qkv, generator=gen) if bias else None, wo=matrix(kind, HIDDEN, NH * HD, gen),
                  ffn_norm=norm(HIDDEN), w_gate_up=matrix(kind, 2 * INTER, HIDDEN, gen),
                  w_down=matrix(kind, HIDDEN, INTER, gen), post_attn_norm=norm(HIDDEN) if post_norms else None,
@@ -58,7 +71,7 @@ def run(x, lay, spans, kvs, cfg, rope, calls: bool, monkeypatch):
     return out, kvs
 
 
-KINDS = ["float32", "int4", "int8"]
+KINDS = ["float32", "int4", "int8", "split"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,7 +1,8 @@
 """GGUF types kept in quantized stores: Q4_K blocks as int4 groups (within float16's rounding of their scale
-products), the other types as int8 rows, a mixed file's matrices in the format its types need layer by layer (a
-Q4_K_M file's Q6_K attn_v makes wqkv int8 in its own layers only), streamed and split like any other store; stores
-written before per-layer formats still load; the CLI's per-type lines, summary line and store name."""
+products), the other types as int8 rows, a mixed file's matrices in the format its types need layer by layer and part
+by part (a Q4_K_M file's Q6_K attn_v makes wqkv's v rows int8 in its own layers only), streamed and split like any
+other store; stores written before per-layer formats still load; the CLI's per-type lines, summary line and store
+name."""
 
 import json
 
@@ -14,7 +15,7 @@ from gguf.quants import dequantize, quantize
 from nodes.engine.formats import weight_format
 from nodes.engine.kernels.q4 import Q4Rows
 from nodes.engine.model import Layer
-from nodes.engine.quant import Int4, Int8, machine_layout, pack_int4
+from nodes.engine.quant import Int4, Int8, Rows, machine_layout, pack_int4
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
@@ -173,16 +174,17 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_layer_by_layer(mi
     path, store, lines = mixed
     manifest = json.loads((store / "manifest.json").read_text())
     assert manifest["dtype"] == "int4" and manifest["name"] == "store"  # the directory's name, not general.name
-    # attn_k and attn_v (in wqkv), ffn_gate and ffn_up (in w_gate_up) and ffn_down are int8 types in layer 1: int8
-    # there only
-    assert manifest["quant"]["int8_layers"] == [[], ["wqkv", "w_gate_up", "w_down"]]
+    # attn_k and attn_v (wqkv's k and v rows), ffn_gate and ffn_up (all of w_gate_up) and ffn_down are int8 types in
+    # layer 1: int8 there only; its Q4_K attn_q stays int4 beside them
+    assert manifest["quant"]["int8_layers"] == [[], ["wk", "wv", "w_gate_up", "w_down"]]
     assert "int8_matrices" not in manifest["quant"]
     assert manifest["files"]["embed"]["format"] == "int8"
     per_layer = sum(LAYER_WEIGHTS.values())
-    assert manifest["bits_per_weight"] == pytest.approx((5 * per_layer + 5 * H * H + 8 * (per_layer - H * H))
+    int8_weights = per_layer - 2 * H * H  # layer 1: all but wq and wo
+    assert manifest["bits_per_weight"] == pytest.approx((5 * per_layer + 5 * 2 * H * H + 8 * int8_weights)
                                                         / (2 * per_layer))
     assert lines == ["Q8_0: 1 tensor, 12.6M weights -> int8 rows (nearest)",  # most weights first
-                     "Q4_K: 9 tensors, 0.7M weights -> int4 (its blocks as they are) and int8 rows (nearest)",
+                     "Q4_K: 9 tensors, 0.7M weights -> int4 (its blocks as they are)",
                      "IQ4_NL: 1 tensor, 0.1M weights -> int8 rows (nearest)",
                      "Q5_0: 1 tensor, 0.1M weights -> int8 rows (nearest)",
                      "Q5_K: 1 tensor, 0.1M weights -> int8 rows (nearest)",
@@ -191,30 +193,46 @@ def test_a_mixed_file_keeps_q4k_as_int4_and_the_others_as_int8_layer_by_layer(mi
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     store_ = LayerStore(store)
     fmt = weight_format(store_.manifest)
-    int4 = {(0, "wqkv"), (0, "wo"), (0, "w_gate_up"), (0, "w_down"), (1, "wo")}
     for i in range(LAYERS):
         layer = Layer.from_unit(store_.load(f"layer.{i}"), torch.float32, fmt.layer(i))
         for name, gnames in PARTS.items():
-            ref = []
-            for g in gnames:
+            weight, row = getattr(layer, name), 0
+            seen = weight.rows(torch.arange(weight.shape[0]))
+            for g in gnames:  # each GGUF tensor's rows, in the piece that holds them
                 t = tensors[f"blk.{i}.{g}.weight"]
-                w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)))
-                ref.append(unpermute(w, {"attn_q": HEADS, "attn_k": KV}[g]) if g in ("attn_q", "attn_k") else w)
-            ref, weight = torch.cat(ref), getattr(layer, name)
-            seen = weight.rows(torch.arange(ref.shape[0]))
-            if isinstance(weight, Int4 | Q4Rows):  # Q4_K kept: float16 scale products (the test above)
-                assert (i, name) in int4 and ((seen - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
-            else:  # int8 rows: half a step of each row's scale
-                assert (i, name) not in int4 and isinstance(weight, Int8)
-                assert ((seen - ref).abs() <= 0.501 * weight.scale[:, None]).all()
+                ref = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)))
+                ref = unpermute(ref, {"attn_q": HEADS, "attn_k": KV}[g]) if g in ("attn_q", "attn_k") else ref
+                rows = slice(row, row + ref.shape[0])
+                piece, at = piece_at(weight, row)
+                if t.tensor_type.name == "Q4_K":  # kept: float16 scale products (the test above)
+                    assert isinstance(piece, Int4 | Q4Rows)
+                    assert ((seen[rows] - ref).abs() <= 2.0 ** -10 * ref.abs().amax()).all()
+                else:  # int8 rows: half a step of each row's scale
+                    assert isinstance(piece, Int8)
+                    scale = piece.scale[at:at + ref.shape[0], None]
+                    assert ((seen[rows] - ref).abs() <= 0.501 * scale).all()
+                row += ref.shape[0]
+    assert isinstance(layer.wqkv, Rows) and [p.shape[0] for p in layer.wqkv.pieces] == [H, 2 * KV * H // HEADS]
+
+
+def piece_at(weight, row: int):
+    """The piece of `weight` (a quant.Rows, or one matrix) that holds `row`, and the row's index in it."""
+    for piece in weight.pieces if isinstance(weight, Rows) else (weight,):
+        if row < piece.shape[0]:
+            return piece, row
+        row -= piece.shape[0]
+    raise IndexError(row)
 
 
 def test_each_layer_takes_the_bytes_of_its_own_formats(mixed):
-    """On disk, in the memory plan and in the stream buffer: an int4 layer's matrices are ~5/8 of an int8 one's."""
+    """On disk, in the memory plan and in the stream buffer: an int4 layer's matrices are ~5/8 of an int8 one's; layer
+    1's wqkv is its int4 q rows and its int8 k and v rows."""
     store = LayerStore(mixed[1])
+    kv_rows = 2 * KV * H // HEADS
     expected = {0: {u: 5 * w // 8 for u, w in LAYER_WEIGHTS.items()},  # int4: half a byte and (d, m) per 32
                 1: {u: w + 4 * (w // H if u != "w_down" else H) if u != "wo" else 5 * w // 8
                     for u, w in LAYER_WEIGHTS.items()}}  # int8: a byte, and a float32 scale per row
+    expected[1]["wqkv"] = 5 * H * H // 8 + kv_rows * H + 4 * kv_rows
     for i in range(LAYERS):
         spans = store.layout(f"layer.{i}")
         on_disk = {u: sum(s.stop - s.start for n, s in spans.items() if n.startswith(f"{u}.")) for u in PARTS}
@@ -258,11 +276,11 @@ Q4_K_M = {i: {"attn_v": "Q6_K", "ffn_down": "Q6_K"} if i % 2 else {} for i in ra
 
 @pytest.mark.slow
 def test_a_ring_over_mixed_layers_equals_its_single_process(tmp_path):
-    """Two prima-node processes, each holding an int4 layer and one whose wqkv and w_down are int8, every layer
-    streamed (a one-byte budget, raised to the plan's minimum), and the same store all resident."""
+    """Two prima-node processes, each holding an int4 layer and one whose wqkv's v rows and w_down are int8, every
+    layer streamed (a one-byte budget, raised to the plan's minimum), and the same store all resident."""
     store = import_gguf(mixed_gguf(tmp_path / "q4km.gguf", Q4_K_M), tmp_path / "store")
     assert json.loads((store / "manifest.json").read_text())["quant"]["int8_layers"] == \
-        [[], ["wqkv", "w_down"], [], ["wqkv", "w_down"]]
+        [[], ["wv", "w_down"], [], ["wv", "w_down"]]
     prompt = "The quick brown fox"
     expected = greedy_reference(store, [prompt], 8)[prompt]
     for extra in ([["--mem-budget", "1"]] * 2, None):

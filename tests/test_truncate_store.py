@@ -21,9 +21,9 @@ def test_a_mixed_int4_store_keeps_its_first_layers_formats(tmp_path):
     store = import_gguf(mixed_gguf(tmp_path / "q4km.gguf", Q4_K_M), tmp_path / "store")
     draft = tmp_path / "draft"
     truncate_store(store, draft, 2)
-    assert json.loads((draft / "manifest.json").read_text())["quant"]["int8_layers"] == [[], ["wqkv", "w_down"]]
+    assert json.loads((draft / "manifest.json").read_text())["quant"]["int8_layers"] == [[], ["wv", "w_down"]]
     fmt = weight_format(LayerStore(draft).manifest)
-    assert fmt.layer(1).matrix("wqkv").name == "int8" and fmt.layer(0).matrix("wqkv").name == "int4"
+    assert fmt.layer(1).matrix("wv").name == "int8" and fmt.layer(0).matrix("wv").name == "int4"
     full, first = ReferenceModel(store), ReferenceModel(draft)
     ids = first.codec.prompt_ids("The quick brown fox")
     a = full.hidden(ids, 0, full.new_cache(len(ids)), 0, 2)

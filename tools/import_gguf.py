@@ -13,6 +13,7 @@ from gguf import MODEL_TENSOR, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from nodes.engine.formats import Format, writing_format
+from nodes.engine.fused import piece_shapes
 from nodes.engine.quant import BITS, GROUP, pack_int4, quantize_int4
 from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
@@ -161,7 +162,10 @@ def layer_unit(g: GgufTensors, i: int) -> dict[str, torch.Tensor]:
     for fused, parts in matrix_parts(g, i).items():
         heads = [g.heads(p, i) for p in parts]
         if g.fmt:
-            unit.update(g.matrix(fused, list(zip(parts, heads, strict=True)), g.fmt.layer(i).matrix(fused)))
+            pieces, tensors = g.fmt.layer(i).pieces(fused), list(zip(parts, heads, strict=True))
+            for p in pieces:  # a matrix of pieces has a GGUF tensor a part (file_dtype)
+                own = tensors if len(pieces) == 1 else [tensors[SHAPES_FUSED[fused].index(n)] for n in p.parts]
+                unit.update(g.matrix(p.name, own, p.fmt))
             continue
         t = torch.cat([unpermute(g.float_tensor(p), h) if h else g.float_tensor(p)
                        for p, h in zip(parts, heads, strict=True)])
@@ -195,15 +199,24 @@ def tokenizer_json(reader: GGUFReader) -> bytes:
 
 def file_dtype(g: GgufTensors) -> tuple[str, tuple[tuple[str, ...], ...]]:
     """The store dtype (and int4's int8 matrices of each layer) that keeps the file's types: float32 for a file of
-    float matrices; int4 where a layer's tensors of a matrix are all INT4_EXACT, int8 rows for the others, layer by
-    layer (a Q4_K_M file's Q6_K attn_v makes wqkv int8 in the layers that have it only); int8 when no matrix is
-    int4 in any layer."""
-    types = [{fused: {g.tensor(n).tensor_type.name for n in names} for fused, names in matrix_parts(g, i).items()}
+    float matrices; int4 where a tensor is INT4_EXACT, int8 rows for the others, layer by layer and part by part (a
+    Q4_K_M file's Q6_K attn_v makes wqkv's v rows int8 in the layers that have it only, its q and k rows int4);
+    int8 when no matrix is int4 in any layer."""
+    types = [{fused: [g.tensor(n).tensor_type.name for n in names] for fused, names in matrix_parts(g, i).items()}
              for i in range(g.cfg.n_layers)]
-    if all(t <= FLOAT_TYPES.keys() for layer in types for t in layer.values()):
+    if all(set(t) <= FLOAT_TYPES.keys() for layer in types for t in layer.values()):
         return "float32", ()
-    int8 = tuple(tuple(k for k, ts in layer.items() if any(store_format(t) == "int8" for t in ts)) for layer in types)
-    return ("int8", ()) if all(len(m) == len(layer) for m, layer in zip(int8, types)) else ("int4", int8)
+    int8 = tuple(tuple(n for fused, ts in layer.items() for n in int8_names(fused, ts)) for layer in types)
+    return ("int8", ()) if all(set(m) == layer.keys() for m, layer in zip(int8, types)) else ("int4", int8)
+
+
+def int8_names(fused: str, types: list[str]) -> tuple[str, ...]:
+    """What of the fused matrix `fused`, of GGUF tensors of `types` (in row order), is int8: all of it, none, or the
+    parts (shapes.FUSED) whose tensors are (where each part is a tensor of its own: not Phi-3's fused attn_qkv)."""
+    int8 = [store_format(t) == "int8" for t in types]
+    if all(int8) or (any(int8) and len(types) != len(SHAPES_FUSED[fused])):
+        return (fused,)
+    return tuple(p for p, is_int8 in zip(SHAPES_FUSED[fused], int8) if is_int8)
 
 
 def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str, fmt: Format | None) -> dict:
@@ -224,10 +237,11 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
 
 
 def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
-    """Bits per weight of the layers' matrices on disk, each in its layer's format."""
-    weights = {u: n * k for u, (n, k) in matrix_shapes(cfg).items()}
-    bits = sum(BITS[fmt.layer(i).matrix(u).name] * w for i in range(cfg.n_layers) for u, w in weights.items())
-    return bits / (cfg.n_layers * sum(weights.values()))
+    """Bits per weight of the layers' matrices on disk, each piece in its layer's format."""
+    shapes = layer_shapes(cfg)
+    bits = sum(BITS[p.fmt.name] * n * k for i in range(cfg.n_layers) for u in matrix_shapes(cfg)
+               for p, (n, k) in piece_shapes(u, fmt.layer(i), shapes))
+    return bits / (cfg.n_layers * sum(n * k for n, k in matrix_shapes(cfg).values()))
 
 
 def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,

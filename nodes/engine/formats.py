@@ -1,8 +1,11 @@
 """How a quantized store's matrices are laid out in its files: the format of a store, of a unit, of each layer's
-matrices (a GGUF's mixed types make some layers' matrices int8 beside others' int4), read from the manifest, and
-the format a new store is written in. The kernels behind each format are nodes/engine/quant.py's."""
+matrices (a GGUF's mixed types make some layers' matrices int8 beside others' int4) and of each row range of a fused
+one (a Q4_K_M layer's Q6_K wv, int8, beside its Q4_K wq and wk, int4), read from the manifest, and the format a new
+store is written in. The kernels behind each format are nodes/engine/quant.py's."""
 
 from dataclasses import dataclass, replace
+from itertools import groupby
+from typing import NamedTuple
 
 import torch
 
@@ -19,20 +22,23 @@ from nodes.engine.quant import (
     quantize_int8,
 )
 from prima_rpc.spec.manifest import Manifest, StoreError
-from prima_rpc.spec.shapes import FUSED
+from prima_rpc.spec.shapes import FUSED, SHARED_FUSED
+
+PARTS = {**FUSED, **SHARED_FUSED}  # a fused matrix -> its unit-file matrices, stacked by rows
 
 
 @dataclass(frozen=True)
 class Format:
     """A quantized store's matrix format: each matrix M is two tensors of its unit file, `M.qweight` and
     `M.scales` (int4: packed uint8 [N, K/2] and (d, m) float16 [K/32, N, 2]; int8: int8 [N, K] and
-    float32 [N])."""
+    float32 [N]); a fused matrix whose parts differ in format, two per piece (pieces())."""
 
     name: str  # int4 | int8
     layout: Layout = LAYOUTS[0]  # int4: the packing the files hold (that of the machine that wrote them)
-    # int4 stores: the layer matrices (shapes.FUSED names) held as int8 where the source's types have no int4 form
-    # (a GGUF's Q6_K attn_v): of one layer (layer(i)), or, of the whole store, those int8 in any layer (the
-    # widest: what a matrix takes in the layer that holds it largest)
+    # int4 stores: the layer matrices held as int8 where the source's types have no int4 form (a GGUF's Q6_K
+    # attn_v): fused ones whole (shapes.FUSED names) or parts of them (their unit-file names: "wv" is wqkv's v
+    # rows); of one layer (layer(i)), or, of the whole store, those int8 in any layer (the widest: what a matrix
+    # takes in the layer that holds it largest)
     int8: tuple[str, ...] = ()
     # int4 stores: each layer's int8 matrices (empty: `int8` in every layer, as stores written before
     # per-layer formats have it)
@@ -43,8 +49,17 @@ class Format:
         return replace(self, int8=self.layers[i], layers=()) if self.layers else self
 
     def matrix(self, name: str) -> "Format":
-        """The format of the layer matrix `name` (of one layer: see layer())."""
+        """The format of the layer matrix `name` (of one layer: see layer()), a whole fused matrix or one part."""
         return Format("int8") if name in self.int8 else self
+
+    def pieces(self, name: str) -> tuple["Piece", ...]:
+        """Matrix `name`'s row ranges of one format each (of one layer: see layer()), in row order: the whole matrix,
+        or each run of its parts (PARTS) that share a format, as `{name}.0`, `{name}.1`, ..."""
+        parts, whole = PARTS.get(name, (name,)), self.matrix(name)
+        runs = [(f, tuple(ps)) for f, ps in groupby(parts, key=whole.matrix)]  # int8 where its matrix or it is
+        if len(runs) == 1:
+            return (Piece(name, runs[0][0], parts),)
+        return tuple(Piece(f"{name}.{j}", f, ps) for j, (f, ps) in enumerate(runs))
 
     def parts(self, shape: tuple[int, int]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         n, k = shape
@@ -93,10 +108,21 @@ class Format:
         return Format("int8")
 
 
+class Piece(NamedTuple):
+    """Rows of a fused matrix in one format: its tensors in the unit file are `{name}.qweight`, `{name}.scales`."""
+
+    name: str
+    fmt: Format
+    parts: tuple[str, ...]  # its unit-file matrices (PARTS), stacked by rows
+
+
+NAMES = tuple(dict.fromkeys([*FUSED, *(p for ps in FUSED.values() for p in ps)]))  # what a manifest may call int8
+
+
 def matrices(names: object, what: str) -> tuple[str, ...]:
     """A manifest's list of layer matrix names, checked (a store's manifest may come over the ring)."""
-    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUSED for n in names):
-        raise ValueError(f"{what}: {names!r} is not a list of layer matrices ({', '.join(FUSED)})")
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in NAMES for n in names):
+        raise ValueError(f"{what}: {names!r} is not a list of layer matrices or their parts ({', '.join(NAMES)})")
     return tuple(names)
 
 

@@ -4,12 +4,14 @@ from collections.abc import Iterable
 
 import torch
 
-from nodes.engine.formats import Format
+from nodes.engine.formats import PARTS, Format, Piece
 from nodes.engine.model import SMALL, Layer, Weight, window_slots
+from nodes.engine.quant import Rows
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import (
     FUSED,
     expert_matrix_shapes,
+    expert_shapes,
     fused_rows,
     layer_params,
     layer_shapes,
@@ -43,11 +45,18 @@ def unit_targets(unit: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torc
 def stream_parts(unit: str, cfg: ModelConfig, fmt: Format | None,
                  dtype: torch.dtype) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The tensors (dtype, shape) that hold one of STREAM_UNITS in memory: one fused float matrix, or a
-    quantized one's two stored tensors (named as in the unit file)."""
-    shape = matrix_shapes(cfg)[unit]
+    quantized one's two stored tensors per piece (Format.pieces; named as in the unit file)."""
     if fmt is None:
-        return {unit: (dtype, shape)}
-    return {f"{unit}.{part}": spec for part, spec in fmt.matrix(unit).parts(shape).items()}
+        return {unit: (dtype, matrix_shapes(cfg)[unit])}
+    return {f"{p.name}.{part}": spec for p, shape in piece_shapes(unit, fmt, layer_shapes(cfg))
+            for part, spec in p.fmt.parts(shape).items()}
+
+
+def piece_shapes(unit: str, fmt: Format, shapes: dict[str, tuple[int, ...]]) -> list[tuple[Piece, tuple[int, int]]]:
+    """The pieces of the fused matrix `unit` in `fmt` (Format.pieces) and their shapes, of a unit of tensor `shapes`
+    (shapes.layer_shapes, expert_shapes)."""
+    return [(p, (sum(shapes[f"{q}.weight"][0] for q in p.parts), shapes[f"{p.parts[0]}.weight"][1]))
+            for p in fmt.pieces(unit)]
 
 
 def part_targets(unit: str, parts: dict[str, torch.Tensor], cfg: ModelConfig,
@@ -60,7 +69,8 @@ def part_weight(unit: str, parts: dict[str, torch.Tensor], fmt: Format | None, d
     """The matrix that `parts` hold, ready for linear()."""
     if fmt is None:
         return parts[unit]
-    return fmt.matrix(unit).weight(parts[f"{unit}.qweight"], parts[f"{unit}.scales"], dtype)
+    pieces = [p.fmt.weight(parts[f"{p.name}.qweight"], parts[f"{p.name}.scales"], dtype) for p in fmt.pieces(unit)]
+    return pieces[0] if len(pieces) == 1 else Rows(pieces)
 
 
 def empty_parts(unit: str, cfg: ModelConfig, fmt: Format | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -69,6 +79,13 @@ def empty_parts(unit: str, cfg: ModelConfig, fmt: Format | None, dtype: torch.dt
 
 def matrix_bytes(shape: tuple[int, int], fmt: Format | None, dtype: torch.dtype) -> int:
     return torch.Size(shape).numel() * dtype.itemsize if fmt is None else fmt.nbytes(shape)
+
+
+def fused_bytes(unit: str, shapes: dict[str, tuple[int, ...]], fmt: Format | None, dtype: torch.dtype) -> int:
+    """Memory of the fused matrix `unit` of a unit of tensor `shapes`, each piece in its format (Format.pieces)."""
+    if fmt is None:
+        return sum(matrix_bytes(shapes[f"{p}.weight"], None, dtype) for p in PARTS[unit])
+    return sum(p.fmt.nbytes(shape) for p, shape in piece_shapes(unit, fmt, shapes))
 
 
 def empty_small(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
@@ -91,14 +108,13 @@ def small_targets(small: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 def layer_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one fused layer computing in `dtype` (matrices in `fmt` when quantized)."""
     small = (layer_params(cfg) - matrix_params(cfg)) * dtype.itemsize  # norms and biases (and a mixture's router)
-    matrices = sum(matrix_bytes(shape, fmt and fmt.matrix(u), dtype) for u, shape in matrix_shapes(cfg).items())
+    matrices = sum(fused_bytes(u, layer_shapes(cfg), fmt, dtype) for u in matrix_shapes(cfg))
     return small + matrices + cfg.n_experts * expert_bytes(cfg, dtype, fmt)
 
 
 def expert_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:
     """Memory of one expert of a mixture (0: a dense model)."""
-    return sum(matrix_bytes(s, fmt and fmt.matrix(u), dtype) for u, s in expert_matrix_shapes(cfg).items()) \
-        if cfg.moe else 0
+    return sum(fused_bytes(u, expert_shapes(cfg), fmt, dtype) for u in expert_matrix_shapes(cfg)) if cfg.moe else 0
 
 
 def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) -> int:

@@ -12,13 +12,13 @@ from nodes.engine import layer_calls
 from nodes.engine.formats import Format
 from nodes.engine.kernels import ops
 from nodes.engine.moe import Expert, MoE, moe_mlp
-from nodes.engine.quant import Int4, Int8, embed_rows, linear
+from nodes.engine.quant import Int4, Int8, Rows, embed_rows, linear
 from nodes.engine.rope import Rope
 from nodes.engine.row_attention import ROW_ATTENTION, attend_rows
 from prima_rpc.spec.manifest import ModelConfig
 from prima_rpc.spec.shapes import FUSED, SHARED_FUSED
 
-Weight = torch.Tensor | Int4 | Int8  # a matrix [N, K]: float, or quantized (engine/quant.py); used through linear()
+Weight = torch.Tensor | Int4 | Int8 | Rows  # a matrix [N, K]: float, or quantized (engine/quant.py); through linear()
 
 
 def nbytes(w: Weight) -> int:
@@ -27,7 +27,10 @@ def nbytes(w: Weight) -> int:
 
 def matrix(t: dict[str, torch.Tensor], name: str, dtype: torch.dtype, fmt: Format | None) -> Weight:
     """Matrix `name` of a unit's tensors: float (`name.weight`) or quantized (`name.qweight`, `name.scales`;
-    int8 values say int8 whatever the store's format)."""
+    int8 values say int8 whatever the store's format), or row-range pieces of such (`name.0.qweight`, ...:
+    formats.Format.pieces)."""
+    if f"{name}.0.qweight" in t:
+        return Rows([matrix(t, f"{name}.{j}", dtype, fmt) for j in range(len(t)) if f"{name}.{j}.qweight" in t])
     if f"{name}.qweight" not in t:
         return t[f"{name}.weight"].to(dtype)
     q = t[f"{name}.qweight"]

@@ -66,6 +66,9 @@ def kernel_matrix(w) -> ops.Matrix | None:
         return f32.matrix(w) if usable else None
     if isinstance(w, q4.Q4Rows):
         return w.matrix()
+    if isinstance(w, Rows):
+        pieces = [kernel_matrix(p) for p in w.pieces]
+        return None if None in pieces else ops.rows_matrix(pieces)
     if isinstance(w, Int8) and w.scale.dtype == torch.float32:
         if w.tiled is not None:
             return w.tiled.matrix()
@@ -318,6 +321,25 @@ class Int8:
 
     def nbytes(self) -> int:
         return self.shape[0] * self.shape[1] + self.scale.numel() * self.scale.element_size()
+
+
+class Rows:
+    """Weights [N, K] stacked by rows from pieces of their own formats (formats.Format.pieces: a GGUF layer's Q4_K wq
+    and wk as int4 above its Q6_K wv as int8), each piece through its own kernel: a row's result is its piece's."""
+
+    def __init__(self, pieces: list):
+        self.pieces = tuple(pieces)
+        self.shape = (sum(p.shape[0] for p in self.pieces), self.pieces[0].shape[1])
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.mm(x) for p in self.pieces], dim=-1)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` de-quantized (every row is, first: for checks, not an embedding's lookups)."""
+        return torch.cat([p.rows(torch.arange(p.shape[0])) for p in self.pieces])[ids]
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.pieces)
 
 
 # --- quantizers: from float weights, and GGUF blocks --------------------------------------------------

@@ -133,7 +133,8 @@ int prima_attend_rows(const float *qkv, const float *cos, const float *sin, floa
  * step is the very function the unfused path (nodes/engine/model.py) runs, in its order, so the two give the same
  * bits. A matrix is one of the matmul kernels of q4.c / f32.c, found through ctypes and passed as its address with
  * its operands. */
-enum { MM_F32 = 0, MM_ONE = 1, MM_TWO = 2 }; /* f32.c's (w); q4.c's tiles (tiles); q4.c's with two operands */
+enum { MM_F32 = 0, MM_ONE = 1, MM_TWO = 2, MM_ROWS = 3 }; /* f32.c's (w); q4.c's tiles (tiles); q4.c's with two
+                                                               * operands; row ranges of their own kernels */
 
 typedef struct {
     void *fn;
@@ -151,10 +152,33 @@ typedef void (*mm_f32)(const void *, const float *, float *, int64_t, int64_t, i
 typedef int (*mm_one)(const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
 typedef int (*mm_two)(const void *, const void *, const float *, float *, int64_t, int64_t, int64_t, int, int);
 
+static int matmul(const prima_matrix *w, const float *x, float *y, int64_t m, int threads);
+
+/* y [m, w.n] = x @ w.T for a matrix of `mode` row-range pieces (a: prima_matrix[mode], stacked by rows), each
+ * through its own kernel into scratch, then into its columns of y: a row's result is its piece's kernel's, as
+ * quant.Rows computes it (torch.cat of each piece's product). */
+static int rows_matmul(const prima_matrix *w, const float *x, float *y, int64_t m, int threads) {
+    const prima_matrix *pieces = w->a;
+    int64_t widest = 0;
+    for (int32_t i = 0; i < w->mode; i++) widest = pieces[i].n > widest ? pieces[i].n : widest;
+    float *part = malloc((size_t)m * (size_t)widest * sizeof(float));
+    if (part == NULL) return -1;
+    int failed = 0;
+    for (int64_t i = 0, col = 0; !failed && i < w->mode; col += pieces[i].n, i++) {
+        const int64_t n = pieces[i].n;
+        failed = matmul(&pieces[i], x, part, m, threads);
+        for (int64_t r = 0; !failed && r < m; r++)
+            for (int64_t j = 0; j < n; j++) y[r * w->n + col + j] = part[r * n + j];
+    }
+    free(part);
+    return failed ? -1 : 0;
+}
+
 static int matmul(const prima_matrix *w, const float *x, float *y, int64_t m, int threads) {
     switch (w->kind) {
     case MM_F32: ((mm_f32)w->fn)(w->a, x, y, m, w->n, w->k, threads); return 0;
     case MM_ONE: return ((mm_one)w->fn)(w->a, x, y, m, w->n, w->k, w->mode, threads);
+    case MM_ROWS: return rows_matmul(w, x, y, m, threads);
     default: return ((mm_two)w->fn)(w->a, w->b, x, y, m, w->n, w->k, w->mode, threads);
     }
 }

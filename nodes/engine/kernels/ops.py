@@ -37,7 +37,8 @@ class Matrix(ctypes.Structure):
                 ("k", ctypes.c_int64), ("kind", ctypes.c_int32), ("mode", ctypes.c_int32)]
 
 
-F32, ONE, TWO = 0, 1, 2  # Matrix.kind: f32.c's (w, x, y, ...); q4.c's (a, x, y, ..., mode); q4.c's (a, b, x, ...)
+F32, ONE, TWO, ROWS = 0, 1, 2, 3  # Matrix.kind: f32.c's (w, x, y, ...); q4.c's (a, x, y, ..., mode); q4.c's
+# (a, b, x, ...); row ranges of their own kernels (a: an array of `mode` Matrix, stacked by rows)
 
 
 def matrix(fn, kind: int, shape: tuple[int, int], a: torch.Tensor, b: torch.Tensor | None = None,
@@ -45,6 +46,15 @@ def matrix(fn, kind: int, shape: tuple[int, int], a: torch.Tensor, b: torch.Tens
     """fn: the kernel (a ctypes function of q4.c or f32.c); a, b: its weight operands, which the caller keeps."""
     return Matrix(ctypes.cast(fn, ctypes.c_void_p).value, a.data_ptr(), None if b is None else b.data_ptr(), shape[0],
                   shape[1], kind, mode)
+
+
+def rows_matrix(pieces: list[Matrix]) -> Matrix:
+    """One matrix of row-range pieces (quant.Rows: wq and wk int4 above an int8 wv), each through its own kernel;
+    the result keeps their array alive."""
+    array = (Matrix * len(pieces))(*pieces)
+    out = Matrix(None, ctypes.addressof(array), None, sum(p.n for p in pieces), pieces[0].k, ROWS, len(pieces))
+    out.pieces = array
+    return out
 
 
 class Segment(ctypes.Structure):
