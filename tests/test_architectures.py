@@ -243,7 +243,7 @@ def test_qwen3s_own_template_switches_thinking_as_transformers_does(models, tmp_
 
 
 # llama.cpp's copies of the families' own templates; it keeps none of Gemma 3's (whose system message folds into the
-# first user turn, as TEMPLATE above does): Gemma 2's has its turns and refuses a system message
+# first user turn: its own test below): Gemma 2's has its turns and refuses a system message
 OWN_TEMPLATES = ["google-gemma-2-2b-it", "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
                  "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
                  "microsoft-Phi-3.5-mini-instruct", "Qwen-Qwen2.5-7B-Instruct"]
@@ -277,6 +277,31 @@ def test_the_families_own_templates_render_as_transformers_renders_them(models, 
         assert codec.chat_prompt(messages) == want
         assert "Capital of France?" in want
     assert refused == (name == "google-gemma-2-2b-it")  # only Gemma 2 refuses (its system message)
+
+
+def test_gemma3s_own_template_folds_the_system_message_into_the_first_turn(models, tmp_path):
+    """Gemma 3's own template (its tokenizer_config.json's, tests/gemma3_template.py): the system message becomes
+    the head of the first user turn, as transformers renders it; turns that do not alternate fail with the
+    template's own message."""
+    import transformers
+
+    from nodes.generation.text import PromptError, TextCodec
+    from tests.gemma3_template import chat_template
+
+    template = chat_template()
+    hf = models("qwen3")[0]
+    store = import_hf(hf, tmp_path / "store")
+    codec = TextCodec(replace(read_manifest(store)[0], chat_template=template), store / "tokenizer.json")
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    with_system, without = (tok.apply_chat_template(m, chat_template=template, tokenize=False,
+                                                    add_generation_prompt=True) for m in (chat, chat[1:]))
+    assert codec.chat_prompt(chat) == with_system and codec.chat_prompt(chat[1:]) == without
+    assert "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>" \
+        in with_system
+    with pytest.raises(PromptError, match="Conversation roles must alternate"):
+        codec.chat_prompt(chat[:2] + chat[3:])
 
 
 def test_sentencepiece_user_defined_and_control_pieces_stay_whole():
