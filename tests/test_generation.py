@@ -101,3 +101,9 @@ def test_sampling_is_reproducible_per_seed_and_respects_top_k_and_top_p():
     # p(0)=0.51, p(1)=0.31: top_p=0.6 keeps exactly those two
     assert set(draw(SamplingParams(1.0, top_p=0.6, seed=1))) == {0, 1}
     assert set(draw(SamplingParams(0.0))) == {0}
+
+
+def test_greedy_draws_the_first_of_equal_maxima_and_a_nan_as_torch_argmax_does():
+    for logits in ([1.0, 3.0, 3.0, 0.0], [1.0, float("nan"), 3.0, float("nan")], [float("-inf")] * 3 + [-1.0]):
+        t = torch.tensor(logits)
+        assert Sampler(SamplingParams())(t) == int(t.argmax()), logits
