@@ -466,11 +466,17 @@ static inline __attribute__((always_inline)) void tiled_tile(const uint8_t *tile
     }
 }
 
+#include "q4_gemm_avx2.h" /* gemm_x16: EXACT's many rows (a prompt) */
+
 /* y [M, N] = x [M, K] @ w.T for tiled weights (prima_q4_tile); as prima_q4_mm. */
 int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m, int64_t n, int64_t k, int mode,
                       int threads) {
     acts xs;
     if (quantize(x, m, k, mode, 1, mode == EXACT, threads, &xs)) return -1; /* Q8: int8 terms for maddubs */
+    if (mode == EXACT && m >= GEMM_ROWS) {
+        gemm_x16(tiles, &xs, y, m, n, threads);
+        return 0;
+    }
     const int64_t step = m < MT_MAX ? 2 : MT_MAX;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
