@@ -56,12 +56,14 @@ static inline __attribute__((always_inline)) void gemm_x16_step(const uint8_t *t
 
 /* y [M, N] = x @ w.T for EXACT's activations xs (quantized), M >= GEMM_ROWS: whole steps here, the last M %
  * GEMM_ROWS rows by tiled_tile. Blocks of rows in turn, each block's tiles split over the threads as the tiled loop
- * splits them (schedule static: a thread meets the same tiles in every block, so they stay in its cache). */
+ * splits them; schedule static gives a thread the same tiles in every block (so they stay in its cache, and no
+ * thread waits for another between blocks: nowait), one fork a call. */
 static void gemm_x16(const uint8_t *tiles, const acts *xs, float *y, int64_t m, int64_t n, int threads) {
     const int64_t count = (n + TILE - 1) / TILE, whole = m - m % GEMM_ROWS;
+#pragma omp parallel num_threads(threads) if (threads > 1)
     for (int64_t b0 = 0; b0 < m; b0 += GEMM_BLOCK) {
         const int64_t b1 = b0 + GEMM_BLOCK < m ? b0 + GEMM_BLOCK : m;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#pragma omp for schedule(static) nowait
         for (int64_t t = 0; t < count; t++) {
             int64_t r0 = b0;
             for (; r0 + GEMM_ROWS <= b1 && r0 < whole; r0 += GEMM_ROWS) gemm_x16_step(tiles, xs, y, r0, n, t);
