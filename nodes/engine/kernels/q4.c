@@ -14,7 +14,8 @@
  * The products are summed exactly in int32, so the result is the exact product of the weights as stored with the
  * activations as quantized, rounded a few times in float32 (tests/test_kernels.py holds each mode's bound). Each
  * output is summed in one fixed order whatever rows share its call and however rows split across threads.
- * aarch64 builds (NEON, with or without the dot product extension) are in q4_neon.h. */
+ * aarch64 builds (NEON, with or without the dot product extension) are in q4_neon.h; AVX2 builds' EXACT terms in
+ * q4_x16.h, their int4 matmul of 4 and more rows (a prompt) in q4_gemm_avx2.h. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #else
