@@ -132,6 +132,22 @@ def test_a_row_has_the_same_bits_in_any_call(shape, mode):
     assert torch.equal(linear(x.view(4, 10, -1), w), alone.view(4, 10, -1))  # a [B, T, K] input too
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_prompt_row_has_the_bits_of_a_one_row_call(threads, mode):
+    """Prompt-sized calls (AVX2: q4_gemm_avx2.h's blocks of 64 rows in steps of 4, the last rows by the tiled
+    kernel) give each row the bits of a call of its own, however the threads split it."""
+    torch.manual_seed(threads)
+    q, dm = quantize_int4(torch.randn(100, 576) * 0.05)  # 12.5 tiles of 8 rows: a partial last one
+    w, x = q4.Q4Rows.from_values(q, dm), torch.randn(135, 576)  # 2 blocks of 64, a step of 4 and 3 rows
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        many, alone = w.mm(x), torch.cat([w.mm(r) for r in x.split(1)])
+    finally:
+        torch.set_num_threads(was)
+    assert torch.equal(many, alone)
+
+
 def run_here(code: str, env: dict) -> str:
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                          timeout=300)

@@ -14,7 +14,8 @@
  * The products are summed exactly in int32, so the result is the exact product of the weights as stored with the
  * activations as quantized, rounded a few times in float32 (tests/test_kernels.py holds each mode's bound). Each
  * output is summed in one fixed order whatever rows share its call and however rows split across threads.
- * aarch64 builds (NEON, with or without the dot product extension) are in q4_neon.h. */
+ * aarch64 builds (NEON, with or without the dot product extension) are in q4_neon.h; AVX2 builds' EXACT terms in
+ * q4_x16.h, their int4 matmul of 4 and more rows (a prompt) in q4_gemm_avx2.h. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #else
@@ -60,11 +61,21 @@ static inline int64_t slot(int64_t g, int j, int64_t groups, int natural) {
     return (g & ~1) * GROUP + (j >> 4) * 32 + (g & 1) * 16 + (j & 15);
 }
 
+#if X16
+#include "q4_x16.h" /* quantize_row_x16 */
+#endif
+
 /* One activation row x [K] -> int8 terms a (and b in EXACT; X16 builds: x16 = 128 a + b in the natural order
  * instead, 8 lanes at a time) in slot order (or the natural one), each group's scale and sum. wide16: Q8's terms
  * as int16 x16 too (the tiled int8 kernel of AVX2 builds reads int16 in either mode; the tiled int4 one int8 Q8). */
 static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, float *scale, float *sums, int64_t k,
                          int mode, int natural, int wide16) {
+#if X16
+    if (mode == EXACT) {
+        quantize_row_x16(x, x16, scale, sums, k); /* q4_x16.h */
+        return;
+    }
+#endif
     const int64_t groups = k / GROUP;
     for (int64_t g = 0; g < groups; g++) {
         const float *v = x + g * GROUP;
@@ -94,25 +105,6 @@ static void quantize_row(const float *x, int8_t *a, int8_t *b, int16_t *x16, flo
             int e = 0;
             frexpf(amax / 127.0f, &e); /* amax / 127 < 2^e */
             const float s = amax > 0.0f ? ldexpf(1.0f, e) : 1.0f;
-#if X16
-            if (X16) { /* the loop below in 8 lanes: the same correctly rounded divisions and roundings to even */
-                const __m256 sv = _mm256_set1_ps(s), fine = _mm256_set1_ps(128.0f / s), step = _mm256_set1_ps(128.0f);
-                __m256i t[4];
-                for (int c = 0; c < 4; c++) {
-                    const __m256 xv = _mm256_loadu_ps(v + 8 * c);
-                    const __m256 hi = _mm256_round_ps(_mm256_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    const __m256 lo = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(xv, _mm256_mul_ps(hi, sv)), fine),
-                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    t[c] = _mm256_cvtps_epi32(_mm256_add_ps(_mm256_mul_ps(hi, step), lo)); /* exact: |x| <= 16320 */
-                }
-                for (int c = 0; c < 2; c++) /* packs works per 128-bit half: the permute restores the order */
-                    _mm256_storeu_si256((__m256i *)(x16 + g * GROUP + 16 * c),
-                                        _mm256_permute4x64_epi64(_mm256_packs_epi32(t[2 * c], t[2 * c + 1]), 0xD8));
-                scale[g] = s / 128.0f;
-                sums[g] = sum;
-                continue;
-            }
-#endif
             for (int j = 0; j < GROUP; j++) {
                 const float hi = nearbyintf(v[j] / s), lo = nearbyintf((v[j] - hi * s) * (128.0f / s)); /* x - hi s: exact */
                 a[slot(g, j, groups, natural)] = (int8_t)hi;
@@ -293,14 +285,18 @@ static void *scratch(size_t bytes) {
     return held;
 }
 
-/* The activations of a call quantized into the thread's scratch buffer; -1 out of memory. */
-static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, int wide16, acts *xs) {
+/* The activations of a call quantized into the thread's scratch buffer; -1 out of memory. X16 builds split a
+ * prompt's rows over the threads (each row's terms are its own: the same bits); the others quantize on one. */
+static int quantize(const float *x, int64_t m, int64_t k, int mode, int natural, int wide16, int threads, acts *xs) {
     const int64_t groups = k / GROUP, bytes = m * k * (mode == EXACT || wide16 ? 2 : 1);
     int8_t *a = scratch((size_t)bytes + (size_t)(m * groups * 2) * sizeof(float));
     if (a == NULL) return -1;
     float *f = (float *)(a + bytes);
     int16_t *x16 = (int16_t *)a;
     *xs = (acts){a, a + m * k, x16, f, f + m * groups, k, groups, mode};
+#if X16
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && m >= 16)
+#endif
     for (int64_t r = 0; r < m; r++)
         quantize_row(x + r * k, a + r * k, a + m * k + r * k, x16 + r * k, f + r * groups, f + m * groups + r * groups,
                      k, mode, natural, wide16);
@@ -339,7 +335,7 @@ static inline void rows_tile(const uint8_t *q, const uint16_t *dm, const acts *x
 int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                 int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 0, 0, &xs)) return -1;
+    if (quantize(x, m, k, mode, 0, 0, threads, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
@@ -471,11 +467,17 @@ static inline __attribute__((always_inline)) void tiled_tile(const uint8_t *tile
     }
 }
 
+#include "q4_gemm_avx2.h" /* gemm_x16: EXACT's many rows (a prompt) */
+
 /* y [M, N] = x [M, K] @ w.T for tiled weights (prima_q4_tile); as prima_q4_mm. */
 int prima_q4_tiled_mm(const uint8_t *tiles, const float *x, float *y, int64_t m, int64_t n, int64_t k, int mode,
                       int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, mode == EXACT, &xs)) return -1; /* Q8: int8 terms for maddubs */
+    if (quantize(x, m, k, mode, 1, mode == EXACT, threads, &xs)) return -1; /* Q8: int8 terms for maddubs */
+    if (mode == EXACT && m >= GEMM_ROWS) {
+        gemm_x16(tiles, &xs, y, m, n, threads);
+        return 0;
+    }
     const int64_t step = m < MT_MAX ? 2 : MT_MAX;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
@@ -546,7 +548,7 @@ static inline __attribute__((always_inline)) void int8_tiled_tile(const int8_t *
 int prima_int8_tiled_mm(const int8_t *tiles, const float *wscale, const float *x, float *y, int64_t m, int64_t n,
                         int64_t k, int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, 1, &xs)) return -1;
+    if (quantize(x, m, k, mode, 1, 1, threads, &xs)) return -1;
     const int64_t step = m < MT_MAX ? 2 : MT_MAX;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++)
@@ -611,7 +613,7 @@ static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *
 int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                   int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, 0, &xs)) return -1;
+    if (quantize(x, m, k, mode, 1, 0, threads, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);

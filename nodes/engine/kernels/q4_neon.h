@@ -98,7 +98,7 @@ int prima_q4_tiles(void) { return 0; } /* NEON builds: the row layout (above) */
 int prima_q4_mm(const uint8_t *q, const uint16_t *dm, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                 int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, 0, &xs)) return -1;
+    if (quantize(x, m, k, mode, 1, 0, threads, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) rows_tile(q, dm, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
@@ -143,7 +143,7 @@ static inline void int8_tile(const int8_t *w8, const float *wscale, const acts *
 int prima_int8_mm(const int8_t *w8, const float *wscale, const float *x, float *y, int64_t m, int64_t n, int64_t k,
                   int mode, int threads) {
     acts xs;
-    if (quantize(x, m, k, mode, 1, 0, &xs)) return -1;
+    if (quantize(x, m, k, mode, 1, 0, threads, &xs)) return -1;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t row = 0; row < n; row += RB)
         for (int64_t r0 = 0; r0 < m; r0 += MT) int8_tile(w8, wscale, &xs, y, r0, m - r0 < MT ? m - r0 : MT, n, row);
