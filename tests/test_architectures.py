@@ -249,22 +249,33 @@ OWN_TEMPLATES = ["google-gemma-2-2b-it", "meta-llama-Llama-3.1-8B-Instruct", "me
                  "microsoft-Phi-3.5-mini-instruct", "Qwen-Qwen2.5-7B-Instruct"]
 
 
-@pytest.mark.parametrize("name", OWN_TEMPLATES)
-def test_the_families_own_templates_render_as_transformers_renders_them(models, tmp_path, name):
-    """With and without a system message: transformers' prompt, or its refusal's message."""
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+
+
+def template_codec(models, tmp_path, template: str):
+    """A tiny Qwen3's TextCodec rendering `template`, and transformers' tokenizer of the same model."""
     import transformers
-    from jinja2 import TemplateError
 
-    from nodes.generation.text import PromptError, TextCodec
-    from tests.llama_convert import chat_template
+    from nodes.generation.text import TextCodec
 
-    template = chat_template(f"{name}.jinja")
     hf = models("qwen3")[0]
     store = import_hf(hf, tmp_path / "store")
     codec = TextCodec(replace(read_manifest(store)[0], chat_template=template), store / "tokenizer.json")
-    tok = transformers.AutoTokenizer.from_pretrained(hf)
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    return codec, transformers.AutoTokenizer.from_pretrained(hf)
+
+
+@pytest.mark.parametrize("name", OWN_TEMPLATES)
+def test_the_families_own_templates_render_as_transformers_renders_them(models, tmp_path, name):
+    """With and without a system message: transformers' prompt, or its refusal's message."""
+    from jinja2 import TemplateError
+
+    from nodes.generation.text import PromptError
+    from tests.llama_convert import chat_template
+
+    template = chat_template(f"{name}.jinja")
+    codec, tok = template_codec(models, tmp_path, template)
+    chat = CHAT
     refused = 0
     for messages in (chat, chat[1:]):
         try:
@@ -283,18 +294,12 @@ def test_gemma3s_own_template_folds_the_system_message_into_the_first_turn(model
     """Gemma 3's own template (its tokenizer_config.json's, tests/gemma3_template.py): the system message becomes
     the head of the first user turn, as transformers renders it; turns that do not alternate fail with the
     template's own message."""
-    import transformers
-
-    from nodes.generation.text import PromptError, TextCodec
+    from nodes.generation.text import PromptError
     from tests.gemma3_template import chat_template
 
     template = chat_template()
-    hf = models("qwen3")[0]
-    store = import_hf(hf, tmp_path / "store")
-    codec = TextCodec(replace(read_manifest(store)[0], chat_template=template), store / "tokenizer.json")
-    tok = transformers.AutoTokenizer.from_pretrained(hf)
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    codec, tok = template_codec(models, tmp_path, template)
+    chat = CHAT
     with_system, without = (tok.apply_chat_template(m, chat_template=template, tokenize=False,
                                                     add_generation_prompt=True) for m in (chat, chat[1:]))
     assert codec.chat_prompt(chat) == with_system and codec.chat_prompt(chat[1:]) == without
