@@ -28,7 +28,6 @@ import torch
 
 from tools.bench.markdown import table
 
-FRAME_BYTES = 2300  # a SmolLM2 decode frame: 576 float32 + the header (bench_ring's bytes per hop)
 GRPC_STEPS = 1500
 
 
@@ -65,7 +64,7 @@ def in_process(store: Path, windows: list[int], steps: int) -> float:
 def pipe_node(store: Path, windows: list[int], i: int, steps: int, rx, tx, out) -> None:
     """Window i of a ring of processes over pipes; the first times each token's trip and puts the median on out."""
     torch.set_num_threads(1)
-    (first, stop), = spans(windows)[i:i + 1]
+    first, stop = spans(windows)[i]
     (shard,) = shards(store, [(first, stop)])
     cache = shard.cache_for("floor", 0, steps + 1, 1)
     x0, took = torch.randn(1, shard.cfg.hidden) * 0.1, []
@@ -101,7 +100,7 @@ def over_pipes(store: Path, windows: list[int], steps: int, cpus: set[int] | Non
     return ms
 
 
-def grpc_node(i: int, n: int, port: int, out) -> None:
+def grpc_node(i: int, n: int, port: int, size: int, out) -> None:
     """One process of a gRPC ring that forwards each message to the next; the first sends GRPC_STEPS messages
     one at a time and puts the median round trip (ms) on out."""
     import grpc
@@ -128,7 +127,7 @@ def grpc_node(i: int, n: int, port: int, out) -> None:
         if i:
             while True:
                 await call.write(await got.get())
-        message, took = bytes(FRAME_BYTES), []
+        message, took = bytes(size), []
         await asyncio.sleep(0.5)  # every process's stream open
         for _ in range(GRPC_STEPS):
             start = time.perf_counter()
@@ -140,13 +139,13 @@ def grpc_node(i: int, n: int, port: int, out) -> None:
     uvloop.run(main())
 
 
-def grpc_ring(n: int) -> float:
-    """ms of a message's round trip through n gRPC aio processes on loopback."""
+def grpc_ring(n: int, size: int) -> float:
+    """ms of a message of `size` bytes (a decode frame's) going round n gRPC aio processes on loopback."""
     from prima_rpc.app.local_ring import free_ports
 
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_ports(n, 24000)[0]  # ports port .. port + n - 1
-    procs = [ctx.Process(target=grpc_node, args=(i, n, port, out), daemon=True) for i in range(n)]
+    procs = [ctx.Process(target=grpc_node, args=(i, n, port, size, out), daemon=True) for i in range(n)]
     for p in procs:
         p.start()
     for _ in procs:
@@ -164,16 +163,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
+    from prima_rpc.spec.manifest import read_manifest
+    from tools.bench.bench_ring import frame_bytes
     from tools.default_model import ensure_default_store
 
     store = ensure_default_store(dtype=None if a.store == "float32" else a.store)
-    n = len(a.windows)
+    n, hidden = len(a.windows), read_manifest(store)[0].config.hidden
     rows = {"one process, one window": lambda: in_process(store, [sum(a.windows)], a.steps),
             f"one process, {n} windows": lambda: in_process(store, a.windows, a.steps),
             f"{n} processes over pipes": lambda: over_pipes(store, a.windows, a.steps, None)}
     if len(os.sched_getaffinity(0)) > 1:
         rows[f"{n} processes over pipes, all on CPU 0"] = lambda: over_pipes(store, a.windows, a.steps, {0})
-    rows[f"{n} processes, gRPC aio, no model"] = lambda: grpc_ring(n)
+    rows[f"{n} processes, gRPC aio, no model"] = lambda: grpc_ring(n, frame_bytes(hidden, "float32"))
     ms: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(a.repeats):  # interleaved: a drifting machine's speed hits every row alike
         for name, run in rows.items():
