@@ -270,6 +270,22 @@ def test_int8_is_within_the_stated_bound_and_a_row_is_its_own(shape, mode):
     assert all(torch.equal(w.mm(x[:rows]), alone[:rows]) for rows in range(2, 10))
 
 
+@pytest.mark.skipif(not q4.tiles(), reason="int8 tiles are AVX2 builds' layout; other builds keep int8 rows")
+def test_tiled_int8_rows_are_their_values_times_the_row_scale():
+    """An embedding's lookups out of q4.c's int8 tiles: value times scale in float32, as from the untiled rows, for
+    any shape of ids and a last tile only partly filled; an id outside the rows fails and writes nothing."""
+    gen = torch.Generator().manual_seed(3)
+    w8 = torch.randint(-127, 128, (37, 96), dtype=torch.int8, generator=gen)
+    s8 = torch.rand(37, generator=gen) / 64
+    tiled = q4.Int8Tiles(w8, s8)
+    ids = torch.tensor([[36, 0, 9], [8, 8, 35]])
+    assert torch.equal(tiled.rows(ids), w8[ids].float() * s8[ids][..., None])
+    assert tiled.rows(torch.tensor([], dtype=torch.int64)).shape == (0, 96)
+    for bad in (-1, 37):
+        with pytest.raises(IndexError, match=r"\[0, 37\)"):
+            tiled.rows(torch.tensor([0, bad]))
+
+
 def same_bits_outputs() -> bytes:
     """The outputs of q4.c (int4 and int8, in this process's mode), f32.c and ops.c's RMSNorm for inputs made of
     integers and powers of two (numpy's streams: the same on every machine), as bytes."""

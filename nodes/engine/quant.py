@@ -312,8 +312,7 @@ class Int8:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tiled is not None:
-            values = self.tiled.values(ids.reshape(-1)).view(*ids.shape, self.shape[1])
-            return values.float() * self.scale[ids].float()[..., None]
+            return self.tiled.rows(ids)
         if self.q is None:
             raise RuntimeError("rows of an int8 matrix whose values were released once packed for oneDNN")
         self.keep_q = True

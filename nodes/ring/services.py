@@ -18,6 +18,7 @@ from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, handover, metrics
 from nodes.ring.members import DRAIN
 from nodes.ring.node import Node
+from nodes.ring.run_ahead import run_ahead
 from nodes.ring.work import MAX_REQUESTS, Work
 from prima_rpc.request import GenerateRequest
 from prima_rpc.spec.manifest import MANIFEST, StoreError
@@ -230,7 +231,8 @@ class InferenceService(rpc.InferenceServicer):
             stamps = []
             if len(request.resume_tokens) > node.store.config.max_seq_len:
                 raise ValueError(f"resume_tokens: over the model's context of {node.store.config.max_seq_len}")
-            async for out in head.generate(prompt_ids, params, request_id, list(request.resume_tokens)):
+            # Run ahead: the next step goes into the ring while this token is written to the client.
+            async for out in run_ahead(head.generate(prompt_ids, params, request_id, list(request.resume_tokens))):
                 if isinstance(out, Generation):
                     finished = _finished(out, request_id, start, stamps)
                     metrics.observe_finished(finished)

@@ -48,6 +48,8 @@ def _lib() -> ctypes.CDLL | None:
             lib.prima_int8_tile.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int]
             lib.prima_int8_tiled_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
             lib.prima_int8_tiled_mm.restype = ctypes.c_int
+            lib.prima_int8_tiled_rows.argtypes = [p] * 3 + [i, p, i, i]
+            lib.prima_int8_tiled_rows.restype = ctypes.c_int
         else:
             lib.prima_q4_mm.argtypes = [p] * 4 + [i] * 3 + [ctypes.c_int] * 2
             lib.prima_q4_mm.restype = ctypes.c_int
@@ -112,11 +114,14 @@ class Int8Tiles:
     def matrix(self) -> ops.Matrix:
         return ops.matrix(_lib().prima_int8_tiled_mm, ops.TWO, self.shape, self.tiles, self.scale, self.mode)
 
-    def values(self, flat: torch.Tensor) -> torch.Tensor:
-        """int8 values [R, K] of rows `flat` out of their tiles (chunk c's byte 2j + e: row j's value 2c + e)."""
-        r = len(flat)
-        blocks = self.tiles[flat // self.tile].view(r, -1, 16, self.tile, 2)  # [R, G, chunk, row, 2]
-        return blocks[torch.arange(r), :, :, flat % self.tile].reshape(r, -1)
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 rows `ids` (any shape) [*ids.shape, K], each value times its row's scale (one C call)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(len(flat), self.shape[1])
+        if _lib().prima_int8_tiled_rows(self.tiles.data_ptr(), self.scale.data_ptr(), flat.data_ptr(), len(flat),
+                                        out.data_ptr(), *self.shape):
+            raise IndexError(f"row ids must lie in [0, {self.shape[0]})")
+        return out.view(*ids.shape, self.shape[1])
 
 
 class Q4Rows:
