@@ -176,8 +176,12 @@ class Head:
             try:
                 chunk = ids[offset:offset + PREFILL_CHUNK]
                 prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
-                await asyncio.wait_for(self.steps.send(request_id, chunk, pos + offset, capacity, prefix), timeout)
-                hidden = await asyncio.wait_for(req.waiter, timeout)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
+                # loop turn on every token's path.
+                async with asyncio.timeout(timeout):
+                    await self.steps.send(request_id, chunk, pos + offset, capacity, prefix)
+                async with asyncio.timeout(timeout):
+                    hidden = await req.waiter
             except TimeoutError:
                 raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
                                     f"no answer from the ring within {timeout:.0f} s (a node may be down)") from None

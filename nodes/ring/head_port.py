@@ -23,7 +23,7 @@ class NodePort(Protocol):
     text: TextCodec | None
     pool: Executor  # the node's one compute thread: the head's torch work goes there too
     inbox: Inbox  # the head's steps enter the ring here
-    outbox: asyncio.Queue[pb.Frame]  # RELEASE frames
+    outbox: asyncio.Queue[pb.Frame]  # RELEASE frames, and steps a head without layer 0 passes on
     stats: Stats  # last_token_ms
     epoch: int
     log: Any  # a structlog logger bound to the node

@@ -5,6 +5,7 @@ path. Run ahead, the loop sends the next step at once and the write happens whil
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -20,17 +21,21 @@ async def run_ahead(gen: AsyncIterator[T]) -> AsyncIterator[T]:
     """gen's items in order, and its exception where it raises one; leaving early (the consumer's own failure, or
     its cancellation: a client gone) cancels gen where it waits, so its cleanup runs."""
     queue: asyncio.Queue = asyncio.Queue()  # bounded by what gen yields: a request's tokens
+    loop = asyncio.get_running_loop()
+    # Each item is queued one loop turn later (call_soon keeps their order): what gen set going before it next
+    # waits (the head's next step into the ring) runs before the consumer wakes, not after.
+    put = partial(loop.call_soon, queue.put_nowait)
 
     async def pump() -> None:
         try:
             async for item in gen:
-                queue.put_nowait(item)
+                put(item)
         except Exception as exc:  # handed to the consumer, raised there
-            queue.put_nowait(_Raised(exc))
+            put(_Raised(exc))
         finally:
-            queue.put_nowait(_END)
+            put(_END)
 
-    task = asyncio.get_running_loop().create_task(pump())
+    task = loop.create_task(pump())
     try:
         while (item := await queue.get()) is not _END:
             if isinstance(item, _Raised):

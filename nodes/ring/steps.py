@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 from nodes.engine.prefix_cache import NONE, Prefix
 from nodes.generation import head_step
+from nodes.ring import frames
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequests, RingChanged
 from nodes.ring.work import Work
+from prima_rpc.spec.windows import Step
 from prima_rpc.v1 import prima_pb2 as pb
 
 STEP_GAP_S = 0.05
@@ -136,9 +138,13 @@ class Stepper:
         self.batches += 1
         for s, _ in go:
             self.in_ring[s.request_id] = cell
+        # A head whose windows do not begin at layer 0 only passes the embedding on: straight to the successor,
+        # not through its own compute loop (a loop turn on every token's path).
+        passes = node.windows is not None and node.windows.step(0) is Step.FORWARD
         for i, (s, h) in enumerate(go):
-            await node.inbox.put(Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch,
-                                      batch_rest=len(go) - 1 - i, prefix=s.prefix))
+            w = Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch, batch_rest=len(go) - 1 - i,
+                     prefix=s.prefix)
+            await (node.outbox.put(frames.forward(w, w.batch_rest)) if passes else node.inbox.put(w))
         _settle([s for s, _ in go], None)
 
     def close(self, failure: BaseException) -> None:
