@@ -1,8 +1,10 @@
-"""A decode step's layer (a few float32 rows) as two C calls around its activation, where all of its matrices run
-our kernels: ops.c's attention_block (norm, qkv, RoPE + KV write + row attention per segment, wo, residual, norm,
-gate_up) and down_block (down, residual). The same functions in the same order as model.layer_forward's torch
-steps, so the same bits (tests/test_layer_calls.py); what it saves is Python: a layer was ~15 dispatches; SmolLM2 int4's
-layers took 7.41 -> 7.02 ms a token at one thread on an AVX-512 Xeon (docs/performance.md, session 20)."""
+"""A decode step's layer (a few float32 rows) as two C calls around its activation (activation.gated: ops.c's silu),
+where all of its matrices run our kernels: ops.c's attention_block (norm, qkv, RoPE + KV write + row attention per
+segment, wo, residual, norm, gate_up) and down_block (down, residual). The same functions in the same order as
+model.layer_forward's torch steps, so the same bits (tests/test_layer_calls.py); what it saves is Python: a layer was
+~15 dispatches; SmolLM2 int4's layers took 7.41 -> 7.02 ms a token at one thread on an AVX-512 Xeon
+(docs/performance.md, session 20). A run of such layers goes as one call where it can (window_calls); this is the
+path for a layer alone (a streamed layer's neighbours, a wrapped ring, Gemma's gelu)."""
 
 from dataclasses import dataclass
 from operator import attrgetter, is_

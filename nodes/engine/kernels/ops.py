@@ -1,8 +1,9 @@
 """A layer's float32 steps between matmuls as one C call each (ops.c): RMSNorm, and a segment's RoPE + KV cache
-write + one-row attention; and a decode step's whole layer as two calls around its activation (attention_block,
-down_block: nodes/engine/layer_calls.py). Used where ops.c builds (x86 with AVX2 and up, aarch64) for float32
-activations; elsewhere, and for other dtypes, the torch ops of nodes/engine/model.py and row_attention.py run.
-Callers check `fits` first."""
+write + one-row attention; a gated MLP's silu(gate) * up with an exp of its own (the same bits on every ISA); a
+decode step's whole layer as two calls around its activation (attention_block, down_block:
+nodes/engine/layer_calls.py), and a run of such layers as one (window: nodes/engine/window_calls.py). Used where
+ops.c builds (x86 with AVX2 and up, aarch64) for float32 activations; elsewhere, and for other dtypes, the torch
+ops of nodes/engine/model.py and row_attention.py run. Callers check `fits` first."""
 
 import ctypes
 from functools import cache
