@@ -6,9 +6,9 @@ apply."""
 import pytest
 import torch
 
-from nodes.engine import layer_calls, model
+from nodes.engine import layer_calls, window_calls
 from nodes.engine.kernels import f32, ops, q4
-from nodes.engine.model import Layer, Segment, layer_forward
+from nodes.engine.model import KVCache, Layer, Segment, layer_forward, run_layers
 from nodes.engine.quant import (
     Int4,
     Int8,
@@ -29,10 +29,11 @@ pytestmark = pytest.mark.skipif(not (ops.available() and q4.available() and f32.
 NH, NKV, HD, HIDDEN, INTER = 6, 2, 16, 96, 128
 
 
-def config(window: int | None = None) -> ModelConfig:
-    return ModelConfig("llama", hidden=HIDDEN, intermediate=INTER, n_layers=1, n_heads=NH, n_kv_heads=NKV,
+def config(window: int | None = None, n_layers: int = 1, local: tuple[int, ...] = (0,), arch: str = "llama",
+           ) -> ModelConfig:
+    return ModelConfig(arch, hidden=HIDDEN, intermediate=INTER, n_layers=n_layers, n_heads=NH, n_kv_heads=NKV,
                        head_dim=HD, vocab=32, max_seq_len=64, rope_theta=10000.0, sliding_window=window,
-                       local_layers=(0,) if window else ())
+                       local_layers=local if window else ())
 
 
 def matrix(kind: str, n: int, k: int, gen: torch.Generator, int8_rows: int = 0):
@@ -113,8 +114,8 @@ def test_onednn_int8_matrices_run_the_torch_steps(monkeypatch):
     cfg, lay = config(), layer("int8")
     assert lay.wqkv.onednn
     rope, kv = Rope(cfg, cfg.max_seq_len, torch.float32), torch.zeros(2, NKV, cfg.max_seq_len, HD)
-    x, act = torch.randn(1, HIDDEN), model.ACTIVATIONS["silu"]
-    assert layer_calls.forward(x, lay, [Segment(kv, 0, 1)], cfg, rope, act) is None
+    x = torch.randn(1, HIDDEN)
+    assert layer_calls.forward(x, lay, [Segment(kv, 0, 1)], cfg, rope) is None
     assert lay.bound.matrices is None
 
 
@@ -125,8 +126,95 @@ def test_what_the_calls_do_not_take_runs_the_torch_steps(monkeypatch):
     rope = Rope(cfg, cfg.max_seq_len, torch.float32)
     kv = torch.zeros(2, NKV, cfg.max_seq_len, HD)
     segs = lambda t, pos=0: [Segment(kv, pos, t)]  # noqa: E731
-    act = model.ACTIVATIONS["silu"]
     lay = layer("int4")
-    assert layer_calls.forward(torch.randn(1, HIDDEN).bfloat16(), lay, segs(1), cfg, rope, act) is None
-    assert layer_calls.forward(torch.randn(9, HIDDEN), lay, segs(9), cfg, rope, act) is None
-    assert layer_calls.forward(torch.randn(2, HIDDEN), lay, segs(2, cfg.max_seq_len - 1), cfg, rope, act) is None
+    assert layer_calls.forward(torch.randn(1, HIDDEN).bfloat16(), lay, segs(1), cfg, rope) is None
+    assert layer_calls.forward(torch.randn(9, HIDDEN), lay, segs(9), cfg, rope) is None
+    assert layer_calls.forward(torch.randn(2, HIDDEN), lay, segs(2, cfg.max_seq_len - 1), cfg, rope) is None
+
+
+def window_setup(kind: str, bias: bool, post_norms: bool, head_norms: bool, spans, window: int | None = 4):
+    """Layers 1-4 of a 5-layer model (layer 2 local where there is a window), caches of each span's request with
+    random earlier keys and values, and rows."""
+    cfg = config(window, n_layers=5, local=(2,))
+    layers = {i: layer(kind, bias, post_norms, seed=i, head_norms=head_norms) for i in range(1, 5)}
+    gen = torch.Generator().manual_seed(len(spans))
+    caches = [KVCache(list(range(1, 5)), cfg, cfg.max_seq_len, torch.float32) for _ in spans]
+    for c in caches:
+        for kv in c.kv.values():
+            kv.copy_(torch.randn(kv.shape, generator=gen))
+    x = torch.randn(sum(t for _, t in spans), HIDDEN, generator=gen)
+    return cfg, layers, Rope(cfg, cfg.max_seq_len, torch.float32), caches, x
+
+
+def layer_by_layer(x, layers, start, stop, caches, spans, cfg, rope):
+    for i in range(start, stop):
+        segs = [Segment(c.kv[i], pos, t) for c, (pos, t) in zip(caches, spans, strict=True)]
+        x = layer_forward(x, layers[i], segs, cfg, rope.layer(i))
+    return x
+
+
+def clone(caches: list[KVCache]) -> list[KVCache]:
+    out = []
+    for c in caches:
+        new = object.__new__(KVCache)
+        new.__dict__.update(c.__dict__, kv={i: kv.clone() for i, kv in c.kv.items()}, runs={})
+        out.append(new)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bias, post_norms, window, head_norms", [
+    (False, False, None, False), (True, False, 4, False), (False, True, 4, True),  # Gemma 3's norms, a local layer
+])
+@pytest.mark.parametrize("spans", [[(0, 1)], [(9, 1)], [(5, 4)], [(3, 1), (12, 5), (0, 2)]])
+def test_a_window_call_gives_the_layer_by_layer_bits(kind, bias, post_norms, window, head_norms, spans,
+                                                     monkeypatch):
+    """Layers 1-4 as one call equal layer_forward's two C calls a layer, and its torch steps, output and caches."""
+    cfg, layers, rope, caches, x = window_setup(kind, bias, post_norms, head_norms, spans, window)
+    ours_caches, theirs_caches, torch_caches = clone(caches), clone(caches), clone(caches)
+    ours = window_calls.forward(x, layers, 1, 5, [(c, p, t) for c, (p, t) in zip(ours_caches, spans)], cfg, rope)
+    assert ours is not None
+    theirs = layer_by_layer(x, layers, 1, 5, theirs_caches, spans, cfg, rope)
+    with monkeypatch.context() as m:
+        m.setattr(layer_calls, "forward", lambda *args: None)
+        torch_steps = layer_by_layer(x, layers, 1, 5, torch_caches, spans, cfg, rope)
+    assert torch.equal(ours, theirs) and torch.equal(ours, torch_steps)
+    for a, b, c in zip(ours_caches, theirs_caches, torch_caches, strict=True):
+        assert all(torch.equal(a.kv[i], b.kv[i]) and torch.equal(a.kv[i], c.kv[i]) for i in range(1, 5))
+
+
+def test_a_window_is_bound_once_and_again_when_a_layer_changes():
+    cfg, layers, rope, caches, x = window_setup("int4", False, False, False, [(0, 1)])
+    run_layers(x, layers, 1, 5, caches[0], 0, cfg, rope)
+    run, kv = layers[1].runs[5], caches[0].runs[(1, 5)]
+    run_layers(x, layers, 1, 5, caches[0], 1, cfg, rope)
+    assert layers[1].runs[5] is run and caches[0].runs[(1, 5)] is kv
+    layers[3].w_down = layer("int4", seed=9).w_down  # new weights: bound again, and used
+    theirs = layer_by_layer(x, layers, 1, 5, clone(caches), [(2, 1)], cfg, rope)
+    assert torch.equal(run_layers(x, layers, 1, 5, caches[0], 2, cfg, rope), theirs)
+    assert layers[1].runs[5] is not run and layers[1].runs[5].bounds[2].held[3] is layers[3].w_down
+    layers[2] = layer("int4", seed=10)  # a new layer object
+    theirs = layer_by_layer(x, layers, 1, 5, clone(caches), [(3, 1)], cfg, rope)
+    assert torch.equal(run_layers(x, layers, 1, 5, caches[0], 3, cfg, rope), theirs)
+    assert layers[1].runs[5].layers[1] is layers[2]
+
+
+def test_what_the_window_call_does_not_take_runs_layer_by_layer():
+    """bfloat16 rows, more than FEW_ROWS rows, a segment past a cache (a local layer's ring) or longer than
+    ROW_ATTENTION, a missing layer, a mixture of experts, gelu (Gemma): None, the caller runs layer by layer."""
+    cfg, layers, rope, caches, x = window_setup("int4", False, False, False, [(0, 1)])
+    spans = lambda pos, t: [(caches[0], pos, t)]  # noqa: E731
+    assert window_calls.forward(x, layers, 1, 5, spans(0, 1), cfg, rope) is not None
+    assert window_calls.forward(x.bfloat16(), layers, 1, 5, spans(0, 1), cfg, rope) is None
+    assert window_calls.forward(torch.randn(9, HIDDEN), layers, 1, 5, spans(0, 9), cfg, rope) is None
+    ring = caches[0].kv[2].shape[2]
+    assert ring < cfg.max_seq_len
+    assert window_calls.forward(x, layers, 1, 5, spans(ring, 1), cfg, rope) is None  # layer 2's ring has wrapped
+    assert window_calls.forward(x, layers, 3, 5, spans(ring, 1), cfg, rope) is not None  # layers 3, 4: no ring
+    assert window_calls.forward(x, layers, 0, 5, spans(0, 1), cfg, rope) is None  # no layer 0 here
+    gemma = config(4, n_layers=5, local=(2,), arch="gemma3")
+    assert gemma.arch.act == "gelu_tanh"
+    assert window_calls.forward(x, layers, 1, 5, spans(0, 1), gemma, rope) is None
+    cfg, layers, rope, caches, x = window_setup("int4", False, False, False, [(0, 1)])
+    layers[4].moe = object()  # as a mixture's layer holds (its w_gate_up is None)
+    assert window_calls.forward(x, layers, 1, 5, spans(0, 1), cfg, rope) is None

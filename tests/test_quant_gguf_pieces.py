@@ -12,7 +12,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 import tools.import_gguf as importer
-from nodes.engine import layer_calls
+from nodes.engine import layer_calls, window_calls
 from nodes.engine.formats import Format, weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.kernels import ops, q4
@@ -118,6 +118,7 @@ def test_the_layer_calls_give_the_torch_steps_bits_on_a_layer_of_pieces(stores, 
     ours = model.step_all(ids, 0, model.new_cache(len(ids)))
     assert model.layers[1].bound is not None and model.layers[1].bound.matrices is not None
     monkeypatch.setattr(layer_calls, "forward", lambda *args: None)
+    monkeypatch.setattr(window_calls, "forward", lambda *args: None)
     assert torch.equal(ours, model.step_all(ids, 0, model.new_cache(len(ids))))
 
 

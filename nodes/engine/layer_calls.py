@@ -1,13 +1,17 @@
-"""A decode step's layer (a few float32 rows) as two C calls around its activation, where all of its matrices run
-our kernels: ops.c's attention_block (norm, qkv, RoPE + KV write + row attention per segment, wo, residual, norm,
-gate_up) and down_block (down, residual). The same functions in the same order as model.layer_forward's torch
-steps, so the same bits (tests/test_layer_calls.py); what it saves is Python: a layer was ~15 dispatches; SmolLM2 int4's
-layers took 7.41 -> 7.02 ms a token at one thread on an AVX-512 Xeon (docs/performance.md, session 20)."""
+"""A decode step's layer (a few float32 rows) as two C calls around its activation (activation.gated: ops.c's silu),
+where all of its matrices run our kernels: ops.c's attention_block (norm, qkv, RoPE + KV write + row attention per
+segment, wo, residual, norm, gate_up) and down_block (down, residual). The same functions in the same order as
+model.layer_forward's torch steps, so the same bits (tests/test_layer_calls.py); what it saves is Python: a layer was
+~15 dispatches; SmolLM2 int4's layers took 7.41 -> 7.02 ms a token at one thread on an AVX-512 Xeon
+(docs/performance.md, session 20). A run of such layers goes as one call where it can (window_calls); this is the
+path for a layer alone (a streamed layer's neighbours, a wrapped ring, Gemma's gelu)."""
 
 from dataclasses import dataclass
+from operator import attrgetter, is_
 
 import torch
 
+from nodes.engine.activation import gated
 from nodes.engine.kernels import ops
 from nodes.engine.quant import FEW_ROWS, kernel_matrix
 from nodes.engine.row_attention import ROW_ATTENTION
@@ -26,10 +30,13 @@ class Bound:
     norms: tuple[int, ...]  # data pointers, 0 for none
 
 
+HELD = attrgetter(*MATRICES, *NORMS)
+
+
 def bind(layer) -> Bound:
-    held = tuple(getattr(layer, n) for n in MATRICES + NORMS)
+    held = HELD(layer)
     bound = layer.bound
-    if bound is not None and all(a is b for a, b in zip(bound.held, held, strict=True)):
+    if bound is not None and all(map(is_, bound.held, held)):  # C loops: checked every decode step
         return bound
     matrices = tuple(kernel_matrix(getattr(layer, n)) for n in MATRICES)
     norms = tuple(0 if t is None else t.data_ptr() for t in (getattr(layer, n) for n in NORMS))
@@ -46,9 +53,9 @@ def fits(x: torch.Tensor, layer, segs, rope) -> bool:
             and all(s.t <= ROW_ATTENTION and s.pos + s.t <= s.kv.shape[2] and ops.fits(s.kv) for s in segs))
 
 
-def forward(x: torch.Tensor, layer, segs, cfg, rope, act) -> torch.Tensor | None:
-    """model.layer_forward(x, layer, segs, cfg, rope) through the C calls (act: the MLP's activation), None where
-    they do not apply (fits, bind): the caller's torch steps run then."""
+def forward(x: torch.Tensor, layer, segs, cfg, rope) -> torch.Tensor | None:
+    """model.layer_forward(x, layer, segs, cfg, rope) through the C calls, None where they do not apply (fits, bind):
+    the caller's torch steps run then."""
     if not fits(x, layer, segs, rope):
         return None
     bound = bind(layer)
@@ -58,5 +65,4 @@ def forward(x: torch.Tensor, layer, segs, cfg, rope, act) -> torch.Tensor | None
     h, gu = ops.attention_block(x, bound.norms[:6], wqkv, wo, w_gate_up, [(s.kv, s.pos, s.t) for s in segs],
                                 rope.cos, rope.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope.window,
                                 (cfg.query_scale or cfg.head_dim) ** -0.5, cfg.norm_eps)
-    gate, up = gu.chunk(2, dim=-1)  # as model.gate_up_stage
-    return ops.down_block(h, act(gate) * up, w_down, bound.norms[6], cfg.norm_eps)
+    return ops.down_block(h, gated(gu, cfg.arch.act), w_down, bound.norms[6], cfg.norm_eps)  # as model.gate_up_stage

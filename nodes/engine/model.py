@@ -3,12 +3,12 @@
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from nodes.engine import layer_calls
+from nodes.engine import layer_calls, window_calls
+from nodes.engine.activation import ACTIVATIONS, gated
 from nodes.engine.formats import Format
 from nodes.engine.kernels import ops
 from nodes.engine.moe import Expert, MoE, moe_mlp
@@ -79,6 +79,8 @@ class Layer:
     post_ffn_norm: torch.Tensor | None = None  # [H]
     moe: MoE | None = None  # a mixture of experts' MLP (nodes/engine/moe.py)
     bound: "layer_calls.Bound | None" = field(default=None, init=False, repr=False, compare=False)  # its C calls'
+    # window_calls' runs of layers from this one, by their stop
+    runs: "dict[int, window_calls.Run]" = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @staticmethod
     def from_unit(t: dict[str, torch.Tensor], dtype: torch.dtype, fmt: Format | None = None,
@@ -149,6 +151,7 @@ class KVCache:
         self.kv = {i: torch.empty((2, cfg.n_kv_heads, ring if i in local else capacity, cfg.head_dim), dtype=dtype)
                    for i in layers}  # k and v: [nkv, S, hd]
         self.prefix_save: tuple[str, int] | None = None  # (key, length): keep [0, length) once computed (prefix cache)
+        self.runs: dict[tuple[int, int], window_calls.RunKV] = {}  # window_calls' KV arrays, by (start, stop)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv.values())
@@ -187,7 +190,7 @@ class Segment:
 
 def layer_forward(x: torch.Tensor, layer: Layer, segs: list[Segment], cfg: ModelConfig, rope: Rope) -> torch.Tensor:
     """x: [sum T, H], the segments' rows in order; rope: this layer's (Rope.layer)."""
-    y = layer_calls.forward(x, layer, segs, cfg, rope, ACTIVATIONS[cfg.arch.act])  # few float32 rows: 2 C calls
+    y = layer_calls.forward(x, layer, segs, cfg, rope)  # few float32 rows: 2 C calls
     if y is not None:
         return y
     h = attention_stage(x, layer.small(), layer.wqkv, layer.wo, segs, cfg, rope)
@@ -270,12 +273,8 @@ def _attend_ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: torch.
     return att[0].transpose(0, 1).reshape(t, nh * hd)
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
-
-
 def gate_up_stage(h: torch.Tensor, ffn_norm: torch.Tensor, w_gate_up: Weight, cfg: ModelConfig) -> torch.Tensor:
-    gate, up = linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up).chunk(2, dim=-1)
-    return ACTIVATIONS[cfg.arch.act](gate) * up
+    return gated(linear(rms_norm(h, ffn_norm, cfg.norm_eps), w_gate_up), cfg.arch.act)
 
 
 def moe_stage(h: torch.Tensor, ffn_norm: torch.Tensor, moe: MoE, cfg: ModelConfig) -> torch.Tensor:
@@ -292,7 +291,11 @@ def down_stage(h: torch.Tensor, a: torch.Tensor, w_down: Weight, post_norm: torc
 
 def run_layers(x: torch.Tensor, layers: dict[int, Layer], start: int, stop: int, cache: KVCache, pos: int,
                cfg: ModelConfig, rope: Rope) -> torch.Tensor:
-    """Hidden states after layers [start, stop), all of which must be in `layers`."""
+    """Hidden states after layers [start, stop), all of which must be in `layers`: a decode step's as one C call
+    where window_calls takes them (as Shard.compute_batch runs them), else layer by layer."""
+    y = window_calls.forward(x, layers, start, stop, [(cache, pos, x.shape[0])], cfg, rope)
+    if y is not None:
+        return y
     for i in range(start, stop):
         x = layer_forward(x, layers[i], [Segment(cache.kv[i], pos, x.shape[0])], cfg, rope.layer(i))
     return x

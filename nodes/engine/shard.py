@@ -13,6 +13,7 @@ from collections.abc import Callable
 import structlog
 import torch
 
+from nodes.engine import window_calls
 from nodes.engine.budget import shard_budget
 from nodes.engine.expert_cache import ExpertCache
 from nodes.engine.formats import weight_format
@@ -69,6 +70,7 @@ class Shard:
             self.prefetcher.start()
         self.rope = Rope(cfg, cfg.max_seq_len, dtype)
         self.caches: dict[str, KVCache] = {}
+        self._runs: dict[tuple[int, int], list[tuple[int, int]]] = {}  # _resident_runs' cuts of a window
         self.prefixes = PrefixCache()  # KV of recent prompt prefixes, inside the KV room (dropped with the shard)
         self.last_stop = max((stop for _, stop in windows.ranges), default=0)  # a frame's last layer here
         self.compute_s = 0.0  # in compute(), stalls excluded
@@ -214,14 +216,11 @@ class Shard:
         x = torch.cat([h for h, _, _ in items]) if len(items) > 1 else items[0][0]
         x = x.to(self.dtype)
         lengths = [h.shape[0] for h, _, _ in items]
+        spans = [(cache, pos, t) for (_, cache, pos), t in zip(items, lengths, strict=True)]
         for start, stop in self.windows.run_from(next_layer):
-            for i in range(start, stop):
-                segs = [Segment(cache.kv[i], pos, t) for (_, cache, pos), t in zip(items, lengths, strict=True)]
-                layer = self.layers.get(i)
-                if layer is not None:
-                    x = layer_forward(x, layer, segs, self.cfg, self.rope.layer(i))
-                else:
-                    x = self._streamed_forward(i, x, segs)
+            for a, b in self._resident_runs(start, stop):
+                y = window_calls.forward(x, self.layers, a, b, spans, self.cfg, self.rope) if a in self.layers else None
+                x = y if y is not None else self._layers_forward(x, a, b, spans)
             next_layer = stop
         if next_layer == self.last_stop:
             self._save_prefixes(items)
@@ -229,6 +228,26 @@ class Shard:
             self._stalled = self.prefetcher.stall_s
         self.compute_s += time.perf_counter() - begin - (self._stalled - stalled)
         return list(x.split(lengths)) if len(items) > 1 else [x], next_layer
+
+    def _resident_runs(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """[start, stop) cut where a layer turns from resident to streamed or back (a decode step takes a resident
+        run in one C call: window_calls)."""
+        runs = self._runs.get((start, stop))
+        if runs is None:
+            cuts = [i for i in range(start + 1, stop) if (i in self.layers) != (i - 1 in self.layers)]
+            self._runs[(start, stop)] = runs = list(zip([start, *cuts], [*cuts, stop], strict=True))
+        return runs
+
+    def _layers_forward(self, x: torch.Tensor, start: int, stop: int, spans: list) -> torch.Tensor:
+        """Layers [start, stop) one by one: spans [(cache, pos, t)], one per request."""
+        for i in range(start, stop):
+            segs = [Segment(cache.kv[i], pos, t) for cache, pos, t in spans]
+            layer = self.layers.get(i)
+            if layer is not None:
+                x = layer_forward(x, layer, segs, self.cfg, self.rope.layer(i))
+            else:
+                x = self._streamed_forward(i, x, segs)
+        return x
 
     def _streamed_forward(self, i: int, x: torch.Tensor, segs: list[Segment]) -> torch.Tensor:
         """A streamed layer stage by stage: each stage waits only for its own matrices and frees them after."""

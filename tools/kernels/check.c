@@ -16,6 +16,7 @@ typedef int (*two_fn)(const void *, const void *, const float *, float *, int64_
 typedef void (*i8_tile_fn)(const int8_t *, int8_t *, int64_t, int64_t, int);
 typedef void (*f32_fn)(const float *, const float *, float *, int64_t, int64_t, int64_t, int);
 typedef void (*rms_fn)(const float *, const float *, float *, int64_t, int64_t, float);
+typedef void (*silu_fn)(const float *, float *, int64_t, int64_t, int);
 typedef int (*attend_fn)(const float *, const float *, const float *, float *, float *, int64_t, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, float, const float *, const float *, float, int);
 
@@ -158,8 +159,45 @@ int main(int argc, char **argv) {
         mix(out, t * nh * hd), mix(kv, 2 * nkv * cap * hd), mix(normed, t * width);
         free(qkv), free(c), free(sn), free(kv), free(out), free(w), free(normed);
     }
-    printf("digests q4 %016llx int8 %016llx f32 %016llx ops %016llx\n", (unsigned long long)sums[0],
-           (unsigned long long)sums[1], (unsigned long long)sums[2], (unsigned long long)digest);
+    const uint64_t ops_digest = digest;
+    digest = 1469598103934665603ull; /* silu_mul (its own exp): 3 rows of I = 1003 (a tail), g over all of float32 */
+    {
+        const int64_t rows = 3, inter = 1003;
+        float *gu = malloc(rows * 2 * inter * 4), *out = malloc(rows * inter * 4), *one = malloc(inter * 4);
+        const float ends[] = {0.0f, -0.0f, 88.0f, -88.0f, -103.0f, -104.5f, -120.5f, 1e38f, -1e38f, INFINITY,
+                              -INFINITY, NAN, 1e-30f, -1e-30f, 16.7f, -16.7f};
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < inter; j++) {
+                const int64_t e = j % 64;
+                float g = e < 16 ? ends[e] : uniform() * powf(2.0f, uniform() * 8.0f) * (e < 40 ? 1.0f : 16.0f);
+                if (e >= 60) { /* any bit pattern */
+                    uint32_t u = (uint32_t)(state >> 16);
+                    uniform(), memcpy(&g, &u, 4);
+                }
+                gu[r * 2 * inter + j] = g, gu[r * 2 * inter + inter + j] = uniform() * 4;
+            }
+        silu_fn silu_mul = (silu_fn)fn(2, "prima_silu_mul");
+        silu_mul(gu, out, rows, inter, 2);
+        mix(out, rows * inter);
+        for (int64_t r = 0; r < rows; r++) {
+            silu_mul(gu + r * 2 * inter, one, 1, inter, 1);
+            check(!memcmp(one, out + r * inter, inter * 4), "silu_mul row alone", inter, 0);
+        }
+        double worst = 0; /* ulps of silu alone (up = 1) against a double reference, finite g */
+        for (int64_t j = 0; j < inter; j++) gu[inter + j] = 1.0f;
+        silu_mul(gu, one, 1, inter, 1);
+        for (int64_t j = 0; j < inter; j++) {
+            const double g = gu[j], e = g < -700 ? 0.0 : g / (1.0 + exp(-g));
+            if (!isfinite(g)) continue;
+            const double ulp = fmax(nextafterf(fabsf((float)e), INFINITY) - fabsf((float)e), 0x1p-149);
+            worst = fmax(worst, fabs(one[j] - e) / ulp);
+        }
+        check(worst <= 2.0, "silu ulps", inter, 0);
+        free(gu), free(out), free(one);
+    }
+    printf("digests q4 %016llx int8 %016llx f32 %016llx ops %016llx silu %016llx\n", (unsigned long long)sums[0],
+           (unsigned long long)sums[1], (unsigned long long)sums[2], (unsigned long long)ops_digest,
+           (unsigned long long)digest);
     printf("%s\n", failed ? "FAILED" : "ok");
     return failed;
 }

@@ -1,8 +1,9 @@
 """A layer's float32 steps between matmuls as one C call each (ops.c): RMSNorm, and a segment's RoPE + KV cache
-write + one-row attention; and a decode step's whole layer as two calls around its activation (attention_block,
-down_block: nodes/engine/layer_calls.py). Used where ops.c builds (x86 with AVX2 and up, aarch64) for float32
-activations; elsewhere, and for other dtypes, the torch ops of nodes/engine/model.py and row_attention.py run.
-Callers check `fits` first."""
+write + one-row attention; a gated MLP's silu(gate) * up with an exp of its own (the same bits on every ISA); a
+decode step's whole layer as two calls around its activation (attention_block, down_block:
+nodes/engine/layer_calls.py), and a run of such layers as one (window: nodes/engine/window_calls.py). Used where
+ops.c builds (x86 with AVX2 and up, aarch64) for float32 activations; elsewhere, and for other dtypes, the torch
+ops of nodes/engine/model.py and row_attention.py run. Callers check `fits` first."""
 
 import ctypes
 from functools import cache
@@ -27,6 +28,10 @@ def _lib() -> ctypes.CDLL | None:
         lib.prima_attention_block.restype = ctypes.c_int
         lib.prima_down_block.argtypes = [p] * 3 + [i, m, p, f, ctypes.c_int]
         lib.prima_down_block.restype = ctypes.c_int
+        lib.prima_silu_mul.argtypes = [p] * 2 + [i] * 2 + [ctypes.c_int]
+        lib.prima_silu_mul.restype = None
+        lib.prima_window.argtypes = [p] * 2 + [i] * 2 + [p, i, p, p] + [i] * 4 + [f] * 2 + [ctypes.c_int]
+        lib.prima_window.restype = ctypes.c_int
     return lib
 
 
@@ -59,6 +64,20 @@ def rows_matrix(pieces: list[Matrix]) -> Matrix:
 
 class Segment(ctypes.Structure):
     _fields_ = [("kv", ctypes.c_void_p), ("pos", ctypes.c_int64), ("t", ctypes.c_int64), ("cap", ctypes.c_int64)]
+
+
+class LayerArgs(ctypes.Structure):
+    """A layer as ops.c's prima_window takes it: its matrices, norms (None: the model has none), rope tables and
+    attention window (0: none)."""
+
+    _fields_ = [(n, Matrix) for n in ("wqkv", "wo", "w_gate_up", "w_down")] + [
+        (n, ctypes.c_void_p) for n in ("attn_norm", "bqkv", "q_norm", "k_norm", "post_attn_norm", "ffn_norm",
+                                       "post_ffn_norm", "cos", "sin")] + [("rot", ctypes.c_int64),
+                                                                          ("window", ctypes.c_int64)]
+
+
+class KV(ctypes.Structure):
+    _fields_ = [("kv", ctypes.c_void_p), ("cap", ctypes.c_int64)]
 
 
 def available() -> bool:
@@ -116,6 +135,27 @@ def attention_block(x: torch.Tensor, norms: tuple, wqkv: Matrix, wo: Matrix, w_g
                                     torch.get_num_threads()):
         raise MemoryError(f"ops.c: no memory for a layer step of {rows} rows")
     return h, gu
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gu [..., 2 I] (gate, then up: gate_up's product; fits) -> [..., I], with ops.c's own exp:
+    the same bits on every path and ISA."""
+    inter = gu.shape[-1] // 2
+    out = torch.empty(*gu.shape[:-1], inter)
+    _lib().prima_silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // gu.shape[-1], inter, torch.get_num_threads())
+    return out
+
+
+def window(x: torch.Tensor, layers, spans, kvs, nseg: int, nh: int, nkv: int, hd: int, scale: float,
+           eps: float) -> torch.Tensor:
+    """x [T, H] (float32, contiguous) after the layers of `layers` (a LayerArgs array) in turn, each as
+    attention_block, silu_mul and down_block compute it: spans, a c_int64 array of each segment's (pos, t);
+    kvs, an array of each segment's KV array (one KV per layer)."""
+    out = torch.empty_like(x)
+    if _lib().prima_window(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], layers, len(layers), spans, kvs,
+                           nseg, nh, nkv, hd, scale, eps, torch.get_num_threads()):
+        raise MemoryError(f"ops.c: no memory for a window of {len(layers)} layers over {x.shape[0]} rows")
+    return out
 
 
 def down_block(h: torch.Tensor, a: torch.Tensor, w_down: Matrix, post_ffn_norm: int, eps: float) -> torch.Tensor:
