@@ -51,7 +51,7 @@ def test_the_producers_failure_reaches_the_consumer_after_its_items():
 def test_a_consumer_that_leaves_stops_the_producer_where_it_waits():
     async def main():
         log = []
-        async for i in run_ahead(produce(1, log, hang=True)):
+        async for _ in run_ahead(produce(1, log, hang=True)):
             break
         return log
 
