@@ -30,6 +30,7 @@ import torch
 from nodes.engine.formats import Format
 from nodes.engine.fused import STREAM_UNITS, part_targets, part_weight, stream_parts
 from nodes.engine.memory_plan import DEPTH, MemoryPlan, aligned
+from nodes.engine.memory_room import capped
 from nodes.engine.store import LayerStore
 from prima_rpc.spec.manifest import ModelConfig, StoreError
 
@@ -40,7 +41,7 @@ MAX_BUFFER_LAYERS = 1024  # a plan's stream buffer beyond this is not a plan (As
 
 
 def default_budget() -> int:
-    return int(psutil.virtual_memory().available * DEFAULT_FRACTION)
+    return int(capped(psutil.virtual_memory().available) * DEFAULT_FRACTION)
 
 
 def kv_reserve_tokens(cfg: ModelConfig, default_budget: bool) -> int:

@@ -39,6 +39,15 @@ SWEEP_BYTES = 256 << 20
 QUIET_S = 0.0005
 
 
+def sweep(nbytes: int) -> int:
+    """A probe's weights: nbytes, or a quarter of what this process may still take where that is less (its
+    memory group's room): a small device's profile must fit the device."""
+    from nodes.engine.memory_room import cgroup_room
+
+    room = cgroup_room()
+    return nbytes if room is None else min(nbytes, room // 4)
+
+
 def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
     """{"layer_s", "flops_rate", "bytes_rate", "layers"} of one decode step per layer through a node's
     Shard, or None for a store without weights."""
@@ -47,7 +56,7 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     nbytes = layer_bytes(cfg, torch_dtype)
-    n = max(1, min(cfg.n_layers, SWEEP_BYTES // nbytes))
+    n = max(1, min(cfg.n_layers, sweep(SWEEP_BYTES) // nbytes))
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
     try:
         cache = shard.cache_for("profile", 0, min(KV_RESERVE_TOKENS, cfg.max_seq_len), 1)
@@ -88,7 +97,7 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, READ_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
+    n = max(1, min(cfg.n_layers, sweep(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     per_token = []
     for budget in (0, 1):  # all resident; then the least budget: every layer streams
@@ -190,7 +199,7 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, READ_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
+    n = max(1, min(cfg.n_layers, sweep(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
     units = [f"layer.{i % cfg.n_layers}" for i in range(n, 2 * n)]  # other layers where the store has them
     reader = _Reader(store_dir, units)
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
@@ -238,7 +247,7 @@ def measure_batch_cost(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, BATCH_SWEEP_BYTES // layer_bytes(cfg, torch_dtype)))
+    n = max(1, min(cfg.n_layers, sweep(BATCH_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, True), torch_dtype, budget=0, depth=0)
     try:
         caches = [shard.cache_for(f"profile-{r}", 0, 2 * BATCH_POS, 1) for r in range(max(BATCH_SIZES))]

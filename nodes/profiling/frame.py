@@ -37,6 +37,15 @@ VISITS = 12
 EVICT_BYTES = 128 << 20  # read between two timed output projections: more than a last-level cache holds
 
 
+def evict_bytes() -> int:
+    """EVICT_BYTES, or an eighth of the memory this process may still take where that is less (a small device,
+    a container): a probe must not take what the node will need, nor get its process killed at a group's limit."""
+    from nodes.engine.memory_room import cgroup_room
+
+    room = cgroup_room()
+    return EVICT_BYTES if room is None else max(1 << 20, min(EVICT_BYTES, room // 8))
+
+
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
     """Mean seconds for one frame of one token's activation through a node's path (no compute)."""
     if hidden < 1 or rounds < 1:
@@ -155,21 +164,28 @@ class _NoText:
         return ""
 
 
-def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3) -> float:
+def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3, bytes_rate: float = 0.0) -> float:
     """Mean seconds of the store's final norm and output projection for one token (0.0 without weights):
     a vocabulary-sized GEMV, which runs at its own rate, not the decoder layer's the profile calibrates on.
     Each one after other weights went through the caches, as a token's layers pass between two: back to back,
-    the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1)."""
+    the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1).
+    Where the embedding and output units would take over half the memory this process may still take (a small
+    device that will not be the head), their bytes at `bytes_rate` (the decode calibration's) stand for it."""
+    from nodes.engine.memory_room import cgroup_room
     from nodes.engine.model import OutputHead
     from nodes.engine.store import LayerStore
 
     store = LayerStore(store_dir)
     if store.manifest.manifest_only:
         return 0.0
+    room = cgroup_room()
+    units = store.entry("head").bytes + (store.entry("embed").bytes if "embed" in store.manifest.units() else 0)
+    if room is not None and units > room // 2:
+        return store.entry("head").bytes / bytes_rate if bytes_rate > 0 else 0.0
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     head = OutputHead.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
-    other = torch.ones(EVICT_BYTES // 4)
+    other = torch.ones(evict_bytes() // 4)
     times: list[float] = []
     with torch.inference_mode():
         head.logits(x, cfg.norm_eps)  # warm-up
@@ -203,7 +219,7 @@ def measure_window_visit(store_dir, dtype: str, layer_s: float, visits: int = VI
     try:
         cache = shard.cache_for("profile", 0, min(KV_RESERVE_TOKENS, cfg.max_seq_len), 1)  # as a node's
         x = torch.randn(1, cfg.hidden).to(torch_dtype)
-        other = torch.ones(EVICT_BYTES // 4)
+        other = torch.ones(evict_bytes() // 4)
         times = []
         for pos in range(visits + 2):  # the first 2 warm up
             other.sum()

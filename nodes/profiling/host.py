@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from nodes.engine.memory_room import capped
+
 # ------------------------------------------------------------------ OS
 
 
@@ -78,7 +80,12 @@ def ram_rule(kind: str, meminfo: Mapping[str, int] | None = None, vm_stat: Mappi
 
 
 def available_ram(kind: str | None = None) -> int:
-    """Available RAM of this machine in bytes, by ram_rule; psutil's figure where the rule cannot be read."""
+    """Available RAM of this machine in bytes, by ram_rule (psutil's figure where the rule cannot be read), capped
+    by this process's memory control group (a container, a testbed's device)."""
+    return capped(_machine_ram(kind))
+
+
+def _machine_ram(kind: str | None) -> int:
     kind = kind or os_kind()
     vm = psutil.virtual_memory()
     try:

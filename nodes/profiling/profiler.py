@@ -220,7 +220,8 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
         disk_seq_read=disk.seq_read, disk_rand_read=disk.rand_read, ram_available=ram,
         frame_s=measure_frame_overhead(hidden, getattr(torch, dtype)),
         token_s=measure_token_overhead(vocab, hidden, getattr(torch, dtype), _text(store)),
-        output_s=measure_output_layer(store_dir, dtype) if store else 0.0,
+        output_s=measure_output_layer(store_dir, dtype, bytes_rate=decode["bytes_rate"] if decode else 0.0)
+        if store else 0.0,
         host=host_id(), batch_cost=batch["batch_cost"] if batch else {},
         output_batch_cost=batch["output_batch_cost"] if batch else {},
         visit_s=measure_window_visit(store_dir, dtype, decode["layer_s"]) if decode else 0.0,
