@@ -7,6 +7,9 @@ its limit less what it holds, the page cache it could drop (inactive files) coun
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -75,3 +78,21 @@ def capped(available: int) -> int:
     """The machine's available bytes, capped by this process's memory groups."""
     room = cgroup_room()
     return available if room is None else min(available, room)
+
+
+def probe_bytes(nbytes: int, share: int = 4) -> int:
+    """A probe's buffer: nbytes, or 1/share of the room this process still has where that is less. A small
+    device's profile must fit the device (a 646 MiB one was killed probing an 8B-shaped store)."""
+    room = cgroup_room()
+    return nbytes if room is None else max(1 << 20, min(nbytes, room // share))
+
+
+def give_back() -> None:
+    """Return freed heap pages to the OS (glibc keeps large freed blocks in its arenas), so the next probe and the
+    node's own windows find them in a memory group's room. A no-op elsewhere."""
+    gc.collect()  # a probe's shards and caches hold each other in cycles: free them first
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nodes.engine.memory_room import probe_bytes
+
 HIDDEN = 2048  # a small model's hidden size: the weight of one projection is [HIDDEN, HIDDEN]
 GEMV_BYTES = 128 << 20  # weights cycled by the GEMV probe: beyond any last-level cache, as in decode
 PREFILL_TOKENS = 256  # rows of the GEMM probe (a prefill chunk)
@@ -66,7 +68,7 @@ def measure_matmul_flops(dtype: str = "float32", device: str = "cpu") -> MatmulR
     with torch.inference_mode():
         # Constant, well-scaled values: no denormals, no NaN from uninitialised memory.
         weights = [torch.full((HIDDEN, HIDDEN), 0.01, dtype=dt, device=device)
-                   for _ in range(max(GEMV_BYTES // per_weight, 1))]
+                   for _ in range(max(probe_bytes(GEMV_BYTES) // per_weight, 1))]
         x1 = torch.full((1, HIDDEN), 0.5, dtype=dt, device=device)
         xp = torch.full((PREFILL_TOKENS, HIDDEN), 0.5, dtype=dt, device=device)
 
@@ -86,5 +88,6 @@ def measure_matmul_flops(dtype: str = "float32", device: str = "cpu") -> MatmulR
 def measure_memory_bandwidth(device: str = "cpu") -> float:
     """Read bandwidth in B/s: summing a BANDWIDTH_BYTES float32 buffer that no cache holds."""
     with torch.inference_mode():
-        buf = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
-        return _median_rate(lambda: buf.sum(), float(BANDWIDTH_BYTES), device)
+        nbytes = probe_bytes(BANDWIDTH_BYTES) if device == "cpu" else BANDWIDTH_BYTES
+        buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        return _median_rate(lambda: buf.sum(), float(nbytes), device)

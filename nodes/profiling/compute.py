@@ -20,7 +20,9 @@ import structlog
 import torch
 import torch.nn.functional as F
 
+from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
+from nodes.engine.memory_room import probe_bytes
 from nodes.engine.model import down_stage, gate_up_stage, rms_norm
 from nodes.engine.prefetch import KV_RESERVE_TOKENS
 from nodes.engine.quant import linear
@@ -39,13 +41,12 @@ SWEEP_BYTES = 256 << 20
 QUIET_S = 0.0005
 
 
-def sweep(nbytes: int) -> int:
-    """A probe's weights: nbytes, or a quarter of what this process may still take where that is less (its
-    memory group's room): a small device's profile must fit the device."""
-    from nodes.engine.memory_room import cgroup_room
-
-    room = cgroup_room()
-    return nbytes if room is None else min(nbytes, room // 4)
+def _fits_two_copies(store: LayerStore, n: int) -> bool:
+    """Whether n layers twice over (a resident copy and a streamed one; a quantized layer also passes through a
+    repacked copy as it loads) fit the room this process has. A device too small for that is profiled without the
+    streaming probes: a 846 MiB one was killed running them on an 8B-shaped store."""
+    need = 3 * n * store.entry("layer.0").bytes
+    return probe_bytes(need, 1) >= need
 
 
 def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
@@ -56,7 +57,7 @@ def measure_node_layers(store_dir: Path, dtype: str) -> dict | None:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
     nbytes = layer_bytes(cfg, torch_dtype)
-    n = max(1, min(cfg.n_layers, sweep(SWEEP_BYTES) // nbytes))
+    n = max(1, min(cfg.n_layers, probe_bytes(SWEEP_BYTES) // nbytes))
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
     try:
         cache = shard.cache_for("profile", 0, min(KV_RESERVE_TOKENS, cfg.max_seq_len), 1)
@@ -97,12 +98,14 @@ def measure_streaming(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, sweep(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
+    n = max(1, min(cfg.n_layers, probe_bytes(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
+    if not _fits_two_copies(store, n):
+        return None
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     per_token = []
     for budget in (0, 1):  # all resident; then the least budget: every layer streams
         shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=budget,
-                      buffer=layer_bytes(cfg, torch_dtype), log=_QUIET)
+                      buffer=layer_bytes(cfg, torch_dtype, weight_format(store.manifest)), log=_QUIET)
         try:
             cache = shard.cache_for("profile", 0, WARM_UP + READ_TOKENS, 1)
             for pos in range(WARM_UP + READ_TOKENS):
@@ -199,7 +202,9 @@ def measure_read_loss(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, sweep(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
+    n = max(1, min(cfg.n_layers, probe_bytes(READ_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
+    if not _fits_two_copies(store, n):
+        return None
     units = [f"layer.{i % cfg.n_layers}" for i in range(n, 2 * n)]  # other layers where the store has them
     reader = _Reader(store_dir, units)
     shard = Shard(store, Windows(((0, n),), cfg.n_layers, False), torch_dtype, budget=0, depth=0)
@@ -247,8 +252,11 @@ def measure_batch_cost(store_dir: Path, dtype: str) -> dict | None:
     if store.manifest.manifest_only:
         return None
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    n = max(1, min(cfg.n_layers, sweep(BATCH_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
-    shard = Shard(store, Windows(((0, n),), cfg.n_layers, True), torch_dtype, budget=0, depth=0)
+    n = max(1, min(cfg.n_layers, probe_bytes(BATCH_SWEEP_BYTES) // layer_bytes(cfg, torch_dtype)))
+    # the output layer too, where it fits a quarter of the room (a small device: its curve stands for the output's)
+    head_units = sum(store.entry(u).bytes for u in ("embed", "head") if u in store.manifest.units())
+    with_head = probe_bytes(head_units) >= head_units
+    shard = Shard(store, Windows(((0, n),), cfg.n_layers, with_head), torch_dtype, budget=0, depth=0)
     try:
         caches = [shard.cache_for(f"profile-{r}", 0, 2 * BATCH_POS, 1) for r in range(max(BATCH_SIZES))]
         for c in caches:  # a context of BATCH_POS tokens (never uninitialised memory: denormals are slow)
@@ -256,14 +264,14 @@ def measure_batch_cost(store_dir: Path, dtype: str) -> dict | None:
                 kv.normal_(0, 0.1)
         # Each layer and the output timed alone, the fastest of each kept: on shared cores (other nodes, other
         # programs) the least time is the work's own, and a short piece of work often runs uninterrupted.
-        best = {(b, i): math.inf for b in BATCH_SIZES for i in range(n + 1)}  # i = n: the output layer
+        best = {(b, i): math.inf for b in BATCH_SIZES for i in range(n + with_head)}  # i = n: the output layer
         xs = {b: torch.randn(b, cfg.hidden).to(torch_dtype) for b in BATCH_SIZES}
         deadline = time.perf_counter() + BATCH_BUDGET_S * len(BATCH_SIZES)
         with torch.inference_mode():
             for turn in itertools.count():  # sizes interleaved: a busy machine's drift hits them alike
                 for b in BATCH_SIZES:
                     y = xs[b]
-                    for i in range(n + 1):
+                    for i in range(n + with_head):
                         start = time.perf_counter()
                         if i < n:
                             y = _batched_layer(y, shard.layers[i], [c.kv[i] for c in caches[:b]], shard, cfg)
@@ -276,7 +284,7 @@ def measure_batch_cost(store_dir: Path, dtype: str) -> dict | None:
     finally:
         shard.close()
     step_s = {b: sum(best[b, i] for i in range(n)) / n for b in BATCH_SIZES}
-    output_s = {b: best[b, n] for b in BATCH_SIZES}
+    output_s = {b: best[b, n] if with_head else step_s[b] for b in BATCH_SIZES}
     return {"batch_cost": _curve(step_s), "output_batch_cost": _curve(output_s), "step_s": step_s,
             "output_s": output_s, "layers": n}
 

@@ -38,12 +38,10 @@ EVICT_BYTES = 128 << 20  # read between two timed output projections: more than 
 
 
 def evict_bytes() -> int:
-    """EVICT_BYTES, or an eighth of the memory this process may still take where that is less (a small device,
-    a container): a probe must not take what the node will need, nor get its process killed at a group's limit."""
-    from nodes.engine.memory_room import cgroup_room
+    """EVICT_BYTES, or an eighth of the room this process still has (a small device, a container)."""
+    from nodes.engine.memory_room import probe_bytes
 
-    room = cgroup_room()
-    return EVICT_BYTES if room is None else max(1 << 20, min(EVICT_BYTES, room // 8))
+    return probe_bytes(EVICT_BYTES, 8)
 
 
 def measure_frame_overhead(hidden: int, dtype: torch.dtype = torch.float32, rounds: int = ROUNDS) -> float:
@@ -171,8 +169,9 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3, bytes_rat
     the last-level cache kept part of the matrix (SmolLM2 fp32 here: 2.7 ms against 3.0-3.1, the ring's 3.1).
     Where the embedding and output units would take over half the memory this process may still take (a small
     device that will not be the head), their bytes at `bytes_rate` (the decode calibration's) stand for it."""
+    from nodes.engine.formats import weight_format
+    from nodes.engine.loading import load_head
     from nodes.engine.memory_room import cgroup_room
-    from nodes.engine.model import OutputHead
     from nodes.engine.store import LayerStore
 
     store = LayerStore(store_dir)
@@ -183,7 +182,7 @@ def measure_output_layer(store_dir, dtype: str, budget_s: float = 0.3, bytes_rat
     if room is not None and units > room // 2:
         return store.entry("head").bytes / bytes_rate if bytes_rate > 0 else 0.0
     cfg, torch_dtype = store.config, getattr(torch, dtype)
-    head = OutputHead.from_units(store.load("embed"), store.load("head"), torch_dtype, cfg.tie_embeddings)
+    head = load_head(store, cfg, torch_dtype, weight_format(store.manifest))  # as a node holds it (quantized too)
     x = torch.randn(1, cfg.hidden).to(torch_dtype)
     other = torch.ones(evict_bytes() // 4)
     times: list[float] = []

@@ -80,6 +80,7 @@ import torch
 
 from nodes.engine.diskio import emulated_rate
 from nodes.engine.dtype_choice import compute_dtype, machine_choice
+from nodes.engine.memory_room import give_back
 from nodes.engine.prefetch import DEFAULT_FRACTION
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown
@@ -187,7 +188,9 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     kind = os_kind()
     gpu = gpu_info()  # before the probes allocate anything on it
     cpu = measure_matmul_flops(dtype, "cpu")
+    give_back()  # each probe's buffers back to the OS before the next: a memory group counts what the heap keeps
     ram_bandwidth = measure_memory_bandwidth("cpu")
+    give_back()
     gpu_rates, vram_bandwidth, gpu_error = None, 0.0, None
     if gpu.device is not None:
         try:
@@ -205,9 +208,13 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     has_gpu = gpu_rates is not None
     # With a store, the CPU rates are calibrated on the node's own compute path (see profile_compute).
     decode = measure_node_layers(store_dir, dtype) if store_dir else None
+    give_back()
     batch = measure_batch_cost(store_dir, dtype) if store_dir else None
+    give_back()
     streaming = measure_streaming(store_dir, dtype) if store_dir else None
+    give_back()
     loss = measure_read_loss(store_dir, dtype) if store_dir else None
+    give_back()
     store = LayerStore(store_dir) if store_dir else None
     hidden = store.config.hidden if store else DEFAULT_HIDDEN
     vocab = store.config.vocab if store else DEFAULT_VOCAB
@@ -235,6 +242,7 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
                    decode_layer=decode, batch=batch, streaming=streaming, read_loss=loss,
                    torch_threads=torch.get_num_threads(), compute_dtypes=machine_choice(),
                    local_s=time.perf_counter() - start)
+    give_back()  # what the probes held, back before the node loads its windows
     return fields, details
 
 
