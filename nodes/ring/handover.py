@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from nodes.errors import Rejected, RequestFailed
+from nodes.errors import Rejected
 from nodes.ring import head_watch, recovery
 from prima_rpc.control import AioControl, Deadlines
 
@@ -34,11 +34,7 @@ async def hand_over(node, forget: bool) -> list[str]:
             raise Rejected(grpc.StatusCode.UNAVAILABLE, f"{chosen} did not take over: {exc.code().name}: "
                                                         f"{exc.details()}") from None
         # Requests here end now; their clients find the new head (named in Info) and resume there.
-        node.head, node.head_address = None, chosen
-        head.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} handed the "
-                                                                     f"head role to {chosen}"))
-        node.windows = None  # no longer the head (Info's role): it serves no frames of the new ring
-        await head.close()
+        await node.step_down(chosen, f"{node.cfg.name or node.address} handed the head role to {chosen}")
     return list(reply.ring)
 
 
@@ -50,5 +46,5 @@ async def take_over(node, lost: str, ring: list[str], forget: bool) -> list[str]
         raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{node.address} and {lost} must both be in the ring")
     if not node.holds_head_copy():
         raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{node.address} lacks a complete copy of the head's units")
-    await head_watch.take_over(node, lost, ring, handed=True, forget=forget)
+    await node.take_over(lost, ring, handed=True, forget=forget)
     return [node.head.address, *node.head.members.members]

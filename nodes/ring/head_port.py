@@ -1,5 +1,6 @@
 """The node as its head sees it: exactly what the head (head.py), its step scheduler (steps.py) and its watch
-over the members (members.py) use of the node that holds them, so the head's parts never import the node."""
+over the members (members.py) use of the node that holds them, so the head's parts never import the node. The
+node's role is not here: the head reads the windows it runs, and gives way only through `step_down`."""
 
 import asyncio
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.text import TextCodec
+from nodes.ring.assignment import Assignment, Place
 from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.inbox import Inbox
 from prima_rpc.spec.windows import Windows
@@ -25,16 +27,22 @@ class NodePort(Protocol):
     inbox: Inbox  # the head's steps enter the ring here
     outbox: asyncio.Queue[pb.Frame]  # RELEASE frames, and steps a head without layer 0 passes on
     stats: Stats  # last_token_ms
-    epoch: int
     log: Any  # a structlog logger bound to the node
-    last_error: str
-    max_batch: int  # steps one batch takes at most
-    micro_batches: int  # batches in the ring at once
-    batching: tuple[int, int]  # (max_batch, micro_batches) as assigned: a re-plan keeps them
-    fetching: bool  # an assignment is being fetched or loaded: the watch decides nothing meanwhile
-    head: Any  # the Head this node holds, None once it gave way (members.py steps down on a split brain)
-    head_address: str  # the head it follows
-    windows: Windows | None  # None: it serves no frames
+    last_error: str  # why the last re-plan failed
+
+    # Read only: the node's assignment sets them.
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def windows(self) -> Windows | None: ...  # the head's own: where its steps enter and leave the ring
+    @property
+    def fetching(self) -> bool: ...  # an assignment is being fetched or loaded: the watch decides nothing meanwhile
+    @property
+    def max_batch(self) -> int: ...  # steps one batch takes at most
+    @property
+    def micro_batches(self) -> int: ...  # batches in the ring at once
+    @property
+    def batching(self) -> tuple[int, int]: ...  # (max_batch, micro_batches) as assigned: a re-plan keeps them
 
     def release(self, request_id: str) -> None:
         """Free the request's KV cache here."""
@@ -42,9 +50,8 @@ class NodePort(Protocol):
     async def set_peer(self, peer: str) -> None:
         """Send frames to `peer` from now on."""
 
-    async def assign(self, windows: Windows, model_id: str, progress: Callable[..., None], epoch: int = 0,
-                     replan: bool = False, ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "",
-                     max_batch: int = 0, micro_batches: int = 0,
-                     predicted: tuple[float, float] = (0.0, 0.0), head_windows: tuple = (),
-                     standby: bool = False) -> None:
-        """Load `windows` (a re-plan: the head's own share of the new ring)."""
+    async def assign(self, job: Assignment, place: Place, progress: Callable[..., None]) -> None:
+        """Load `job` (a re-plan: the head's own share of the new ring)."""
+
+    async def step_down(self, head: str, why: str) -> None:
+        """Give the head role to `head`: this head's requests end with `why`, and it closes."""

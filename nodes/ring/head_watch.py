@@ -7,7 +7,6 @@ import asyncio
 import grpc
 
 from nodes.ring import recovery
-from nodes.ring.head import Head
 from nodes.ring.members import DEADLINES, PROBE_INTERVAL
 from prima_rpc.control import AioControl, Deadlines
 from prima_rpc.v1 import prima_pb2 as pb
@@ -53,21 +52,7 @@ class HeadWatch:
         chosen = recovery.new_head(tuple(ring), head, copies)
         node.log.warning("the head does not answer", head=head, new_head=chosen or "none has a complete copy")
         if chosen == node.address:
-            await take_over(node, head, ring)
-
-
-async def take_over(node, lost: str, ring: list[str], handed: bool = False, forget: bool = False) -> None:
-    """Become the ring's head in place of `lost`: the members after this node in ring order, round to it, are the
-    new ring (the lost head keeps its place, to rejoin there when it answers again). handed: the old head handed
-    over (it still answers until it stops); forget: it left for good."""
-    if node.address not in ring:
-        node.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
-        return
-    i = ring.index(node.address)
-    order = tuple(ring[i + 1:] + ring[:i])
-    node.log.warning("taking over as the ring's head", lost=lost, ring=[node.address, *order])
-    node.head = Head(node, [node.address, *(a for a in order if a != lost)], fresh=True)
-    await node.head.members.take_over(lost, order, handed, forget)
+            await node.take_over(head, ring)
 
 
 async def info_of(address: str, token: str | None, deadlines: Deadlines = DEADLINES) -> pb.NodeInfo | None:

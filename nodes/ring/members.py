@@ -13,6 +13,7 @@ import grpc
 
 from nodes.errors import Rejected, RequestFailed
 from nodes.ring import recovery
+from nodes.ring.assignment import Assignment, Place
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequests
 from nodes.ring.recovery import Grow, Keep, Probe, Rejoin, RingView, RouteAround
@@ -46,6 +47,7 @@ class Members:
         self.generation = 0  # counts the changes of the ring: a probe round that straddles one decides nothing
         self.lock = asyncio.Lock()  # one change of the ring at a time (a round's decision, a join, a leave)
         self._peers: dict[str, AioControl] = {}
+        self.closed = False  # its head closed: no longer the node's
 
     def set_ring(self, head: str, members: list[str], fresh: bool) -> None:
         self.head, self.members = head, tuple(members)
@@ -127,14 +129,12 @@ class Members:
         """Split brain: a member follows a newer ring, so this head was cut off and another took over. It gives way
         at once: its requests end UNAVAILABLE naming the new head (clients that know several members resume
         there), it serves no frames, and the new head wires it back in as a member when it sees it answer."""
-        node, held = self.node, self.node.head
-        if held is None or held.members is not self:
+        node = self.node
+        if self.closed:  # its head already gave way
             return
         node.log.warning("a newer ring has another head: stepping down", head=head, epoch=epoch, ours=node.epoch)
-        node.head, node.head_address, node.windows = None, head, None
-        self.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{node.cfg.name or node.address} is no "
-                                        f"longer the ring's head: {head} took over (epoch {epoch})"))
-        await held.close()
+        await node.step_down(head, f"{node.cfg.name or node.address} is no longer the ring's head: {head} took over "
+                                   f"(epoch {epoch})")
 
     async def _route_around(self, d: RouteAround, answers: dict[str, Probe]) -> None:
         node = self.node
@@ -292,9 +292,9 @@ class Members:
                 pass
 
         remote = [assign(a, r, i == 0) for i, (a, r) in enumerate(zip(members, plan.ranges[1:]))]
-        head = node.assign(Windows(plan.ranges[0], n_layers, True), model_id, lambda *a: None, epoch=epoch,
-                           replan=True, ring=ring, max_batch=max_batch,
-                           micro_batches=micro_batches)
+        head = node.assign(Assignment(Windows(plan.ranges[0], n_layers, True), model_id, epoch, replan=True,
+                                      max_batch=max_batch, micro_batches=micro_batches), Place(tuple(ring)),
+                           lambda *a: None)
         await asyncio.gather(head, *remote)
         node.log.info("ring re-planned", ranges=[list(r) for r in plan.ranges], epoch=epoch)
 
@@ -322,6 +322,7 @@ class Members:
         return info.n_layers == store.config.n_layers and info.model_id == store.model_id
 
     async def close(self) -> None:
+        self.closed = True
         peers, self._peers = self._peers, {}
         for peer in peers.values():
             await peer.close()

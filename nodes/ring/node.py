@@ -28,6 +28,7 @@ from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
 from nodes.jobs import run_job
 from nodes.ring import admit, batching, frames, node_info, weights
+from nodes.ring.assignment import Assignment, Place
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.head import Head
@@ -84,50 +85,34 @@ class Node:
             return "idle"
         return "head" if self.windows.head else "relay" if self.windows.relay else "worker"
 
-    async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
-                     ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "", max_batch: int = 0,
-                     micro_batches: int = 0, predicted: tuple[float, float] = (0.0, 0.0),
-                     head_windows: tuple[tuple[int, int], ...] = (), standby: bool = False) -> None:
-        """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
-
-        replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
-        ring: every member's address in ring order, the head's first: the head watches them, members fail over
-        along it. head_windows, standby: (members) the head's windows; keep a disk copy of its units.
-        buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
-        head_address: (members) the ring's head, as the ring dials it.
-        max_batch, micro_batches: the plan's batch limit and (head) batches in flight; 0: the node's defaults.
-        predicted: the plan's (per-token ms of this node, TPOT ms of the ring), shown by status; (0, 0): none."""
+    async def assign(self, job: Assignment, place: Place, progress) -> None:
+        """Load the layers of `job` (off the loop), reporting progress(done, total, unit), and take its role in
+        `place`: the head leads the ring, a member follows the head there."""
+        windows = job.windows
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
-        if busy and not replan:
+        if busy and not job.replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
         await self.standby.stop()
         self.fetching = True
         try:
             if not windows.relay:
-                await self._fetch_missing(windows, model_id, [head_address, *ring], progress)
-            check_assignment(self.store, windows, model_id)  # a refused assignment leaves the ring as it was
-            self.epoch = epoch  # frames of the old ring are dropped from now on
-            await self._load(windows, progress, buffer_layers)
+                await self._fetch_missing(windows, job.model_id, [place.head_address, *place.ring], progress)
+            check_assignment(self.store, windows, job.model_id)  # a refused assignment leaves the ring as it was
+            self.epoch = job.epoch  # frames of the old ring are dropped from now on
+            await self._load(windows, progress, job.buffer_layers)
         finally:
             self.fetching = False
-        self.batching = (max_batch, micro_batches)  # as assigned (0: defaults), kept by the head's re-plans
-        self.max_batch = max_batch or self.cfg.max_batch
-        self.micro_batches = micro_batches or 1
+        self.batching = (job.max_batch, job.micro_batches)  # as assigned (0: defaults), kept by the head's re-plans
+        self.max_batch = job.max_batch or self.cfg.max_batch
+        self.micro_batches = job.micro_batches or 1
         if windows.head:
-            if self.head is None:
-                self.head = Head(self, list(ring), fresh=True)
-            else:
-                self.head.rewire(list(ring), fresh=not replan)
-            self.head_address = self.head.address
+            self.head_address = self._lead(list(place.ring), fresh=not job.replan).address
         else:
-            old, self.head = self.head, None
-            if old is not None:
-                await old.close()
-            self.head_address = head_address
-        self.standby.set(ring, windows if windows.head else Windows(tuple(head_windows), windows.n_layers, True),
-                         model_id, standby and not windows.head)
-        self.standby.keep(self.store, [a for a in [self.head_address, *ring] if a != self.address], self.log)
-        self.predicted = predicted  # what this assignment was planned to cost (a re-plan's has none)
+            await self._follow(place.head_address)
+        head_windows = windows if windows.head else Windows(place.head_windows, windows.n_layers, True)
+        self.standby.set(list(place.ring), head_windows, job.model_id, place.standby and not windows.head)
+        self.standby.keep(self.store, [a for a in [self.head_address, *place.ring] if a != self.address], self.log)
+        self.predicted = job.predicted  # what this assignment was planned to cost (a re-plan's has none)
         self.stats.decode_s, self.stats.decode_frames = 0.0, 0  # measured against it from now on
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
@@ -185,6 +170,43 @@ class Node:
     def holds_head_copy(self) -> bool:
         """This node's disk holds the head's units: it can become the head should the head be lost."""
         return self.standby.holds_copy(self.store)
+
+    # ------------------------------------------------------------------ the role: only these change it
+
+    async def take_over(self, lost: str, ring: list[str], handed: bool = False, forget: bool = False) -> None:
+        """Become the head in place of `lost` (failover, hand-over): the members after this node, round to it, are
+        the new ring, which it re-plans (the lost head keeps its place, to rejoin there when it answers again).
+        handed: the old head handed over (it answers until it stops); forget: it left for good."""
+        if self.address not in ring:
+            self.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
+            return
+        i = ring.index(self.address)
+        order = tuple(ring[i + 1:] + ring[:i])
+        self.log.warning("taking over as the ring's head", lost=lost, ring=[self.address, *order])
+        head = self._lead([self.address, *(a for a in order if a != lost)], fresh=True)
+        await head.members.take_over(lost, order, handed, forget)
+
+    async def step_down(self, head: str, why: str) -> None:
+        """Give the head role to `head` (hand-over, split brain): the requests here end UNAVAILABLE with `why` (their
+        clients resume on `head`); this node serves no frames until the new head assigns it."""
+        self.windows = None
+        await self._follow(head, why)
+
+    def _lead(self, ring: list[str], fresh: bool) -> Head:
+        """Be the head of `ring` (its own address first): a new Head, or the one held rewired. fresh: from prima-ctl."""
+        if self.head is None:
+            self.head = Head(self, ring, fresh=True)
+        else:
+            self.head.rewire(ring, fresh)
+        return self.head
+
+    async def _follow(self, head: str, why: str = "") -> None:
+        """Follow `head`; a Head this node held ends its requests (with `why`, if given) and closes."""
+        old, self.head, self.head_address = self.head, None, head
+        if old is not None:
+            if why:
+                old.requests.end(RequestFailed(Code.UNAVAILABLE, why))
+            await old.close()
 
     # ------------------------------------------------------------------ frames in
 

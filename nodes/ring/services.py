@@ -16,6 +16,7 @@ from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
 from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, handover, metrics
+from nodes.ring.assignment import Assignment, Place
 from nodes.ring.members import DRAIN
 from nodes.ring.node import Node
 from nodes.ring.run_ahead import run_ahead
@@ -100,12 +101,14 @@ class ControlService(rpc.ControlServicer):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
 
+        job = Assignment(windows, request.model_id, request.epoch, request.replan, buffer, request.max_batch,
+                         request.micro_batches, predicted)
+        place = Place(tuple(request.ring), request.head_address,
+                      tuple((r.start, r.stop) for r in request.head_windows), request.standby)
+
         async def load() -> None:
             try:
-                await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
-                                  list(request.ring), buffer, request.head_address, request.max_batch,
-                                  request.micro_batches, predicted,
-                                  tuple((r.start, r.stop) for r in request.head_windows), request.standby)
+                await node.assign(job, place, progress)
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 
