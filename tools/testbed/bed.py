@@ -86,7 +86,8 @@ def layout(home: Home, base: int) -> list[dict]:
 
 
 def up(home: Home, model: Path, *, base: int = DEFAULT_BASE, draft: Path | None = None, allow_unlimited: bool = False,
-       fetch: bool = False, node_args: list[str] | None = None, timeout: float = 120.0,
+       fetch: bool = False, node_args: list[str] | None = None, node_env: dict | None = None,
+       timeout: float = 120.0,
        say=lambda line: print(line, file=sys.stderr)) -> dict:
     """Start the home; returns the `up --json` record. fetch: only the head has the model, the others fetch their
     windows from it over the links (as in a real home); else every device reads the same store from the disk."""
@@ -132,7 +133,8 @@ def up(home: Home, model: Path, *, base: int = DEFAULT_BASE, draft: Path | None 
               "the link shapers did not start", folder)
         _evict(model)
         for i, d in enumerate(devices):
-            d["node_pid"] = _start_node(state, i, model, draft if i == 0 else None, fetch, node_args or [], hard)
+            d["node_pid"] = _start_node(state, i, model, draft if i == 0 else None, fetch, node_args or [], hard,
+                                        node_env or {})
             save(state)
         from prima_rpc.app.local_ring import wait_serving
 
@@ -174,7 +176,7 @@ def _env() -> dict:
 
 
 def _start_node(state: dict, i: int, model: Path, draft: Path | None, fetch: bool, extra: list[str],
-                unlimited: list[str]) -> int:
+                unlimited: list[str], extra_env: dict) -> int:
     devices = state["devices"]
     d, nxt = devices[i], devices[(i + 1) % len(devices)]
     folder = state_dir(state["base_port"])
@@ -183,7 +185,7 @@ def _start_node(state: dict, i: int, model: Path, draft: Path | None, fetch: boo
     cmd += ["--model", str(model)] if (i == 0 or not fetch) else []
     cmd += ["--draft", str(draft)] if draft else []
     cmd += extra
-    env = _env() | NODE_ENV
+    env = _env() | NODE_ENV | extra_env
     env["OMP_NUM_THREADS"] = str(max(1, int(d["cpu"])))
     if not state["kernel_disk_limit"]:  # no kernel throttle: the node paces its own reads
         env["PRIMA_DISK_MBPS"] = str(d["disk_mbps"])
