@@ -21,6 +21,7 @@ import torch
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
+from nodes.engine.kv_dtype import KVDtype, kv_dtype
 from nodes.engine.model import KVCache
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
@@ -87,7 +88,8 @@ class Node:
     async def assign(self, windows: Windows, model_id: str, progress, epoch: int = 0, replan: bool = False,
                      ring: list[str] = (), buffer_layers: float = 0.0, head_address: str = "", max_batch: int = 0,
                      micro_batches: int = 0, predicted: tuple[float, float] = (0.0, 0.0),
-                     head_windows: tuple[tuple[int, int], ...] = (), standby: bool = False) -> None:
+                     head_windows: tuple[tuple[int, int], ...] = (), standby: bool = False,
+                     kv: tuple[str, int] = ("", 0)) -> None:
         """Load the layers of `windows` (off the loop), reporting progress(done, total, unit).
 
         replan: the head re-plans after losing a node; in-flight KV caches are dropped (they replay).
@@ -96,7 +98,8 @@ class Node:
         buffer_layers: the plan's stream buffer, in layers (0: the default), used if the budget streams.
         head_address: (members) the ring's head, as the ring dials it.
         max_batch, micro_batches: the plan's batch limit and (head) batches in flight; 0: the node's defaults.
-        predicted: the plan's (per-token ms of this node, TPOT ms of the ring), shown by status; (0, 0): none."""
+        predicted: the plan's (per-token ms of this node, TPOT ms of the ring), shown by status; (0, 0): none.
+        kv: the plan's (KV dtype of this node, context of the ring); ("", 0): none, the node's own."""
         busy = (self.head and self.head.requests) or (self.shard and self.shard.caches)
         if busy and not replan:
             raise Rejected(Code.FAILED_PRECONDITION, "requests are in flight; reassign when the ring is idle")
@@ -107,7 +110,7 @@ class Node:
                 await self._fetch_missing(windows, model_id, [head_address, *ring], progress)
             check_assignment(self.store, windows, model_id)  # a refused assignment leaves the ring as it was
             self.epoch = epoch  # frames of the old ring are dropped from now on
-            await self._load(windows, progress, buffer_layers)
+            await self._load(windows, progress, buffer_layers, kv)
         finally:
             self.fetching = False
         self.batching = (max_batch, micro_batches)  # as assigned (0: defaults), kept by the head's re-plans
@@ -143,7 +146,7 @@ class Node:
         if store is not None:
             self.store, self.cached_units = store, weights.count_units(store)
 
-    async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
+    async def _load(self, windows: Windows, progress, buffer_layers: float, kv: tuple[str, int] = ("", 0)) -> None:
         # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
         old, self.windows, self.shard = self.shard, None, None
         if not windows.head:
@@ -159,11 +162,19 @@ class Node:
             fmt = weight_format(self.store.manifest)
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
+            kv_dtype, ctx = self.kv_choice(*kv)
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log))
+                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, kv_dtype=kv_dtype,
+                ctx=ctx))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
+
+    def kv_choice(self, planned_dtype: str, planned_ctx: int) -> tuple[KVDtype, int]:
+        """The KV dtype and context this node loads with: its own flags where given, else the plan's (float and the
+        default context where neither says)."""
+        name = self.cfg.kv_dtype if self.cfg.kv_dtype != "auto" else planned_dtype or "float"
+        return kv_dtype(name), self.cfg.ctx or planned_ctx
 
     @property
     def dtype_name(self) -> str:

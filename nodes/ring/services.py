@@ -9,6 +9,7 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
+from nodes.engine.kv_dtype import NAMES as KV_NAMES
 from nodes.engine.prefetch import MAX_BUFFER_LAYERS
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.speculate import speculate_params
@@ -96,6 +97,9 @@ class ControlService(rpc.ControlServicer):
         if request.max_batch > MAX_REQUESTS or request.micro_batches > MAX_REQUESTS:
             await abort(context, Code.INVALID_ARGUMENT,
                         f"max_batch and micro_batches must be at most {MAX_REQUESTS} (0: the node's default)")
+        if request.kv_dtype not in ("", *KV_NAMES):
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"kv_dtype must be one of {', '.join(KV_NAMES)} or empty, got {request.kv_dtype[:20]!r}")
         if request.head_address and not _is_address(request.head_address):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
@@ -105,7 +109,8 @@ class ControlService(rpc.ControlServicer):
                 await node.assign(windows, request.model_id, progress, request.epoch, request.replan,
                                   list(request.ring), buffer, request.head_address, request.max_batch,
                                   request.micro_batches, predicted,
-                                  tuple((r.start, r.stop) for r in request.head_windows), request.standby)
+                                  tuple((r.start, r.stop) for r in request.head_windows), request.standby,
+                                  (request.kv_dtype, request.ctx))
             finally:  # after every progress update: the compute thread's callbacks were queued first
                 updates.put_nowait(None)
 
