@@ -26,12 +26,12 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
                  head_fmt: Format | None, budget: int, prefetch: bool, buffer: int,
                  default_budget: bool = False, kv_dtype: KVDtype = FLOAT, ctx: int = 0) -> ShardBudget:
     """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
-    head (its embedding in `head_fmt`) and a KV reserve in `kv_dtype` of `ctx` positions (0: kv_reserve_tokens, the
-    whole context for the default budget); budget and buffer in bytes as nodes.engine.memory_plan.plan_memory takes
-    them (0: unlimited, 0: the default buffer)."""
+    head (its embedding in `head_fmt`) and a KV reserve in `kv_dtype` of `ctx` positions, all requests together
+    (0: kv_reserve_tokens, the whole context for the default budget); budget and buffer in bytes as
+    nodes.engine.memory_plan.plan_memory takes them (0: unlimited, 0: the default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
-    reserve = min(ctx, cfg.max_seq_len) if ctx else kv_reserve_tokens(cfg, default_budget)
+    reserve = ctx or kv_reserve_tokens(cfg, default_budget)
     fixed = head_mem + kv_bytes(cfg, dtype, order, reserve, kv_dtype)
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)

@@ -162,9 +162,9 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
          kv_dtype: str = typer.Option("auto", help="how KV caches store rows: auto | float | int8 | int4 (int8, "
                                                    "int4: llama.cpp's q8_0, q4_0; auto: the plan's choice, else "
                                                    "float)"),
-         ctx: int = typer.Option(0, min=0, help="KV positions (the context) the memory budget keeps room for "
-                                                "(0: the plan's, else the model's whole context under the default "
-                                                "budget, 2048 under --mem-budget)"),
+         ctx: int = typer.Option(0, min=0, help="KV positions (the context, all requests together) the memory "
+                                                "budget keeps room for (0: the plan's, else the model's whole "
+                                                "context under the default budget, 2048 under --mem-budget)"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
          tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),

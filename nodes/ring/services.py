@@ -143,7 +143,8 @@ class ControlService(rpc.ControlServicer):
         except OSError as exc:
             await abort(context, Code.FAILED_PRECONDITION, f"profiling failed: {exc}")
         manifest = (node.store.root / MANIFEST).read_text() if node.store else ""  # its store, or its cache
-        return frames.profile_reply(json.dumps(prof.to_json()), manifest)
+        # its --kv-dtype: the plan prices its KV so (auto: the plan's choice)
+        return frames.profile_reply(json.dumps(prof.to_json() | {"kv_dtype": node.cfg.kv_dtype}), manifest)
 
     async def SetPeer(self, request, context):
         peer = request.peer
