@@ -106,12 +106,13 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
 
 def choose_kv_dtype(solve):
     """solve(kv) -> (instance, plan, throughput) with auto devices' KV in kv: the first of KV_DTYPES (most precise
-    first) whose plan streams no layer from disk, else the one of the lowest predicted TPOT (float on a tie)."""
+    first) whose plan reads no layer from disk a token, else the one of the lowest predicted TPOT (float on a tie)."""
     tried = []
     for kv in KV_DTYPES:
         got = solve(kv)
-        plan = got[1]
-        if not isinstance(plan, Infeasible) and not any(d.buffer_layers for d in plan.devices):
+        inst, plan = got[0], got[1]
+        if not isinstance(plan, Infeasible) and not any(
+                evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring).disk_s):
             return got
         tried.append(got)
     feasible = [g for g in tried if not isinstance(g[1], Infeasible)]
