@@ -1,16 +1,21 @@
 """Quantized KV caches (nodes/engine/kv_dtype.py): rows stored as q8_0 / q4_0 read back within their blocks' step,
 take the bytes a position says, and give a request the same bits alone, in a batch and in a verify frame."""
 
+import json
+
 import pytest
 import torch
 
 from nodes.engine.fused import kv_bytes
 from nodes.engine.kv_dtype import FLOAT, INT4, INT8, KVDtype, kv_dtype, stored_as
 from nodes.engine.model import KVCache
+from nodes.engine.prefix_cache import PrefixCache
 from nodes.engine.shard import Shard
 from nodes.engine.store import LayerStore
 from nodes.generation.reference import ReferenceModel
+from nodes.generation.state import GenerateParams
 from prima_rpc.spec.windows import Windows
+from tests.ctl import assert_one_line_error, ctl_here
 
 
 @pytest.mark.parametrize("dtype", [INT8, INT4])
@@ -112,3 +117,30 @@ def test_the_reference_with_int8_kv_stays_close_to_float_and_int4_further(tiny_s
 
     assert 0 < kl("int8") < kl("int4")
     assert kl("int8") < 1e-3
+
+
+def test_prima_ctl_run_takes_kv_dtype_and_refuses_a_bad_one(tiny_store):
+    res = ctl_here("run", "--model", str(tiny_store), "--raw", "--max-tokens", "6", "--kv-dtype", "int8", "--json",
+                   "hello there")
+    assert res.returncode == 0, res.stderr
+    ref = ReferenceModel(tiny_store, kv_dtype=INT8)
+    expected = [t.token_id for t in ref.generate("hello there", GenerateParams(max_tokens=6), raw=True)]
+    assert json.loads(res.stdout.strip().splitlines()[-1])["tokens"] == expected
+    bad = ctl_here("run", "--model", str(tiny_store), "--kv-dtype", "int3", "hi")
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "--kv-dtype must be one of auto, float, int8, int4, got int3")
+
+
+def test_the_prefix_cache_keeps_and_gives_quantized_rows_as_they_are(tiny_store):
+    """The prefix cache slices and copies a layer's tensor whatever its dtype: a request that takes a prefix of
+    int8 rows holds the very bytes the first request stored."""
+    cfg = LayerStore(tiny_store).config
+    first = KVCache(list(range(cfg.n_layers)), cfg, 64, torch.float32, INT8)
+    for t in first.kv.values():
+        t.copy_(INT8.pack(torch.randn(2, cfg.n_kv_heads, 64, cfg.head_dim), torch.float32))
+    prefixes = PrefixCache()
+    prefixes.save("k", 40, first.kv)
+    second = KVCache(list(range(cfg.n_layers)), cfg, 64, torch.float32, INT8)
+    prefixes.take("k", 40, second.kv)
+    assert all(torch.equal(second.kv[i][:, :, :40], first.kv[i][:, :, :40]) for i in first.kv)
+    assert prefixes.nbytes() == kv_bytes(cfg, torch.float32, cfg.n_layers, 40, INT8)
