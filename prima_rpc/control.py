@@ -31,16 +31,17 @@ def assign_request(ranges: Iterable[tuple[int, int]], n_layers: int, model_id: s
                    head: bool = False, replan: bool = False, ring: Sequence[str] = (), head_address: str = "",
                    buffer_layers: float = 0.0, predicted_ms: float = 0.0, predicted_tpot_ms: float = 0.0,
                    max_batch: int = 0, micro_batches: int = 0, head_windows: Iterable[tuple[int, int]] = (),
-                   standby: bool = False) -> pb.AssignRequest:
+                   standby: bool = False, kv_dtype: str = "", ctx: int = 0) -> pb.AssignRequest:
     """Hold `ranges` ([start, stop) of the model's `n_layers`; none: a relay) under the ring's `epoch`.
 
     ring: every member in ring order, the head's address first; the plan's buffer_layers, predictions and
-    batching (0: the node's defaults); (members) the head's windows and whether to keep a standby copy of its units."""
+    batching (0: the node's defaults); (members) the head's windows and whether to keep a standby copy of its units;
+    the plan's KV dtype for the node and context of the ring ("", 0: the node's own)."""
     return pb.AssignRequest(windows=[pb.LayerRange(start=a, stop=b) for a, b in ranges], head=head,
                             model_id=model_id, ring_layers=n_layers, epoch=epoch, replan=replan, ring=list(ring),
                             head_address=head_address, stream_buffer_layers=buffer_layers,
                             predicted_ms=predicted_ms, predicted_tpot_ms=predicted_tpot_ms, max_batch=max_batch,
-                            micro_batches=micro_batches,
+                            micro_batches=micro_batches, kv_dtype=kv_dtype, ctx=ctx,
                             head_windows=[pb.LayerRange(start=a, stop=b) for a, b in head_windows], standby=standby)
 
 

@@ -50,6 +50,7 @@ import numpy as np
 from prima_rpc.spec.profiles import DeviceProfile
 from solver.device_costs import DeviceCosts, costs_for, layer_time
 from solver.device_terms import Terms, allowed, device_terms, stream_turn
+from solver.kv_term import KV_DTYPES, priced
 from solver.model_profile import ModelProfile
 
 DEFAULT_CTX = 4096  # planning context length for the KV cache when none is given
@@ -62,6 +63,7 @@ class Instance:
     n_ctx: int = 0  # tokens of KV cache to reserve per layer; 0 -> min(DEFAULT_CTX, max_seq_len)
     must_stay: frozenset[str] = field(default_factory=frozenset)  # devices the ring cannot route around
     batch: int = 1  # requests computed together per step (issue 16): the costs below are per batch of this many
+    kv_dtypes: tuple[str, ...] = ()  # each device's KV dtype as priced (kv_term.KV_DTYPES); (): its own, auto: float
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -82,10 +84,18 @@ class Instance:
         object.__setattr__(self, "must_stay", frozenset(self.must_stay))
         if self.n_ctx == 0:
             object.__setattr__(self, "n_ctx", min(DEFAULT_CTX, self.model.max_seq_len))
+        object.__setattr__(self, "kv_dtypes", tuple(self.kv_dtypes))
+        if self.kv_dtypes and (len(self.kv_dtypes) != len(self.devices) or not set(self.kv_dtypes) <= set(KV_DTYPES)):
+            raise ValueError(f"kv_dtypes must name one of {KV_DTYPES} for each device, got {self.kv_dtypes}")
+
+    @property
+    def priced_kv(self) -> tuple[str, ...]:
+        """Each device's KV dtype as priced: kv_dtypes, else its own (auto: float)."""
+        return self.kv_dtypes or priced(d.kv_dtype for d in self.devices)
 
     @cached_property  # the instance is frozen; Halda asks for its costs many times
     def costs(self) -> tuple[DeviceCosts, ...]:
-        return costs_for(self.devices, self.model, self.n_ctx, self.must_stay, self.batch)
+        return costs_for(self.devices, self.model, self.n_ctx, self.must_stay, self.batch, self.priced_kv)
 
 
 def device_costs(inst: Instance) -> list[DeviceCosts]:

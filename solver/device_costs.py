@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from prima_rpc.spec.profiles import DeviceProfile
+from solver.kv_term import kv_bytes_per_token_layer
 from solver.model_profile import ModelProfile
 
 SLOW_DISK = 0.1e9  # B/s; below this prima.cpp forbids offloading (the device must fit, M4)
@@ -53,16 +54,17 @@ def layer_time(flops: float, nbytes: float, flop_rate: float, bandwidth: float) 
 
 
 def costs_for(devices: tuple[DeviceProfile, ...], model: ModelProfile, n_ctx: int, must_stay: Collection[str],
-              batch: int) -> tuple[DeviceCosts, ...]:
-    """Each device's costs (ring order, head first) for `model` with n_ctx tokens of KV cache a layer, batches of
-    `batch` requests; devices in must_stay cannot leave the ring (cost_model.Instance holds these)."""
+              batch: int, kv_dtypes: tuple[str, ...] = ()) -> tuple[DeviceCosts, ...]:
+    """Each device's costs (ring order, head first) for `model` with n_ctx tokens of KV cache a layer in its KV
+    dtype (kv_dtypes; (): float), batches of `batch` requests; devices in must_stay cannot leave the ring
+    (cost_model.Instance holds these)."""
     b = model.layer_bytes_max
-    kv = model.kv_bytes_per_token_layer * n_ctx
-    bp = b + kv
     act = model.active_bytes  # what a token's compute reads: all of a dense layer, a mixture's routed part
     out = []
     hosts = [d.host for d in devices]
-    for d in devices:
+    for d, kv_dtype in zip(devices, kv_dtypes or ("float",) * len(devices), strict=True):
+        kv = kv_bytes_per_token_layer(model, kv_dtype) * n_ctx  # a long context in float: fewer layers fit
+        bp = b + kv
         f = d.batch_factor(batch)  # a batch computes in one pass over the weights (1.0 for one request)
         cpu = d.read_cpu_s or 1.0 / d.ram_bandwidth  # CPU s a byte read costs; unmeasured: a copy at RAM speed
         copy = d.read_loss_s or cpu  # what the compute beside it loses per byte (measured: more than the CPU)

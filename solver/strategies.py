@@ -10,6 +10,7 @@ from solver.baselines import even_split, exo_split, halda_noselect
 from solver.cost_model import Breakdown, Instance, evaluate
 from solver.halda import halda
 from solver.halda_batch import halda_for
+from solver.kv_term import KV_DTYPES, kv_bytes_per_token_layer, priced
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
 from solver.speculation import speculation_json
@@ -61,37 +62,61 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
                  must_stay: Collection[str] = (), concurrency: int = 1,
-                 speculation: tuple[int, float] | None = None) -> dict:
+                 speculation: tuple[int, float] | None = None, choose_kv: bool = False) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
     return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay,
-                    concurrency=concurrency, speculation=speculation)
+                    concurrency=concurrency, speculation=speculation, choose_kv=choose_kv)
 
 
 def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
              must_stay: Collection[str] = (), concurrency: int = 1,
-             speculation: tuple[int, float] | None = None) -> dict:
+             speculation: tuple[int, float] | None = None, choose_kv: bool = False) -> dict:
     """concurrency: requests decoding at once; Halda then optimises their throughput (halda_batch), and the
     result carries the throughput fields (throughput_fields). speculation: (N, R), every trip verifying N
-    drafted tokens accepted at rate R (adds `speculation`)."""
+    drafted tokens accepted at rate R (adds `speculation`). choose_kv: devices whose KV dtype is auto take the
+    most precise one whose plan holds every layer in memory (choose_kv_dtype); else auto is float."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
     model = ModelProfile.from_json(manifest)
-    inst = Instance(devices, model, n_ctx=n_ctx, must_stay=frozenset(must_stay))
-    if strategy.startswith("halda") and concurrency > 1:
-        got = halda_for(inst, concurrency, select=strategy == "halda")
-        plan, tput = got if not isinstance(got, Infeasible) else (got, None)
-    else:
+
+    def solve(kv: str) -> tuple[Instance, RingPlan | Infeasible, Throughput | None]:
+        inst = Instance(devices, model, n_ctx=n_ctx, must_stay=frozenset(must_stay),
+                        kv_dtypes=priced((d.kv_dtype for d in devices), kv))
+        if strategy.startswith("halda") and concurrency > 1:
+            got = halda_for(inst, concurrency, select=strategy == "halda")
+            return (inst, got, None) if isinstance(got, Infeasible) else (inst, *got)
         plan = STRATEGIES[strategy](inst)
-        tput = None if isinstance(plan, Infeasible) else predict_throughput(plan, inst, concurrency)
+        return inst, plan, None if isinstance(plan, Infeasible) else predict_throughput(plan, inst, concurrency)
+
+    auto = choose_kv and any(d.kv_dtype == "auto" for d in devices)
+    inst, plan, tput = choose_kv_dtype(solve) if auto else solve("float")
     if isinstance(plan, Infeasible):
         return {"infeasible": plan.reason, "strategy": strategy, "solve_ms": plan.solve_ms}
     out = plan_to_json(plan, model.n_layers, evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring))
+    out["ctx"] = inst.n_ctx
+    for d, kv, js in zip(plan.devices, inst.priced_kv, out["devices"], strict=True):
+        js.update(kv_dtype=kv, kv_bytes=kv_bytes_per_token_layer(model, kv) * inst.n_ctx * d.window * plan.k)
     if speculation is not None:
         out["speculation"] = speculation_json(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.predicted_tpot_s,
                                               *speculation)
     return out | throughput_fields(tput)
+
+
+def choose_kv_dtype(solve):
+    """solve(kv) -> (instance, plan, throughput) with auto devices' KV in kv: the first of KV_DTYPES (most precise
+    first) whose plan reads no layer from disk a token, else the one of the lowest predicted TPOT (float on a tie)."""
+    tried = []
+    for kv in KV_DTYPES:
+        got = solve(kv)
+        inst, plan = got[0], got[1]
+        if not isinstance(plan, Infeasible) and not any(
+                evaluate(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.in_ring).disk_s):
+            return got
+        tried.append(got)
+    feasible = [g for g in tried if not isinstance(g[1], Infeasible)]
+    return min(feasible, key=lambda g: g[1].predicted_tpot_s) if feasible else tried[0]
 
 
 def throughput_fields(t: Throughput) -> dict:

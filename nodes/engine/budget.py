@@ -6,6 +6,7 @@ import torch
 
 from nodes.engine.formats import Format
 from nodes.engine.fused import STREAM_UNITS, expert_bytes, head_bytes, kv_bytes, layer_bytes, stream_parts
+from nodes.engine.kv_dtype import FLOAT, KVDtype
 from nodes.engine.memory_plan import MemoryPlan, parts_bytes, plan_memory
 from nodes.engine.prefetch import kv_reserve_tokens
 from prima_rpc.spec.manifest import ModelConfig, StoreError
@@ -23,14 +24,15 @@ class ShardBudget:
 
 def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Format | None,
                  head_fmt: Format | None, budget: int, prefetch: bool, buffer: int,
-                 default_budget: bool = False) -> ShardBudget:
+                 default_budget: bool = False, kv_dtype: KVDtype = FLOAT, ctx: int = 0) -> ShardBudget:
     """The memory plan of the windows' layers (matrices in `fmt`, None: float) computing in `dtype`, beside the
-    head (its embedding in `head_fmt`) and a KV reserve (kv_reserve_tokens: the whole context for the default
-    budget); budget and buffer in bytes as nodes.engine.memory_plan.plan_memory takes them (0: unlimited, 0: the
-    default buffer)."""
+    head (its embedding in `head_fmt`) and a KV reserve in `kv_dtype` of `ctx` positions, all requests together
+    (0: kv_reserve_tokens, the whole context for the default budget); budget and buffer in bytes as
+    nodes.engine.memory_plan.plan_memory takes them (0: unlimited, 0: the default buffer)."""
     order = sorted(windows.layers())
     head_mem = head_bytes(cfg, dtype, head_fmt) if windows.head else 0
-    fixed = head_mem + kv_bytes(cfg, dtype, order, kv_reserve_tokens(cfg, default_budget))
+    reserve = ctx or kv_reserve_tokens(cfg, default_budget)
+    fixed = head_mem + kv_bytes(cfg, dtype, order, reserve, kv_dtype)
     if cfg.moe:
         return resident_moe(cfg, order, dtype, fmt, budget, prefetch, fixed, head_mem)
     units = {i: {u: parts_bytes(stream_parts(u, cfg, fmt and fmt.layer(i), dtype)) for u in STREAM_UNITS}

@@ -5,6 +5,7 @@ from collections.abc import Iterable
 import torch
 
 from nodes.engine.formats import PARTS, Format, Piece
+from nodes.engine.kv_dtype import FLOAT, KVDtype
 from nodes.engine.model import SMALL, Layer, Weight, window_slots
 from nodes.engine.quant import Rows
 from prima_rpc.spec.manifest import ModelConfig
@@ -123,11 +124,13 @@ def head_bytes(cfg: ModelConfig, dtype: torch.dtype, fmt: Format | None = None) 
     return matrix * (1 if cfg.tie_embeddings else 2) + cfg.hidden * dtype.itemsize
 
 
-def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int | Iterable[int], tokens: int) -> int:
+def kv_bytes(cfg: ModelConfig, dtype: torch.dtype, layers: int | Iterable[int], tokens: int,
+             kv_dtype: KVDtype = FLOAT) -> int:
     """KV cache memory of one request of `tokens` positions over `layers` (indices, or a count: the first that many),
-    as KVCache holds it: a sliding-window layer keeps a ring of window_slots positions when that is fewer."""
+    as KVCache holds it in `kv_dtype`: a sliding-window layer keeps a ring of window_slots positions when that is
+    fewer."""
     layers = range(layers) if isinstance(layers, int) else layers
     ring = window_slots(cfg)
     local = frozenset(cfg.local_layers) if ring < tokens else frozenset()
     positions = sum(ring if i in local else tokens for i in layers)
-    return 2 * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize * positions
+    return kv_dtype.bytes_per_token(cfg.n_kv_heads, cfg.head_dim, dtype) * positions

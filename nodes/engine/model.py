@@ -11,6 +11,7 @@ from nodes.engine import layer_calls, window_calls
 from nodes.engine.activation import ACTIVATIONS, gated
 from nodes.engine.formats import Format
 from nodes.engine.kernels import ops
+from nodes.engine.kv_dtype import FLOAT, KVDtype, stored_as
 from nodes.engine.moe import Expert, MoE, moe_mlp
 from nodes.engine.quant import Int4, Int8, Rows, embed_rows, linear
 from nodes.engine.rope import Rope
@@ -142,14 +143,16 @@ def head_numerics(cfg: ModelConfig) -> dict:
 
 class KVCache:
     """Keys and values of one request for the layers a node holds, preallocated to `capacity`; a sliding-window
-    layer holds a ring of `window_slots` positions instead (position p in slot p % slots) when that is fewer."""
+    layer holds a ring of `window_slots` positions instead (position p in slot p % slots) when that is fewer. Rows are
+    stored as `kv_dtype` keeps them (nodes/engine/kv_dtype.py: float in `dtype`, or quantized bytes)."""
 
-    def __init__(self, layers: list[int], cfg: ModelConfig, capacity: int, dtype: torch.dtype):
+    def __init__(self, layers: list[int], cfg: ModelConfig, capacity: int, dtype: torch.dtype,
+                 kv_dtype: KVDtype = FLOAT):
         self.capacity = capacity
         ring = window_slots(cfg)
         local = frozenset(cfg.local_layers) if ring < capacity else frozenset()
-        self.kv = {i: torch.empty((2, cfg.n_kv_heads, ring if i in local else capacity, cfg.head_dim), dtype=dtype)
-                   for i in layers}  # k and v: [nkv, S, hd]
+        self.kv = {i: kv_dtype.empty(cfg.n_kv_heads, ring if i in local else capacity, cfg.head_dim, dtype)
+                   for i in layers}  # k and v: [nkv, S, hd] (quantized: [nkv, S, row bytes])
         self.prefix_save: tuple[str, int] | None = None  # (key, length): keep [0, length) once computed (prefix cache)
         self.runs: dict[tuple[int, int], window_calls.RunKV] = {}  # window_calls' KV arrays, by (start, stop)
 
@@ -230,21 +233,48 @@ def _attend(qkv: torch.Tensor, seg: Segment, small: dict, cfg: ModelConfig, rope
         qk = torch.cat([rms_norm(qk[:nh].contiguous(), qn, cfg.norm_eps),
                         rms_norm(qk[nh:].contiguous(), kn, cfg.norm_eps)])
     q, k = rope.apply(qk, pos).split([nh, nkv])  # q and k rotated at once: half the ops
+    stored = stored_as(kv, hd)
+    if stored.quantized:
+        return _attend_packed(q, k, heads[nh + nkv:], kv, stored, pos, rope.window, scale)
     if pos + t > kv.shape[2]:  # a sliding-window layer's ring has wrapped
         return _attend_ring(q, k, heads[nh + nkv:], kv, pos, rope.window, scale)
     kv[0, :, pos:pos + t] = k
     kv[1, :, pos:pos + t] = heads[nh + nkv:]
+    return _attend_cached(q, kv[:, :, :pos + t], pos, rope.window, scale)
+
+
+def _attend_cached(q: torch.Tensor, kv: torch.Tensor, pos: int, window: int | None, scale: float) -> torch.Tensor:
+    """q [nh, T, hd] at positions [pos, pos + T) over keys and values kv [2, nkv, pos + T, hd] -> [T, nh hd]."""
+    nh, t, hd = q.shape
     if t <= ROW_ATTENTION:  # decode steps and verify frames: each row as a one-token step computes it
-        return attend_rows(q, kv[:, :, :pos + t], pos, rope.window, scale)
-    keys, values = kv[0, :, :pos + t], kv[1, :, :pos + t]
-    mask = window_mask(pos, t, rope.window)
+        return attend_rows(q, kv, pos, window, scale)
+    keys, values = kv[0], kv[1]
+    mask = window_mask(pos, t, window)
     if mask is None and pos > 0:  # chunked prefill: each new token sees the cache and its predecessors
         mask = torch.ones(t, pos + t, dtype=torch.bool).tril(diagonal=pos)
     att = F.scaled_dot_product_attention(
         q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
-        is_causal=(pos == 0 and mask is None), enable_gqa=nh != nkv, scale=scale,
+        is_causal=(pos == 0 and mask is None), enable_gqa=nh != kv.shape[1], scale=scale,
     )  # [1, nh, T, hd]
     return att[0].transpose(0, 1).reshape(t, nh * hd)
+
+
+def _attend_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, stored: KVDtype, pos: int,
+                   window: int | None, scale: float) -> torch.Tensor:
+    """Attention over a quantized cache: the segment's keys and values are stored, then every position the rows see
+    is read back (its own too, as the next step will see them) and attended in the compute dtype. Each position's
+    rows are quantized alone, so a request gets the same bits alone and in a batch."""
+    t, hd, dtype = q.shape[1], q.shape[2], q.dtype
+    own = stored.pack(torch.stack([k, v]), dtype)  # [2, nkv, T, row bytes]
+    if pos + t <= kv.shape[2]:
+        kv[:, :, pos:pos + t] = own
+        return _attend_cached(q, stored.unpack(kv[:, :, :pos + t], hd, dtype), pos, window, scale)
+    slots, lo = kv.shape[2], max(0, pos - window + 1)  # a sliding-window layer's ring has wrapped
+    held = stored.unpack(kv[:, :, torch.arange(lo, pos) % slots], hd, dtype)
+    seen = torch.cat([held, stored.unpack(own, hd, dtype)], dim=2)  # positions [lo, pos + T)
+    new = torch.arange(max(pos, pos + t - slots), pos + t)
+    kv[:, :, new % slots] = own[:, :, new - pos]
+    return _attend_cached(q, seen, pos - lo, window, scale)
 
 
 def window_mask(pos: int, t: int, window: int | None) -> torch.Tensor | None:

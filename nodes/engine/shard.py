@@ -18,6 +18,7 @@ from nodes.engine.budget import shard_budget
 from nodes.engine.expert_cache import ExpertCache
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import STREAM_UNITS, kv_bytes
+from nodes.engine.kv_dtype import FLOAT, KVDtype
 from nodes.engine.loading import ReportingStore, load_head, load_layers, shard_units
 from nodes.engine.memory_plan import MemoryPlan
 from nodes.engine.model import (
@@ -42,19 +43,22 @@ from prima_rpc.spec.windows import Windows
 class Shard:
     def __init__(self, store: LayerStore, windows: Windows, dtype: torch.dtype,
                  progress: Callable[[int, int, str], None] = lambda done, total, unit: None,
-                 *, budget: int | None = 0, depth: int | None = None, buffer: int = 0, log=None):
+                 *, budget: int | None = 0, depth: int | None = None, buffer: int = 0, log=None,
+                 kv_dtype: KVDtype = FLOAT, ctx: int = 0):
         """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
         depth: 0 loads streamed layers on demand (None: DEPTH or $PRIMA_PREFETCH_DEPTH);
-        buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers)."""
+        buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers);
+        kv_dtype: how KV caches store their rows; ctx: the KV positions the budget reserves room for (0: the
+        default, nodes.engine.prefetch.kv_reserve_tokens)."""
         default = budget is None  # its KV reserve: a request at the whole context
         budget = default_budget() if default else budget
         depth = prefetch_depth() if depth is None else depth
-        self.store, self.windows, self.dtype = store, windows, dtype
+        self.store, self.windows, self.dtype, self.kv_dtype = store, windows, dtype, kv_dtype
         self.cfg = cfg = store.config
         self.fmt = fmt = weight_format(store.manifest)  # None: float matrices
         self.log = log or structlog.get_logger()
         head_fmt = weight_format(store.manifest, "embed") if windows.head else None
-        planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer, default)
+        planned = shard_budget(cfg, windows, dtype, fmt, head_fmt, budget, depth > 0, buffer, default, kv_dtype, ctx)
         self.plan: MemoryPlan = planned.plan
         self.kv_room = planned.kv_room  # None: no budget
         reporting = ReportingStore(store, shard_units(windows, cfg.n_experts), progress)
@@ -127,7 +131,7 @@ class Shard:
             if not (start_pos + tokens <= capacity <= self.cfg.max_seq_len):
                 raise ValueError(f"capacity {capacity} must be in [{start_pos + tokens}, {self.cfg.max_seq_len}]")
             self._check_kv_room(capacity)
-            cache = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
+            cache = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype, self.kv_dtype)
             if prefix.key:
                 self.prefixes.take(prefix.key, prefix.length, cache.kv)
             self.caches[request_id] = cache
@@ -153,7 +157,7 @@ class Shard:
 
     def _cache_bytes(self, positions: int) -> int:
         """What a new request's cache of `positions` takes here (sliding-window layers: their ring)."""
-        return kv_bytes(self.cfg, self.dtype, self.windows.layers(), positions)
+        return kv_bytes(self.cfg, self.dtype, self.windows.layers(), positions, self.kv_dtype)
 
     def _free(self) -> int:
         return self.kv_room - sum(c.nbytes() for c in self.caches.values()) - self.prefixes.nbytes()
@@ -163,7 +167,8 @@ class Shard:
 
     def _positions_in(self, room: int) -> int:
         """The most positions a request's cache may have in `room` bytes (sliding-window layers: their ring)."""
-        lo, hi = 0, max(room, 0) // kv_bytes(self.cfg, self.dtype, 1, 1)  # _cache_bytes grows with positions
+        # _cache_bytes grows with positions
+        lo, hi = 0, max(room, 0) // kv_bytes(self.cfg, self.dtype, 1, 1, self.kv_dtype)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self._cache_bytes(mid) <= room else (lo, mid - 1)
@@ -183,6 +188,11 @@ class Shard:
             while not self._fits(length) and self.prefixes.evict_one():
                 pass
             self.prefixes.save(key, length, cache.kv)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one position of a request takes here, over this shard's layers."""
+        return self.kv_dtype.bytes_per_token(self.cfg.n_kv_heads, self.cfg.head_dim, self.dtype,
+                                             len(self.windows.layers()))
 
     def kv_positions(self) -> int:
         """The KV positions this shard's budget holds, all requests together (0: no budget, no limit): those of one

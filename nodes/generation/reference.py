@@ -7,6 +7,7 @@ import torch
 
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
+from nodes.engine.kv_dtype import FLOAT, KVDtype
 from nodes.engine.loading import read_layer
 from nodes.engine.model import KVCache, OutputHead, Rope, head_numerics, run_layers
 from nodes.engine.store import LayerStore
@@ -16,12 +17,14 @@ from nodes.generation.text import TextCodec
 
 
 class ReferenceModel:
-    def __init__(self, store_dir: Path, dtype: torch.dtype | None = None):
-        """dtype: of the activations (None: float32 for float stores, the machine's choice for quantized ones)."""
+    def __init__(self, store_dir: Path, dtype: torch.dtype | None = None, kv_dtype: KVDtype = FLOAT):
+        """dtype: of the activations (None: float32 for float stores, the machine's choice for quantized ones);
+        kv_dtype: how its KV caches store rows."""
         self.store = LayerStore(store_dir)
         self.cfg = self.store.config
         m = self.store.manifest
         self.dtype = dtype = dtype or getattr(torch, compute_dtype(m.dtype))
+        self.kv_dtype = kv_dtype
         fmt = weight_format(m)
         self.head = OutputHead.from_units(self.store.load("embed"), self.store.load("head"), dtype,
                                           self.cfg.tie_embeddings, fmt, **head_numerics(self.cfg))
@@ -30,7 +33,7 @@ class ReferenceModel:
         self.codec = TextCodec(m, self.store.tokenizer_path())
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(list(self.layers), self.cfg, capacity, self.dtype)
+        return KVCache(list(self.layers), self.cfg, capacity, self.dtype, self.kv_dtype)
 
     @torch.inference_mode()
     def hidden(self, ids: list[int], pos: int, cache: KVCache, start: int = 0, stop: int | None = None,

@@ -16,6 +16,7 @@ class Assignment:
     max_batch: int = 0  # the plan's batch limit (0: the node's default)
     micro_batches: int = 0  # (the head) batches in flight round the ring (0: one)
     predicted: tuple[float, float] = (0.0, 0.0)  # the plan's (per-token ms here, ring TPOT ms) for status; 0: none
+    kv: tuple[str, int] = ("", 0)  # the plan's (KV dtype of this node, context of the ring); ("", 0): the node's own
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ class NodeConfig:
     mem_budget: int = 0
     token: str | None = None
     dtype: str | None = None  # compute dtype; None: by the store and machine (nodes/engine/dtype_choice.py)
+    kv_dtype: str = "auto"  # how KV caches store rows (nodes/engine/kv_dtype.py); auto: the plan's, else float
+    ctx: int = 0  # KV positions the budget keeps room for, all requests together (0: the plan's, else the model's
+    # own context under the default budget, KV_RESERVE_TOKENS under --mem-budget)
     step_timeout: float = 60.0  # head: longest wait for one ring round trip
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)

@@ -12,6 +12,7 @@ import grpc
 import structlog
 import typer
 
+from nodes.engine.kv_dtype import CHOICES as KV_CHOICES
 from nodes.errors import Rejected, RequestFailed
 from nodes.ring import discovery, handover, metrics
 from nodes.ring.auth import TokenAuth
@@ -158,6 +159,12 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
                                         "command line, where ps shows it"),
          dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: float32 for float "
                                                "stores; for int8/int4 the fastest this machine measures)"),
+         kv_dtype: str = typer.Option("auto", help="how KV caches store rows: auto | float | int8 | int4 (int8, "
+                                                   "int4: llama.cpp's q8_0, q4_0; auto: the plan's choice, else "
+                                                   "float)"),
+         ctx: int = typer.Option(0, min=0, help="KV positions (the context, all requests together) the memory "
+                                                "budget keeps room for (0: the plan's, else the model's whole "
+                                                "context under the default budget, 2048 under --mem-budget)"),
          metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
          tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
          tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
@@ -180,11 +187,13 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
                                  "(or --discover alone: join a ring found on the LAN)")
     if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    if kv_dtype not in KV_CHOICES:
+        raise typer.BadParameter(f"--kv-dtype must be one of {', '.join(KV_CHOICES)}")
     from prima_rpc.spec.home import prima_home
 
     cfg = NodeConfig(port=port, host=host, peer=peer or join, model=model, cache=cache or prima_home() / "cache",
                      name=name, mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
-                     max_batch=max_batch, inline_s=inline_ms / 1e3)
+                     max_batch=max_batch, inline_s=inline_ms / 1e3, kv_dtype=kv_dtype, ctx=ctx)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -21,6 +21,7 @@ import torch
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
+from nodes.engine.kv_dtype import KVDtype, kv_dtype
 from nodes.engine.model import KVCache
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
@@ -99,7 +100,7 @@ class Node:
                 await self._fetch_missing(windows, job.model_id, [place.head_address, *place.ring], progress)
             check_assignment(self.store, windows, job.model_id)  # a refused assignment leaves the ring as it was
             self.epoch = job.epoch  # frames of the old ring are dropped from now on
-            await self._load(windows, progress, job.buffer_layers)
+            await self._load(windows, progress, job.buffer_layers, job.kv)
         finally:
             self.fetching = False
         self.batching = (job.max_batch, job.micro_batches)  # as assigned (0: defaults), kept by the head's re-plans
@@ -128,7 +129,7 @@ class Node:
         if store is not None:
             self.store, self.cached_units = store, weights.count_units(store)
 
-    async def _load(self, windows: Windows, progress, buffer_layers: float) -> None:
+    async def _load(self, windows: Windows, progress, buffer_layers: float, kv: tuple[str, int] = ("", 0)) -> None:
         # The head keeps its tokenizer through a re-plan: requests that arrive meanwhile wait for the ring.
         old, self.windows, self.shard = self.shard, None, None
         if not windows.head:
@@ -144,11 +145,19 @@ class Node:
             fmt = weight_format(self.store.manifest)
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
+            kv_dtype, ctx = self.kv_choice(*kv)
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log))
+                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, kv_dtype=kv_dtype,
+                ctx=ctx))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
+
+    def kv_choice(self, planned_dtype: str, planned_ctx: int) -> tuple[KVDtype, int]:
+        """The KV dtype and context this node loads with: its own flags where given, else the plan's (float and the
+        default context where neither says)."""
+        name = self.cfg.kv_dtype if self.cfg.kv_dtype != "auto" else planned_dtype or "float"
+        return kv_dtype(name), self.cfg.ctx or planned_ctx
 
     @property
     def dtype_name(self) -> str:

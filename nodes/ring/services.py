@@ -9,6 +9,7 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
+from nodes.engine.kv_dtype import NAMES as KV_NAMES
 from nodes.engine.prefetch import MAX_BUFFER_LAYERS
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.speculate import speculate_params
@@ -97,12 +98,15 @@ class ControlService(rpc.ControlServicer):
         if request.max_batch > MAX_REQUESTS or request.micro_batches > MAX_REQUESTS:
             await abort(context, Code.INVALID_ARGUMENT,
                         f"max_batch and micro_batches must be at most {MAX_REQUESTS} (0: the node's default)")
+        if request.kv_dtype not in ("", *KV_NAMES):
+            await abort(context, Code.INVALID_ARGUMENT,
+                        f"kv_dtype must be one of {', '.join(KV_NAMES)} or empty, got {request.kv_dtype[:20]!r}")
         if request.head_address and not _is_address(request.head_address):
             await abort(context, Code.INVALID_ARGUMENT,
                         f"head_address must be HOST:PORT, got {request.head_address[:80]!r}")
 
         job = Assignment(windows, request.model_id, request.epoch, request.replan, buffer, request.max_batch,
-                         request.micro_batches, predicted)
+                         request.micro_batches, predicted, (request.kv_dtype, request.ctx))
         place = Place(tuple(request.ring), request.head_address,
                       tuple((r.start, r.stop) for r in request.head_windows), request.standby)
 
@@ -141,7 +145,8 @@ class ControlService(rpc.ControlServicer):
         except OSError as exc:
             await abort(context, Code.FAILED_PRECONDITION, f"profiling failed: {exc}")
         manifest = (node.store.root / MANIFEST).read_text() if node.store else ""  # its store, or its cache
-        return frames.profile_reply(json.dumps(prof.to_json()), manifest)
+        # its --kv-dtype: the plan prices its KV so (auto: the plan's choice)
+        return frames.profile_reply(json.dumps(prof.to_json() | {"kv_dtype": node.cfg.kv_dtype}), manifest)
 
     async def SetPeer(self, request, context):
         peer = request.peer

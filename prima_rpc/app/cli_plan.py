@@ -29,7 +29,10 @@ def plan(ctx: typer.Context,
          speculate_accept: float = typer.Option(None, metavar="R", help="also predict TPOT with speculative "
                                                 "decoding whose drafts are accepted at rate R (0-1)"),
          draft_tokens: int = typer.Option(None, metavar="N", help="tokens drafted per trip, with "
-                                          "--speculate-accept (1-16; default: the head's)")):
+                                          "--speculate-accept (1-16; default: the head's)"),
+         context: int = typer.Option(0, "--ctx", min=0, help="the context each request gets, in tokens: its KV "
+                                     "is priced on every device, devices at --kv-dtype auto take the most precise "
+                                     "KV dtype that holds it (0: the model's own, float)")):
     """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
     if concurrency < 1:
         fail(f"--concurrency must be >= 1, got {concurrency}")
@@ -38,7 +41,7 @@ def plan(ctx: typer.Context,
         fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
     if profiles is not None and model is None:
         fail("--profiles needs --model DIR (a store or a manifest-only store)")
-    result, title = _solve(ctx.obj, profiles, model, strategy, refresh, concurrency, speculation)
+    result, title = _solve(ctx.obj, profiles, model, strategy, refresh, concurrency, speculation, context)
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
     if json_out:
@@ -55,20 +58,21 @@ def plan(ctx: typer.Context,
 
 
 def _solve(target: Target, profiles: Path | None, model: Path | None, strategy: str, refresh: bool,
-           concurrency: int, speculation: tuple[int, float] | None) -> tuple[dict, str]:
+           concurrency: int, speculation: tuple[int, float] | None, context: int = 0) -> tuple[dict, str]:
     """(the plan, a title for its timeline): offline from --profiles and --model, else for the live ring."""
     if profiles is not None:
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
 
         read_manifest(model)  # a clear error for a directory that is not a store
         manifest = json.loads((model / "manifest.json").read_text())
-        result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation)
+        result = plan_offline(profiles, manifest, strategy, concurrency=concurrency, speculation=speculation,
+                              n_ctx=context * concurrency, choose_kv=bool(context))
         return result, f"{manifest.get('name', model.name)} on {profiles.stem}"
     from prima_rpc.app.cli_ring import reach
     from prima_rpc.app.live_plan import plan_live_shown
 
     reach(target)  # unreachable, or the token refused: said before profiling starts
-    return plan_live_shown(target.node, target.token, strategy, refresh, concurrency, speculation), \
+    return plan_live_shown(target.node, target.token, strategy, refresh, concurrency, speculation, context), \
         f"the ring from {target.node}"
 
 
@@ -95,7 +99,8 @@ def show(result: dict) -> None:
     table = Table(title=f"{result['strategy']} plan: k = {result['k']} rounds per token", box=box.SIMPLE_HEAD,
                   show_edge=False, collapse_padding=True)
     moe = "experts" in result  # a mixture: each node's expected expert reads, of the routed experts' bytes
-    for col in ("device", "role", "window", "GPU\nlayers", "set", "memory\nGiB", "stream\nbuffer", "predicted\nms",
+    for col in ("device", "role", "window", "GPU\nlayers", "set", "memory\nGiB", "KV\nGiB", "stream\nbuffer",
+                "predicted\nms",
                 *(("experts read\nMiB/token",) if moe else ()), "layers"):
         table.add_column(col)
     for d in result["devices"]:
@@ -103,11 +108,14 @@ def show(result: dict) -> None:
                    ) if moe else ()
         table.add_row(d["name"], d["role"], str(d["window"]), str(d["gpu_layers"]), d["set"],
                       f"{d['memory_bytes'] / 2**30:.2f}",
+                      f"{d['kv_bytes'] / 2**30:.2f} {d['kv_dtype']}" if "kv_bytes" in d else "-",
                       f"{d['buffer_layers']:.2f}" if d.get("buffer_layers") else "-", f"{d['predicted_ms']:.1f}",
                       *experts, " ".join(f"[{a},{b})" for a, b in d["layers"]) or "-")
     tables.show(table, console)
     if moe:
         console.print(f"experts: {result['experts']['hit_rate']}")
+    if "ctx" in result:
+        console.print(f"KV for {result['ctx']} positions a layer (all requests together)")
     console.print(f"predicted TPOT {result['predicted_tpot_ms']:.1f} ms{terms(result)}; "
                   f"solved in {result['solve_ms']:.1f} ms")
     if "concurrency" in result:

@@ -28,13 +28,13 @@ def start(ctx: typer.Context,
 
     Without --windows or --plan: profile the live ring, solve Halda, and apply its plan."""
     target: Target = ctx.obj
-    predicted, batching = None, (0, 0)
+    predicted, batching, kv = None, (0, 0), (None, 0)
     if windows is not None:
         sizes, members, buffers = cli_args.windows(windows), None, None
     reach(target)
     if windows is None:
-        sizes, members, buffers, predicted, batching = _plan_windows(target, plan)
-    nodes = assign_windows(target, sizes, members, buffers, predicted=predicted, batching=batching)
+        sizes, members, buffers, predicted, batching, kv = _plan_windows(target, plan)
+    nodes = assign_windows(target, sizes, members, buffers, predicted=predicted, batching=batching, kv=kv)
     print(f"ring ready: {len(nodes)} nodes, head {target.node}")
 
 
@@ -172,7 +172,8 @@ def capped(request: GenerateRequest, done: Finished) -> None:
 def _plan_windows(target: Target, plan_file: Path | None):
     """Windows in ring order from a saved or freshly solved plan, which devices stay in the ring
     (removed ones are routed around; relays stay), their stream buffers in layers (0: default), and the plan's
-    prediction: (each device's per-token compute and stalls, turn_ms, and the TPOT, in ms) or None."""
+    prediction: (each device's per-token compute and stalls, turn_ms, and the TPOT, in ms) or None, its batching,
+    and its KV: (each device's KV dtype, the context per request) or (None, 0) where it names none."""
     if plan_file is not None:
         try:
             result = json.loads(plan_file.read_text())
@@ -199,15 +200,18 @@ def _plan_windows(target: Target, plan_file: Path | None):
         # leaves the nodes' defaults (its max_batch of 1 would only forbid batching more users than planned).
         batching = (int(result["max_batch"]), int(result["micro_batches"])) \
             if int(result.get("concurrency", 1)) > 1 else (0, 0)
+        kv = ([str(d["kv_dtype"]) for d in devices], int(result["ctx"])) \
+            if all("kv_dtype" in d for d in devices) and "ctx" in result else (None, 0)
         return ([int(d["window"]) for d in devices], [d.get("role") != "removed" for d in devices],
-                [float(d.get("buffer_layers", 0.0)) for d in devices], predicted, batching)
+                [float(d.get("buffer_layers", 0.0)) for d in devices], predicted, batching, kv)
     except (KeyError, TypeError, ValueError, AttributeError):
         fail("the plan has no valid devices list")
 
 
 def assign_windows(target: Target, sizes: list[int], members: list[bool] | None = None,
                    buffers: list[float] | None = None, logs: Path | None = None,
-                   predicted: tuple[list[float], float] | None = None, batching: tuple[int, int] = (0, 0)):
+                   predicted: tuple[list[float], float] | None = None, batching: tuple[int, int] = (0, 0),
+                   kv: tuple[list[str] | None, int] = (None, 0)):
     """ring.start from the --node with a progress bar of loading (and fetching) windows; a one-line error."""
     loaded: dict[str, tuple[int, int]] = {}
     fetched: dict[str, list[float]] = {}  # address -> [bytes done, bytes total, first seen, last seen]
@@ -228,7 +232,8 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
         try:
             nodes = ring.start(target.node, sizes, target.token, progress=report, members=members,
                                buffers=buffers, predicted=predicted[0] if predicted else None,
-                               predicted_tpot_ms=predicted[1] if predicted else 0.0, batching=batching)
+                               predicted_tpot_ms=predicted[1] if predicted else 0.0, batching=batching,
+                               kv_dtypes=kv[0], ctx=kv[1])
         except ring.RingError as exc:
             fail(f"{exc} (logs in {logs})" if logs else str(exc))
     for address, f in fetched.items():

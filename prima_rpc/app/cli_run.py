@@ -12,6 +12,8 @@ from prima_rpc.app.cli_errors import fail
 from prima_rpc.app.cli_store import default_store
 from prima_rpc.request import GenerateRequest
 
+KV_CHOICES = ("auto", "float", "int8", "int4")  # nodes.engine.kv_dtype.CHOICES, without importing torch here
+
 
 def run(prompt: str = typer.Argument(..., help="one user message (or raw text with --raw)"),
         model: Path = typer.Option(None, help="store directory (default: SmolLM2 in int4, imported if missing)"),
@@ -22,6 +24,8 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
         json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: float32 for float "
                                               "stores; for int8/int4 the fastest this machine measures)"),
+        kv_dtype: str = typer.Option("auto", help="how the KV cache stores rows: auto | float | int8 | int4 "
+                                                  "(auto: float; quantized as llama.cpp's q8_0 / q4_0)"),
         speculate: str = typer.Option("off", help="off | ngram (prompt lookup) | draft (needs --draft)"),
         draft: Path = typer.Option(None, help="draft model store (same tokenizer) for --speculate draft"),
         draft_tokens: int = typer.Option(4, help="most tokens drafted per forward (1-16)"),
@@ -38,7 +42,9 @@ def run(prompt: str = typer.Argument(..., help="one user message (or raw text wi
             cli_args.store(store)
     if dtype not in (None, "float32", "bfloat16"):
         fail(f"--dtype must be float32 or bfloat16, got {dtype}")
-    _generate(request, params, model or default_store(), dtype, draft, json_out)
+    if kv_dtype not in KV_CHOICES:
+        fail(f"--kv-dtype must be one of {', '.join(KV_CHOICES)}, got {kv_dtype}")
+    _generate(request, params, model or default_store(), dtype, draft, json_out, kv_dtype)
 
 
 def _reference_params(request: GenerateRequest):
@@ -53,10 +59,11 @@ def _reference_params(request: GenerateRequest):
 
 
 def _generate(request: GenerateRequest, params, model: Path, dtype: str | None, draft: Path | None,
-              json_out: bool) -> None:
+              json_out: bool, kv_dtype: str = "auto") -> None:
     """Stream the reference's tokens to stdout, or print them as one JSON object."""
     import torch
 
+    from nodes.engine.kv_dtype import kv_dtype as kv_dtype_named
     from nodes.errors import Rejected
     from nodes.generation.draft import DraftModel, load_draft
     from nodes.generation.reference import ReferenceModel
@@ -64,7 +71,7 @@ def _generate(request: GenerateRequest, params, model: Path, dtype: str | None, 
     from nodes.generation.text import PromptError
 
     torch_dtype = getattr(torch, dtype) if dtype else None
-    ref = ReferenceModel(model, dtype=torch_dtype)
+    ref = ReferenceModel(model, dtype=torch_dtype, kv_dtype=kv_dtype_named("float" if kv_dtype == "auto" else kv_dtype))
     try:
         prompt_ids = ref.codec.request_ids(request)
     except PromptError as exc:

@@ -41,13 +41,15 @@ def profile_ring(head: str, token: str | None, refresh: bool = False,
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
               concurrency: int = 1, speculation: tuple[int, float] | None = None,
-              progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+              progress: Callable[[int, int], None] = lambda done, total: None, ctx: int = 0) -> dict:
+    """ctx: the context each request gets (0: the model's own); given, devices at --kv-dtype auto are priced with
+    the most precise KV dtype that holds it (solver.strategies.choose_kv_dtype)."""
     profiles, manifest = profile_ring(head, token, refresh, progress)
     devices = devices_from_json(profiles)
     # KV for the requests asked for, each at the whole context: plan memory the way the nodes will use it.
-    n_ctx = kv_tokens(ModelProfile.from_json(manifest).max_seq_len, concurrency)
+    n_ctx = kv_tokens(ctx or ModelProfile.from_json(manifest).max_seq_len, concurrency)
     result = plan_for(devices, manifest, strategy, n_ctx=n_ctx, concurrency=concurrency,
-                      speculation=speculation)
+                      speculation=speculation, choose_kv=bool(ctx))
     if "devices" in result:  # nodes without the model fetch their layers from the head first
         add_first_start(result, ModelProfile.from_json(manifest), devices, profiles["_holds_model"])
     result["profiles"] = profiles
@@ -55,7 +57,7 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
 
 
 def plan_live_shown(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-                    concurrency: int = 1, speculation: tuple[int, float] | None = None) -> dict:
+                    concurrency: int = 1, speculation: tuple[int, float] | None = None, ctx: int = 0) -> dict:
     """plan_live with a bar of the devices profiled (a first profile takes a minute) and a summary line."""
     import time
 
@@ -68,6 +70,6 @@ def plan_live_shown(head: str, token: str | None, strategy: str = "halda", refre
         progress(done, total, f"profiling device {min(done + 1, total)} of {total}")
 
     with bar("profiling the devices") as progress:
-        result = plan_live(head, token, strategy, refresh, concurrency, speculation, report)
+        result = plan_live(head, token, strategy, refresh, concurrency, speculation, report, ctx)
     summary(f"profiled {count[0]} devices and solved the plan in {time.monotonic() - started:.1f} s")
     return result

@@ -98,14 +98,16 @@ def start(head: str, windows: list[int], token: str | None = None,
           progress: Callable[[str, pb.LoadProgress], None] = lambda address, p: None,
           members: list[bool] | None = None, buffers: list[float] | None = None,
           predicted: list[float] | None = None, predicted_tpot_ms: float = 0.0,
-          batching: tuple[int, int] = (0, 0)) -> list[tuple[str, pb.NodeInfo]]:
+          batching: tuple[int, int] = (0, 0), kv_dtypes: list[str] | None = None,
+          ctx: int = 0) -> list[tuple[str, pb.NodeInfo]]:
     """Assign `windows` (ring order, head first) to the ring walked from `head`, in parallel.
 
     members: which nodes stay (default: all). The others are routed around: each member's successor
     becomes the next member (Control.SetPeer), and they are left without layers (an unused relay).
     buffers: each node's stream buffer in layers, the plan's choice (0 or None: the node's default).
     predicted, predicted_tpot_ms: the plan's per-token ms of each node and its TPOT, kept by the nodes for status.
-    batching: the plan's (max_batch, micro_batches) for its concurrency; 0: the nodes' defaults."""
+    batching: the plan's (max_batch, micro_batches) for its concurrency; 0: the nodes' defaults.
+    kv_dtypes, ctx: the plan's KV dtype of each node and the ring's context (None, 0: the nodes' own)."""
     ring = walk(head, token)
     if len(windows) != len(ring):
         raise RingError(f"{len(windows)} windows for a ring of {len(ring)} nodes: "
@@ -116,7 +118,11 @@ def start(head: str, windows: list[int], token: str | None = None,
     predicted = list(predicted) if predicted is not None else [0.0] * len(ring)
     if len(predicted) != len(ring):
         raise RingError(f"{len(predicted)} predictions for a ring of {len(ring)} nodes")
+    kv_dtypes = list(kv_dtypes) if kv_dtypes is not None else [""] * len(ring)
+    if len(kv_dtypes) != len(ring):
+        raise RingError(f"{len(kv_dtypes)} KV dtypes for a ring of {len(ring)} nodes")
     if members is not None and not all(members):
+        kv_dtypes = [k for k, m in zip(kv_dtypes, members) if m]
         buffers = [b for b, m in zip(buffers, members) if m]
         predicted = [p for p, m in zip(predicted, members) if m]
         ring, windows = _route_around(ring, windows, members, token)
@@ -136,6 +142,7 @@ def start(head: str, windows: list[int], token: str | None = None,
                              ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]],
                              head_address=ring[-1][1].peer, buffer_layers=buffers[i], predicted_ms=predicted[i],
                              predicted_tpot_ms=predicted_tpot_ms, max_batch=batching[0], micro_batches=batching[1],
+                             kv_dtype=kv_dtypes[i], ctx=ctx,
                              head_windows=ranges[0], standby=(i == 1))  # the head's successor keeps its units
         try:
             with Control(address, token) as peer:

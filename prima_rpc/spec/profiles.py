@@ -48,10 +48,12 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+KV_CHOICES = ("auto", "float", "int8", "int4")  # a device's KV dtype (nodes/engine/kv_dtype.py CHOICES)
+
 OS_KINDS = ("linux", "macos", "android", "windows")
 GPU_KINDS = ("cuda", "metal", "none")
 OPTIONAL = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "read_loss_s", "stream_layer_s", "is_head",
-            "host", "batch_cost", "output_batch_cost")
+            "host", "batch_cost", "output_batch_cost", "kv_dtype")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class DeviceProfile:
     host: str = ""
     batch_cost: tuple[tuple[int, float], ...] = ()  # (b, cost of b rows / cost of 1 row), b ascending, from 1
     output_batch_cost: tuple[tuple[int, float], ...] = ()  # the same for the output layer
+    kv_dtype: str = "auto"  # its node's --kv-dtype: float | int8 | int4, or auto (the plan chooses)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -91,7 +94,7 @@ class DeviceProfile:
         if self.gpu_kind == "metal" and self.os != "macos":
             raise ValueError(f"{self.name}: gpu_kind 'metal' needs os 'macos', got {self.os!r}")
         for f in fields(self):
-            if f.name in ("name", "os", "gpu_kind", "is_head", "host", "batch_cost", "output_batch_cost"):
+            if f.name in ("name", "os", "gpu_kind", "is_head", "host", "batch_cost", "output_batch_cost", "kv_dtype"):
                 continue
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -105,6 +108,8 @@ class DeviceProfile:
             object.__setattr__(self, key, int(getattr(self, key)))
         if not isinstance(self.is_head, bool):
             raise ValueError(f"{self.name}: is_head must be a bool, got {self.is_head!r}")
+        if self.kv_dtype not in KV_CHOICES:
+            raise ValueError(f"{self.name}: kv_dtype must be one of {KV_CHOICES}, got {self.kv_dtype!r}")
         if not isinstance(self.host, str):
             raise ValueError(f"{self.name}: host must be a string, got {self.host!r}")
         for key in ("batch_cost", "output_batch_cost"):

@@ -27,6 +27,8 @@ PRESETS: dict[str, ModelConfig] = {
                                  n_experts_used=2, moe_intermediate=32, norm_topk_prob=True),
     "tiny-qwen2moe": ModelConfig("qwen2moe", 64, 160, 6, 4, 2, 16, 320, 512, 1e-6, 1e6, qkv_bias=True, n_experts=8,
                                  n_experts_used=2, moe_intermediate=32, shared_intermediate=96),
+    # A small body with a 32k context, for the long-context KV benchmark (tools/bench/bench_kv_context.py).
+    "long-32k": ModelConfig("llama", 256, 768, 4, 4, 2, 64, 320, 32768),
     # A SmolLM2-like body with ~1 GB of fp32 layers, for offload benchmarks.
     "offload-1g": ModelConfig("llama", 1024, 2816, 24, 16, 4, 64, 4096, 4096),
 }

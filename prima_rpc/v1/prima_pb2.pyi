@@ -166,7 +166,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions", "kv_dtype", "kv_bytes_per_token")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,8 @@ class NodeInfo(_message.Message):
     HEAD_COPY_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
     KV_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -219,7 +221,9 @@ class NodeInfo(_message.Message):
     head_copy: bool
     ring: _containers.RepeatedScalarFieldContainer[str]
     kv_positions: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ...) -> None: ...
+    kv_dtype: str
+    kv_bytes_per_token: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("address", "state")
@@ -230,7 +234,7 @@ class Member(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address", "max_batch", "micro_batches", "predicted_ms", "predicted_tpot_ms", "head_windows", "standby")
+    __slots__ = ("windows", "head", "model_id", "ring_layers", "epoch", "replan", "ring", "stream_buffer_layers", "head_address", "max_batch", "micro_batches", "kv_dtype", "ctx", "predicted_ms", "predicted_tpot_ms", "head_windows", "standby")
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +246,8 @@ class AssignRequest(_message.Message):
     HEAD_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CTX_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_MS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     HEAD_WINDOWS_FIELD_NUMBER: _ClassVar[int]
@@ -257,11 +263,13 @@ class AssignRequest(_message.Message):
     head_address: str
     max_batch: int
     micro_batches: int
+    kv_dtype: str
+    ctx: int
     predicted_ms: float
     predicted_tpot_ms: float
     head_windows: _containers.RepeatedCompositeFieldContainer[LayerRange]
     standby: bool
-    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ..., max_batch: _Optional[int] = ..., micro_batches: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., head_windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., standby: _Optional[bool] = ...) -> None: ...
+    def __init__(self, windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., head: _Optional[bool] = ..., model_id: _Optional[str] = ..., ring_layers: _Optional[int] = ..., epoch: _Optional[int] = ..., replan: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., stream_buffer_layers: _Optional[float] = ..., head_address: _Optional[str] = ..., max_batch: _Optional[int] = ..., micro_batches: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., ctx: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., head_windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class LoadProgress(_message.Message):
     __slots__ = ("done_bytes", "total_bytes", "unit", "ready", "fetch")
