@@ -28,7 +28,7 @@ def _unusable() -> str | None:
     return problems[0] if problems else netns.usable()
 
 
-pytestmark = pytest.mark.skipif(_unusable() is not None, reason=str(_unusable()))
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_unusable() is not None, reason=str(_unusable()))]
 
 
 def run_testbed(*args: str) -> subprocess.CompletedProcess:
@@ -106,3 +106,18 @@ def test_bad_homes_get_one_clear_line(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("error: no preset or home file 'no-such-home'")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("strategy", ["exo", "even"])
+def test_a_live_plan_of_each_strategy_applies_and_keeps_the_tokens(pair, smol_store, strategy, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    cli = [sys.executable, "-m", "prima_rpc.app.cli", "--node", pair["head"]]
+    made = subprocess.run([*cli, "plan", "--strategy", strategy, "--json", "--out", str(plan_file)],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    plan = json.loads(made.stdout)
+    assert plan["strategy"] == strategy and plan["predicted_tpot_ms"] > 0
+    started = subprocess.run([*cli, "start", "--plan", str(plan_file)], capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr
+    tokens, _ = collect(pair["head"], PROMPT, 8, temperature=0.0)
+    assert tokens == greedy_tokens(smol_store, PROMPT, 8)

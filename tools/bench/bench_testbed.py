@@ -58,9 +58,9 @@ def profile_check(record: dict, profiles: dict) -> list[dict]:
     return rows
 
 
-def measure_plan(head: str, strategy: str, tokens: int, folder: Path) -> dict:
+def measure_plan(head: str, strategy: str, tokens: int, folder: Path, ctx: int = 0) -> dict:
     plan_file = folder / f"plan-{strategy}.json"
-    ctl(head, "plan", "--strategy", strategy, "--out", str(plan_file), "--json")
+    ctl(head, "plan", "--strategy", strategy, "--out", str(plan_file), "--json", *(["--ctx", str(ctx)] if ctx else []))
     plan = json.loads(plan_file.read_text())
     if "infeasible" in plan:
         return {"strategy": strategy, "infeasible": plan["infeasible"]}
@@ -162,13 +162,16 @@ def main() -> None:
                    "once (and of one) on the first strategy's plan")
     p.add_argument("--no-prefetch", action="store_true", help="nodes load streamed layers on demand "
                    "($PRIMA_PREFETCH_DEPTH=0): the prefetch-off row")
+    p.add_argument("--ctx", type=int, default=1024, help="the context the nodes keep KV room for and the plans price "
+                   "(0: the model's own)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     env = {"PRIMA_PREFETCH_DEPTH": "0"} if a.no_prefetch else {}
     if a.reuse and (state := bed.read_state(a.base_port)) is not None:
         record = bed.record(state)
     else:
-        record = bed.up(load_home(a.preset), a.model.resolve(), base=a.base_port, node_env=env)
+        record = bed.up(load_home(a.preset), a.model.resolve(), base=a.base_port, node_env=env,
+                        node_args=["--ctx", str(a.ctx)] if a.ctx else [])
     try:
         started = time.perf_counter()
         profiles, _ = profile_ring(record["head"], None, refresh=True)
@@ -176,11 +179,12 @@ def main() -> None:
                   "profiles": profile_check(record, profiles), "plans": []}
         with tempfile.TemporaryDirectory() as tmp:
             for s in a.strategies:
-                result["plans"].append(measure_plan(record["head"], s, a.tokens, Path(tmp)))
+                result["plans"].append(measure_plan(record["head"], s, a.tokens, Path(tmp), a.ctx))
+                print(json.dumps({k: v for k, v in result["plans"][-1].items() if k != "nodes"}), file=sys.stderr)
             result["memory"] = memory_peaks(a.base_port)
             if a.concurrent:
                 if len(a.strategies) > 1:
-                    measure_plan(record["head"], a.strategies[0], 2, Path(tmp))
+                    measure_plan(record["head"], a.strategies[0], 2, Path(tmp), a.ctx)
                 result["concurrency"] = concurrency(record["head"], a.concurrent, a.tokens)
     finally:
         if not a.keep:
