@@ -22,6 +22,7 @@ from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.model import KVCache
+from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
@@ -151,6 +152,7 @@ class Node:
         loop = asyncio.get_running_loop()
         if old is not None:  # stop its prefetcher and free its memory before loading the new one
             self.stats.stall_s += old.stall_s
+            self.stats.prefix_disk_tokens += old.disk_loaded
             await loop.run_in_executor(self.pool, old.close)
             del old
         if not windows.relay:
@@ -159,11 +161,24 @@ class Node:
             fmt = weight_format(self.store.manifest)
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
+            disk = self._prefix_disk(dtype, log)
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log))
+                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, disk=disk))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
+
+    def _prefix_disk(self, dtype: torch.dtype, log) -> PrefixDisk | None:
+        """Where the new shard copies its cached prefixes (prima-node --prefix-disk; None: off)."""
+        cfg = self.cfg
+        if cfg.prefix_dir is None or cfg.prefix_disk <= 0:
+            return None
+        try:
+            return PrefixDisk(cfg.prefix_dir, cfg.prefix_disk, self.store.model_id, str(dtype).removeprefix("torch."),
+                              log)
+        except OSError as exc:  # an unwritable folder costs the copies, not the node
+            log.warning("prefixes are not copied to disk", directory=str(cfg.prefix_dir), error=str(exc))
+            return None
 
     @property
     def dtype_name(self) -> str:
