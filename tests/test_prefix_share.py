@@ -1,6 +1,7 @@
-"""A cached prefix shared copy-on-write: requests map its pages (one copy held however many use it), a write to a
-mapped position stays the writer's own, the prefix is not evicted while mapped, and requests on one shared prefix
-give a full prefill's logits alone and decoding in one batch (tiny synthetic model, float32: the C paths)."""
+"""A cached prefix shared copy-on-write: requests map its pages (one copy held however many use it, the request
+that saved it included), a write to a mapped position stays the writer's own, the prefix is not evicted while
+mapped, and requests on one shared prefix give a full prefill's logits alone and decoding in one batch (tiny
+synthetic model, float32: the C paths)."""
 
 from types import SimpleNamespace
 
@@ -75,8 +76,10 @@ def test_requests_on_one_shared_prefix_give_full_prefill_logits_alone_and_in_a_b
     tails = [torch.randint(0, 200, (10 + i,), generator=g).tolist() for i in range(3)]
     saver = shard.cache_for("saver", 0, 140, 130, Prefix(save_key="sys", save_len=128, prefill=True))
     shard.compute(shard.embed(system + [5, 6]), saver, 0, 0)
-    shard.release("saver")
     held = shard.prefixes.nbytes()
+    assert saver.shared_bytes == held  # the request that saved the prefix maps the saved pages too: one copy
+    assert not shard.prefixes.evict_one()  # while it is in use
+    shard.release("saver")
     caches, firsts, tail_logits = [], [], []
     for i, tail in enumerate(tails):
         cache = shard.cache_for(f"r{i}", 128, 160, len(tail), Prefix("sys", 128, prefill=True))

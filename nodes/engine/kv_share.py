@@ -13,6 +13,7 @@ row of the request to start on a page: the request's positions are rounded up to
 import ctypes
 import mmap
 import os
+import weakref
 
 import torch
 
@@ -22,6 +23,7 @@ _MAP_FIXED = 0x10  # Linux, every architecture
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_paged: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> the tensors page_rows made
 
 
 def row_bytes(t: torch.Tensor) -> int:
@@ -29,11 +31,17 @@ def row_bytes(t: torch.Tensor) -> int:
     return t[0, 0, 0].numel() * t.element_size()
 
 
-def shareable(t: torch.Tensor) -> bool:
-    """Whether a prefix's rows t [2, nkv, L, ...] can be mapped page by page: memfd available, a position's bytes
-    dividing the page and each row whole pages (a prefix is whole blocks of 64 positions: 64 bytes a position do)."""
+def pageable(t: torch.Tensor) -> bool:
+    """Whether rows like t's [2, nkv, S, ...] can be mapped page by page: memfd available, a position's bytes
+    dividing the page."""
     rb = row_bytes(t)
-    return hasattr(os, "memfd_create") and rb > 0 and PAGE % rb == 0 and t.shape[2] * rb % PAGE == 0
+    return hasattr(os, "memfd_create") and rb > 0 and PAGE % rb == 0
+
+
+def shareable(t: torch.Tensor) -> bool:
+    """Whether a prefix's rows t [2, nkv, L, ...] can be shared: pageable, each row whole pages (a prefix is whole
+    blocks of 64 positions: 64 bytes a position do)."""
+    return pageable(t) and t.shape[2] * row_bytes(t) % PAGE == 0
 
 
 def pages_positions(rb: int, positions: int) -> int:
@@ -67,21 +75,39 @@ class SharedPrefix:
             self.fd = -1
 
 
-def mapped_cache(prefix: SharedPrefix, like: torch.Tensor, length: int) -> tuple[torch.Tensor, int]:
-    """A request's KV tensor shaped like `like` (its positions rounded up to whole pages a row) whose positions
-    [0, length) are those of `prefix`: whole pages mapped copy-on-write, the rest copied. Returns it and the bytes
-    it shares."""
+def page_rows(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor shaped like `like` [2, nkv, S, ...] whose (k|v, head) rows each start on a page (its
+    positions rounded up to whole pages a row), so that a prefix's pages can be mapped into it."""
     rb = row_bytes(like)
     cap = pages_positions(rb, like.shape[2])
-    rows, row_size = like.shape[0] * like.shape[1], cap * rb
-    anon = mmap.mmap(-1, rows * row_size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, _PROT)
+    anon = mmap.mmap(-1, like.shape[0] * like.shape[1] * cap * rb, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, _PROT)
     t = torch.frombuffer(anon, dtype=like.dtype).view(*like.shape[:2], cap, *like.shape[3:])
-    whole = length * rb // PAGE * PAGE  # bytes of each row mapped; positions past them are copied
+    _paged[id(t)] = t
+    return t
+
+
+def map_prefix(prefix: SharedPrefix, t: torch.Tensor, length: int) -> int:
+    """Map the whole pages of `prefix`'s positions [0, length) over those of t (from page_rows), copy-on-write;
+    returns the bytes mapped (positions past them are the caller's to fill). 0 where t is not from page_rows (its
+    memory is torch's allocator's, never remapped)."""
+    if _paged.get(id(t)) is not t or prefix.fd < 0:
+        return 0
+    rb = row_bytes(t)
+    rows, row_size = t.shape[0] * t.shape[1], t.shape[2] * rb
+    whole = length * rb // PAGE * PAGE  # bytes of each row mapped
     base, src_row = t.data_ptr(), prefix.padded * rb
     for r in range(rows if whole else 0):
         got = _libc.mmap(base + r * row_size, whole, _PROT, mmap.MAP_PRIVATE | _MAP_FIXED, prefix.fd, r * src_row)
         if got != base + r * row_size:
             raise OSError(ctypes.get_errno(), "mapping a cached prefix's pages failed")
-    first = whole // rb
+    return rows * whole
+
+
+def mapped_cache(prefix: SharedPrefix, like: torch.Tensor, length: int) -> tuple[torch.Tensor, int]:
+    """A request's KV tensor shaped like `like` (page_rows) whose positions [0, length) are those of `prefix`: whole
+    pages mapped copy-on-write, the rest copied. Returns it and the bytes it shares."""
+    t = page_rows(like)
+    shared = map_prefix(prefix, t, length)
+    first = shared // (t.shape[0] * t.shape[1] * row_bytes(t)) if shared else 0
     t[:, :, first:length] = prefix.tensor[:, :, first:length]
-    return t, rows * whole
+    return t, shared

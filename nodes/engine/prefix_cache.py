@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nodes.engine.kv_share import SharedPrefix, mapped_cache, shareable
+from nodes.engine.kv_share import SharedPrefix, map_prefix, mapped_cache, page_rows, pageable, shareable
 from nodes.errors import PrefixMissed
 
 BLOCK = 64  # prefixes are whole blocks of this many prompt tokens: a key per block boundary
@@ -80,6 +80,24 @@ class PrefixCache:
                 self.users.setdefault(key, set()).add(request_id)
             else:
                 kv[i][:, :, :length] = _rows(held)[:, :, :length]
+
+    def on_pages(self, cache) -> None:
+        """Give a new cache that may save a prefix (a prompt from position 0) rows on pages (page_rows), so that it
+        can adopt() the saved pages."""
+        for i, t in cache.kv.items() if self.share else ():
+            if t.shape[2] == cache.capacity and pageable(t):
+                cache.kv[i] = page_rows(t)
+
+    def adopt(self, key: str, cache, request_id: str) -> None:
+        """The request whose cache the prefix `key` was just saved from gives up its own copy of those positions:
+        the saved pages are mapped over them (same bytes; its cache was made with page_rows), so it too holds the
+        prefix once."""
+        for i, held in self.entries[key].items():
+            if isinstance(held, SharedPrefix) and cache.kv[i].shape[2] >= cache.capacity:
+                shared = map_prefix(held, cache.kv[i], held.length)
+                cache.shared_bytes += shared
+                if shared:
+                    self.users.setdefault(key, set()).add(request_id)
 
     def release(self, request_id: str) -> None:
         """The request ended: the prefixes it mapped may be evicted again."""

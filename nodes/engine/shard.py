@@ -33,7 +33,7 @@ from nodes.engine.model import (
     nbytes,
 )
 from nodes.engine.prefetch import Prefetcher, default_budget, prefetch_depth
-from nodes.engine.prefix_cache import NONE, Prefix, PrefixCache
+from nodes.engine.prefix_cache import BLOCK, NONE, Prefix, PrefixCache
 from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.store import LayerStore
 from nodes.errors import PrefixMissed
@@ -140,6 +140,8 @@ class Shard:
             cache = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype)
             if prefix.key:
                 self.prefixes.take(prefix.key, prefix.length, cache, request_id)
+            elif prefix.prefill and tokens >= BLOCK:
+                self.prefixes.on_pages(cache)  # it may save a prefix, then hold it once (adopt)
             self.caches[request_id] = cache
         if start_pos + tokens > cache.capacity:
             raise ValueError(f"positions [{start_pos}, {start_pos + tokens}) exceed the request's "
@@ -190,6 +192,7 @@ class Shard:
                 continue  # a sliding-window layer's ring wrapped: the prompt's start is gone
             if self._keep_room(length):
                 self.prefixes.save(key, length, cache.kv)
+                self.prefixes.adopt(key, cache, next(r for r, c in self.caches.items() if c is cache))
                 self._write_prefix(key, length)
 
     def _keep_room(self, length: int) -> bool:
