@@ -2,16 +2,18 @@
 they were; a flipped byte or a stale file detected and never used; the LRU bound; atomic writes; and a shard that
 loads a prefix another shard of the same windows wrote (its logits those of a full prefill), tiny synthetic model."""
 
+import asyncio
 import os
 import time
 
 import pytest
 import torch
 
-from nodes.engine.prefix_cache import Prefix
+from nodes.engine.prefix_cache import Prefix, block_keys
 from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.shard import Shard
 from nodes.errors import PrefixMissed
+from nodes.ring.prefixes import HeadPrefixes
 from prima_rpc.spec.windows import Windows
 
 
@@ -142,3 +144,22 @@ def test_a_corrupt_file_makes_the_shard_miss_and_a_full_prefill_is_still_right(s
     with pytest.raises(PrefixMissed):
         restarted.cache_for("warm", 128, 160, 22, Prefix("p", 128, prefill=True))
     assert torch.equal(logits(restarted, "again", ids, 0, 160), cold)  # what the head does next: prefill from 0
+
+
+def test_the_head_takes_the_longest_prefix_on_its_disk_until_a_node_lacks_it():
+    async def go():
+        heads = HeadPrefixes()
+        prompt = list(range(300))  # 4 whole blocks; usable: the first 4 (the last token stays to compute)
+        keys = block_keys(prompt)
+        files = {keys[1], keys[2]}  # a restart: the index is empty, the disk holds the prefixes of 2 and 3 blocks
+        plan = heads.plan(prompt, None, files.__contains__)
+        assert (plan.use_key, plan.use_len, plan.save_len) == (keys[2], 192, 256)
+        heads.settled(plan, prompt, saved=False)
+        heads.missed(keys[2])  # a node lacked it: not asked for again this epoch, the shorter one is
+        again = heads.plan(prompt, None, files.__contains__)
+        assert (again.use_key, again.use_len) == (keys[1], 128)
+        heads.settled(again, prompt, saved=True)
+        heads.renew(5)  # a new assignment: the disk may hold it again
+        assert heads.plan(prompt, None, files.__contains__).use_len == 192
+
+    asyncio.run(go())

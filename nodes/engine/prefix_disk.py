@@ -11,6 +11,7 @@ is bounded: least recently used files (by mtime, which a read renews) go first; 
 
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
@@ -131,7 +132,7 @@ class PrefixDisk:
         path = self.path(window, key)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
+        except OSError:  # none, or unreadable: the same to the request (it prefills)
             return None
         try:
             got = self._decode(data, window, key)
@@ -162,10 +163,11 @@ class PrefixDisk:
             raise ValueError("its layers are not the window's")
         payload, offset, kv = memoryview(body)[start + n:], 0, {}
         for i, (dtype, shape) in zip(layers, head["tensors"], strict=True):
-            t = torch.empty([int(s) for s in shape], dtype=DTYPES[dtype])
-            size = t.numel() * t.element_size()
-            if t.dim() < 3 or t.shape[2] != length or offset + size > len(payload):
+            shape, kind = [int(s) for s in shape], DTYPES[dtype]
+            size = math.prod(shape) * kind.itemsize
+            if len(shape) < 3 or shape[2] != length or min(shape) < 0 or offset + size > len(payload):
                 raise ValueError("a tensor's shape does not match the file")
+            t = torch.empty(shape, dtype=kind)
             if size:
                 t.view(torch.uint8).view(-1).copy_(torch.frombuffer(bytearray(payload[offset:offset + size]),
                                                                      dtype=torch.uint8))
