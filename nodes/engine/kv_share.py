@@ -18,11 +18,13 @@ import weakref
 import torch
 
 PAGE = mmap.PAGESIZE
-_PROT = mmap.PROT_READ | mmap.PROT_WRITE
+MEMFD = hasattr(os, "memfd_create")  # Linux: elsewhere prefixes are copied
+_PROT = getattr(mmap, "PROT_READ", 0) | getattr(mmap, "PROT_WRITE", 0)
 _MAP_FIXED = 0x10  # Linux, every architecture
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+if MEMFD:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
 _paged: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> the tensors page_rows made
 
 
@@ -35,7 +37,7 @@ def pageable(t: torch.Tensor) -> bool:
     """Whether rows like t's [2, nkv, S, ...] can be mapped page by page: memfd available, a position's bytes
     dividing the page."""
     rb = row_bytes(t)
-    return hasattr(os, "memfd_create") and rb > 0 and PAGE % rb == 0
+    return MEMFD and rb > 0 and PAGE % rb == 0
 
 
 def shareable(t: torch.Tensor) -> bool:
