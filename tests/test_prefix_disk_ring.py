@@ -3,12 +3,14 @@ folder): after every process restarted, a chat's next turn loads its prefix from
 re-plan that moves windows loses only theirs; corrupt files are never used. Tokens always equal the single-process
 reference."""
 
+import json
 import time
 
 import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import wait_serving
+from tests.ctl import ctl
 from tests.rings import collect, greedy_reference, local_ring
 
 pytestmark = pytest.mark.slow
@@ -66,7 +68,9 @@ def test_after_the_whole_ring_restarted_the_next_turn_loads_its_prefix_from_disk
     _, d1 = collect(head, turn1, 4, raw=True)
     assert all(on_disk(head))
     head = restart_all(disk_ring)
-    assert all(s.prefix_cached_tokens == 0 and s.prefix_disk_bytes > 0 for s in stats(head))
+    res = ctl("--node", head, "status", "--json", timeout=60)
+    rows = json.loads(res.stdout)["nodes"]
+    assert all(r["prefix_cached_tokens"] == 0 and r["prefix_disk_bytes"] > 0 for r in rows), res.stderr
     before = counters(head)
     got, d2 = collect(head, turn2, 6, raw=True)
     assert got == greedy_reference(tiny_store, [turn2], 6, raw=True)[turn2]
