@@ -161,21 +161,21 @@ class Node:
             fmt = weight_format(self.store.manifest)
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
-            disk = self._prefix_disk(dtype, log)
+            disk = self._prefix_disk(str(dtype).removeprefix("torch."), log)  # the KV rows' dtype names the files
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
                 self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, disk=disk))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
 
-    def _prefix_disk(self, dtype: torch.dtype, log) -> PrefixDisk | None:
-        """Where the new shard copies its cached prefixes (prima-node --prefix-disk; None: off)."""
+    def _prefix_disk(self, kv_name: str, log) -> PrefixDisk | None:
+        """Where the new shard copies its cached prefixes (prima-node --prefix-disk; None: off); kv_name: how its KV
+        caches store rows (files of another are not used)."""
         cfg = self.cfg
         if cfg.prefix_dir is None or cfg.prefix_disk <= 0:
             return None
         try:
-            return PrefixDisk(cfg.prefix_dir, cfg.prefix_disk, self.store.model_id, str(dtype).removeprefix("torch."),
-                              log)
+            return PrefixDisk(cfg.prefix_dir, cfg.prefix_disk, self.store.model_id, kv_name, log)
         except OSError as exc:  # an unwritable folder costs the copies, not the node
             log.warning("prefixes are not copied to disk", directory=str(cfg.prefix_dir), error=str(exc))
             return None
