@@ -3,6 +3,7 @@ head's plan of what a prompt takes and gives, and a shard whose cached prefix gi
 prefill (tiny synthetic model)."""
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,13 +27,18 @@ def kv(n_layers=2, length=8, fill=1.0):
     return {i: torch.full((2, 1, length, 4), fill + i) for i in range(n_layers)}
 
 
+def new_cache(kv: dict[int, torch.Tensor]) -> SimpleNamespace:
+    """What PrefixCache.take gives positions to (a model.KVCache's fields)."""
+    return SimpleNamespace(kv=kv, capacity=next(iter(kv.values())).shape[2], shared_bytes=0)
+
+
 def test_take_copies_a_saved_prefix_and_misses_what_it_lacks():
     cache = PrefixCache()
     cache.save("k", 4, kv(fill=3.0))
     assert cache.positions() == 4 and cache.nbytes() == 2 * 2 * 4 * 4 * 4
-    into = kv(fill=0.0)
+    into = new_cache(kv(fill=0.0))
     cache.take("k", 3, into)
-    assert torch.equal(into[1][:, :, :3], torch.full((2, 1, 3, 4), 4.0)) and into[1][0, 0, 3, 0] == 1.0
+    assert torch.equal(into.kv[1][:, :, :3], torch.full((2, 1, 3, 4), 4.0)) and into.kv[1][0, 0, 3, 0] == 1.0
     with pytest.raises(PrefixMissed) as err:
         cache.take("k", 5, into)  # longer than held
     assert err.value.code.name == "ABORTED" and "not cached" in str(err.value)
@@ -44,7 +50,7 @@ def test_eviction_drops_the_least_recently_used():
     cache = PrefixCache()
     for key in "abc":
         cache.save(key, 2, kv())
-    cache.take("a", 2, kv())  # a is used again: b is now the oldest
+    cache.take("a", 2, new_cache(kv()))  # a is used again: b is now the oldest
     assert cache.evict_one() and list(cache.entries) == ["c", "a"]
 
 

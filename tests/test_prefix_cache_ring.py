@@ -43,9 +43,10 @@ def test_second_chat_turn_prefills_only_its_new_tokens(rings, smol_store):
 
 @pytest.fixture(scope="module")
 def tiny_ring(tiny_store, tmp_path_factory):
-    # a budget below the minimum runs at it: the KV room is the context, 512 positions a node
+    # a budget below the minimum runs at it: the KV room is the context, 512 positions a node; the prefixes in memory
+    # alone (their copies on disk: tests/test_prefix_disk_ring.py)
     with local_ring(tiny_store, 3, tmp_path_factory.mktemp("prefix"), [3, 3, 2],
-                    extra_args=[["--mem-budget", "1"]] * 3) as local:
+                    extra_args=[["--mem-budget", "1", "--prefix-disk", "0"]] * 3) as local:
         yield local.addresses[0]
 
 

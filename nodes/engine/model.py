@@ -155,9 +155,10 @@ class KVCache:
                    for i in layers}  # k and v: [nkv, S, hd] (quantized: [nkv, S, row bytes])
         self.prefix_save: tuple[str, int] | None = None  # (key, length): keep [0, length) once computed (prefix cache)
         self.runs: dict[tuple[int, int], window_calls.RunKV] = {}  # window_calls' KV arrays, by (start, stop)
+        self.shared_bytes = 0  # of kv, pages mapped from a cached prefix (counted there: PrefixCache.take)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.kv.values())
+        return sum(t.numel() * t.element_size() for t in self.kv.values()) - self.shared_bytes
 
     def reusable_prefix(self, n: int) -> int:
         """How many of the first n positions another request may copy from this cache: all n where every layer

@@ -34,8 +34,10 @@ from nodes.engine.model import (
     nbytes,
 )
 from nodes.engine.prefetch import Prefetcher, default_budget, prefetch_depth
-from nodes.engine.prefix_cache import NONE, Prefix, PrefixCache
+from nodes.engine.prefix_cache import BLOCK, NONE, Prefix, PrefixCache
+from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.store import LayerStore
+from nodes.errors import PrefixMissed
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 
@@ -44,12 +46,13 @@ class Shard:
     def __init__(self, store: LayerStore, windows: Windows, dtype: torch.dtype,
                  progress: Callable[[int, int, str], None] = lambda done, total, unit: None,
                  *, budget: int | None = 0, depth: int | None = None, buffer: int = 0, log=None,
-                 kv_dtype: KVDtype = FLOAT, ctx: int = 0):
+                 kv_dtype: KVDtype = FLOAT, ctx: int = 0, disk: PrefixDisk | None = None):
         """budget: bytes for weights and the KV reserve (0: unlimited, None: from the available RAM);
         depth: 0 loads streamed layers on demand (None: DEPTH or $PRIMA_PREFETCH_DEPTH);
         buffer: stream buffer bytes, the plan's choice (0: DEPTH + 1 layers);
         kv_dtype: how KV caches store their rows; ctx: the KV positions the budget reserves room for (0: the
-        default, nodes.engine.prefetch.kv_reserve_tokens)."""
+        default, nodes.engine.prefetch.kv_reserve_tokens);
+        disk: where cached prefixes are also written, and read back when not in memory (None: nowhere)."""
         default = budget is None  # its KV reserve: a request at the whole context
         budget = default_budget() if default else budget
         depth = prefetch_depth() if depth is None else depth
@@ -76,6 +79,8 @@ class Shard:
         self.caches: dict[str, KVCache] = {}
         self._runs: dict[tuple[int, int], list[tuple[int, int]]] = {}  # _resident_runs' cuts of a window
         self.prefixes = PrefixCache()  # KV of recent prompt prefixes, inside the KV room (dropped with the shard)
+        self.disk = disk  # and their copies on disk, which outlive it
+        self.disk_loaded = 0  # prefix positions read from the disk
         self.last_stop = max((stop for _, stop in windows.ranges), default=0)  # a frame's last layer here
         self.compute_s = 0.0  # in compute(), stalls excluded
         self._stalled = 0.0
@@ -113,11 +118,13 @@ class Shard:
         return weights + sum(c.nbytes() for c in self.caches.values()) + self.prefixes.nbytes()
 
     def close(self) -> None:
-        """Stop the prefetcher's and the expert reader's threads (the shard is being replaced)."""
+        """Stop the prefetcher's, the expert reader's and the prefix writer's threads (the shard is being replaced)."""
         if self.prefetcher:
             self.prefetcher.close()
         if self.experts is not None:
             self.experts.close()
+        if self.disk is not None:
+            self.disk.close()  # its writes finish first
 
     def cache_for(self, request_id: str, start_pos: int, capacity: int, tokens: int,
                   prefix: Prefix = NONE) -> KVCache:
@@ -130,10 +137,14 @@ class Shard:
                 raise ValueError(f"unknown request id {request_id!r} (no KV cache here; frames must start at 0)")
             if not (start_pos + tokens <= capacity <= self.cfg.max_seq_len):
                 raise ValueError(f"capacity {capacity} must be in [{start_pos + tokens}, {self.cfg.max_seq_len}]")
+            if prefix.key and not self.prefixes.holds(prefix.key, prefix.length):
+                self._load_prefix(prefix.key, prefix.length)
             self._check_kv_room(capacity)
             cache = KVCache(self.windows.layers(), self.cfg, capacity, self.dtype, self.kv_dtype)
             if prefix.key:
-                self.prefixes.take(prefix.key, prefix.length, cache.kv)
+                self.prefixes.take(prefix.key, prefix.length, cache, request_id)
+            elif prefix.prefill and tokens >= BLOCK:
+                self.prefixes.on_pages(cache)  # it may save a prefix, then hold it once (adopt)
             self.caches[request_id] = cache
         if start_pos + tokens > cache.capacity:
             raise ValueError(f"positions [{start_pos}, {start_pos + tokens}) exceed the request's "
@@ -183,11 +194,43 @@ class Shard:
             (key, length), cache.prefix_save = cache.prefix_save, None
             if not cache.reusable_prefix(pos + h.shape[0]):
                 continue  # a sliding-window layer's ring wrapped: the prompt's start is gone
-            if self.kv_room is not None and self._cache_bytes(length) > self._free() + self.prefixes.nbytes():
-                continue  # it would not fit even alone: keep the older ones
-            while not self._fits(length) and self.prefixes.evict_one():
-                pass
-            self.prefixes.save(key, length, cache.kv)
+            if self._keep_room(length):
+                self.prefixes.save(key, length, cache.kv)
+                self.prefixes.adopt(key, cache, next(r for r, c in self.caches.items() if c is cache))
+                self._write_prefix(key, length)
+
+    def _keep_room(self, length: int) -> bool:
+        """Room for a prefix of `length` positions, older prefixes evicted for it; False (none evicted) if it would
+        not fit even alone."""
+        if self.kv_room is not None and self._cache_bytes(length) > self._free() + self.prefixes.nbytes():
+            return False
+        while not self._fits(length) and self.prefixes.evict_one():
+            pass
+        return True
+
+    def _write_prefix(self, key: str, length: int) -> None:
+        """The cached prefix's copy on disk, a file per window (written on the disk's own thread)."""
+        if self.disk is None:
+            return
+        entry = self.prefixes.rows(key)
+        for start, stop in self.windows.ranges:
+            self.disk.write((start, stop), key, length, {i: entry[i] for i in range(start, stop)})
+
+    def _load_prefix(self, key: str, length: int) -> None:
+        """A prefix missing from memory, read from this node's disk into the prefix cache; PrefixMissed if a window's
+        file is missing, broken or too short (the head then prefills from 0)."""
+        entry: dict[int, torch.Tensor] = {}
+        for window in self.windows.ranges if self.disk is not None else ():
+            got = self.disk.read(window, key)
+            if got is None or got[0] < length:
+                break
+            entry.update(got[1])
+        else:
+            if self.disk is not None and self._keep_room(length):
+                self.prefixes.put(key, entry)
+                self.disk_loaded += length
+                return
+        raise PrefixMissed(f"prefix {key[:12]} of {length} positions is not cached on this node")
 
     def kv_bytes_per_token(self) -> int:
         """KV bytes one position of a request takes here, over this shard's layers."""
@@ -204,6 +247,7 @@ class Shard:
 
     def release(self, request_id: str) -> bool:
         found = self.caches.pop(request_id, None) is not None
+        self.prefixes.release(request_id)
         if found and self.prefetcher:
             p = self.prefetcher
             self.log.info("offload stats", request_id=request_id, resident_bytes=self.resident_bytes(),

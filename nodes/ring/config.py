@@ -25,6 +25,8 @@ class NodeConfig:
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
     inline_s: float = INLINE_S  # compute jobs measured shorter run on the event loop (nodes/ring/compute_pool.py)
+    prefix_dir: Path | None = None  # where cached prefixes are copied (nodes/engine/prefix_disk.py; None: nowhere)
+    prefix_disk: int = 0  # bytes those copies may take (0: none are written)
 
 
 @dataclass
@@ -42,3 +44,4 @@ class Stats:
     queue_wait_s: float = 0.0  # frames' time in the inbox before their compute
     prefilled_tokens: int = 0  # prompt positions computed here
     prefix_hit_tokens: int = 0  # prompt positions copied from the prefix cache instead
+    prefix_disk_tokens: int = 0  # prefix positions read from disk by shards replaced (the current one: its own)

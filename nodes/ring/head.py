@@ -142,7 +142,12 @@ class Head:
             except TimeoutError:
                 break
         self.prefixes.fit(self.kv.free())
-        return self.prefixes.plan(prompt_ids, self.kv.free())
+        return self.prefixes.plan(prompt_ids, self.kv.free(), self._on_disk)
+
+    def _on_disk(self, key: str) -> bool:
+        """This node's disk holds prefix `key` of its windows (nodes/engine/prefix_disk.py)."""
+        shard = self.node.shard
+        return shard is not None and shard.disk is not None and shard.disk.has(shard.windows.ranges, key)
 
     def _settle(self, plan: PrefixPlan, prompt_ids: list[int], saved: bool) -> PrefixPlan:
         """The prompt went round (saved) or will not: its prefix is known, its waiters go on; what is left of plan."""
@@ -153,7 +158,7 @@ class Head:
         """A node lacked the prefix: forget it, and plan again (the full prefill keeps it on every node again)."""
         self._settle(plan, prompt_ids, False)
         self.prefixes.missed(plan.use_key)
-        return self.prefixes.plan(prompt_ids, self.kv.free())
+        return self.prefixes.plan(prompt_ids, self.kv.free(), self._on_disk)
 
     async def _round_trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int,
                           capacity: int, rows: int = 0) -> torch.Tensor:

@@ -175,6 +175,10 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
          max_batch: int = typer.Option(MAX_BATCH, min=1, max=MAX_REQUESTS,
                                        help="frames of different requests one compute takes at most (a plan "
                                             "may set another)"),
+         prefix_disk: str = typer.Option("1GiB", help="disk for copies of cached prompt prefixes, which a restart "
+                                                     "or a re-plan keeping a window loads instead of prefilling "
+                                                     "(0: off)"),
+         prefix_dir: Path = typer.Option(None, help="where those copies go (default: $PRIMA_HOME/prefixes)"),
          inline_ms: float = typer.Option(INLINE_S * 1e3, min=0, help="compute jobs last measured shorter run on "
                                          "the event loop, saving two thread hand-offs (0: always the thread)"),
          log_level: str = typer.Option("info")):
@@ -193,7 +197,8 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
 
     cfg = NodeConfig(port=port, host=host, peer=peer or join, model=model, cache=cache or prima_home() / "cache",
                      name=name, mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
-                     max_batch=max_batch, inline_s=inline_ms / 1e3, kv_dtype=kv_dtype, ctx=ctx)
+                     max_batch=max_batch, inline_s=inline_ms / 1e3, kv_dtype=kv_dtype, ctx=ctx,
+                     prefix_dir=prefix_dir or prima_home() / "prefixes", prefix_disk=parse_size(prefix_disk))
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -75,6 +75,7 @@ class NodeCollector(Collector):
         ("queue_wait_s", "prima_queue_wait_seconds", "Time frames waited in the inbox before their compute"),
         ("prefilled_tokens", "prima_prefilled_tokens", "Prompt positions computed"),
         ("prefix_hit_tokens", "prima_prefix_hit_tokens", "Prompt positions copied from the prefix cache instead"),
+        ("prefix_disk_tokens", "prima_prefix_disk_tokens", "Prefix positions read from disk instead of prefilled"),
     )
     GAUGES = (
         ("resident_bytes", "prima_resident_bytes", "Weights and KV caches held in memory"),
@@ -84,6 +85,7 @@ class NodeCollector(Collector):
         ("max_batch_seen", "prima_max_batch_seen", "The largest batch computed"),
         ("max_batch", "prima_max_batch", "The most frames one compute takes (this node's limit)"),
         ("prefix_cached_tokens", "prima_prefix_cached_tokens", "Positions the prefix cache holds"),
+        ("prefix_disk_bytes", "prima_prefix_disk_bytes", "Bytes of this node's prefix files on disk"),
     )
 
     def __init__(self, node):

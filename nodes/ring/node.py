@@ -23,6 +23,7 @@ from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
 from nodes.engine.kv_dtype import KVDtype, kv_dtype
 from nodes.engine.model import KVCache
+from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
@@ -137,6 +138,7 @@ class Node:
         loop = asyncio.get_running_loop()
         if old is not None:  # stop its prefetcher and free its memory before loading the new one
             self.stats.stall_s += old.stall_s
+            self.stats.prefix_disk_tokens += old.disk_loaded
             await loop.run_in_executor(self.pool, old.close)
             del old
         if not windows.relay:
@@ -146,9 +148,12 @@ class Node:
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
             kv_dtype, ctx = self.kv_choice(*kv)
+            # the KV rows' dtype names the prefix files: float KV in float32 and bfloat16 differ too
+            kv_name = kv_dtype.name if kv_dtype.name != "float" else str(dtype).removeprefix("torch.")
+            disk = self._prefix_disk(kv_name, log)
             self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
                 self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, kv_dtype=kv_dtype,
-                ctx=ctx))
+                ctx=ctx, disk=disk))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
@@ -158,6 +163,18 @@ class Node:
         default context where neither says)."""
         name = self.cfg.kv_dtype if self.cfg.kv_dtype != "auto" else planned_dtype or "float"
         return kv_dtype(name), self.cfg.ctx or planned_ctx
+
+    def _prefix_disk(self, kv_name: str, log) -> PrefixDisk | None:
+        """Where the new shard copies its cached prefixes (prima-node --prefix-disk; None: off); kv_name: how its KV
+        caches store rows (files of another are not used)."""
+        cfg = self.cfg
+        if cfg.prefix_dir is None or cfg.prefix_disk <= 0:
+            return None
+        try:
+            return PrefixDisk(cfg.prefix_dir, cfg.prefix_disk, self.store.model_id, kv_name, log)
+        except OSError as exc:  # an unwritable folder costs the copies, not the node
+            log.warning("prefixes are not copied to disk", directory=str(cfg.prefix_dir), error=str(exc))
+            return None
 
     @property
     def dtype_name(self) -> str:

@@ -10,6 +10,7 @@ def info(node) -> pb.NodeInfo:
     """node: a nodes.ring.node.Node (not imported: it calls this)."""
     rss = psutil.Process().memory_info().rss
     stall = node.stats.stall_s + (node.shard.stall_s if node.shard else 0.0)
+    disk = node.shard.disk if node.shard else None
     stats = frames.node_stats(
         resident_bytes=node.shard.resident_bytes() if node.shard else 0,
         disk_read_bytes=node.store.bytes_read if node.store else 0,
@@ -21,7 +22,9 @@ def info(node) -> pb.NodeInfo:
         max_batch_seen=node.stats.max_batch_seen, queue_depth=node.inbox.qsize(),
         queue_wait_s=node.stats.queue_wait_s, max_batch=node.max_batch,
         prefilled_tokens=node.stats.prefilled_tokens, prefix_hit_tokens=node.stats.prefix_hit_tokens,
-        prefix_cached_tokens=node.shard.prefixes.positions() if node.shard else 0)
+        prefix_cached_tokens=node.shard.prefixes.positions() if node.shard else 0,
+        prefix_disk_bytes=disk.held_bytes(node.shard.windows.ranges) if disk else 0,
+        prefix_disk_tokens=node.stats.prefix_disk_tokens + (node.shard.disk_loaded if node.shard else 0))
     return frames.node_info(
         stats=stats, windows=node.windows.ranges if node.windows else (),
         members=node.head.members.states() if node.head else (),

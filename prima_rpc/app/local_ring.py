@@ -202,6 +202,8 @@ def launch(model: Path | None, n: int, base_port: int = 0, *, log_dir: Path | No
                "--peer", addresses[(i + 1) % n], "--name", f"node{i}"]
         cmd += ["--model", str(store)] if store else []
         cmd += extra_args[i] if extra_args else []
+        if "--prefix-dir" not in cmd:  # the ring's copies of its prefixes beside its logs: its restarts find them
+            cmd += ["--prefix-dir", str(log_dir / "prefixes")]
         ring.commands.append(cmd)
         ring.start_node(i, fresh=True)
     try:

@@ -19,7 +19,8 @@ def status_row(address: str, member_state: str, info) -> dict:
             "mean_batch": s.batched_frames / s.batches if s.batches else 0.0, "max_batch_seen": s.max_batch_seen,
             "max_batch": s.max_batch, "queue_depth": s.queue_depth, "queue_wait_s": s.queue_wait_s,
             "prefilled_tokens": s.prefilled_tokens, "prefix_hit_tokens": s.prefix_hit_tokens,
-            "prefix_cached_tokens": s.prefix_cached_tokens,
+            "prefix_cached_tokens": s.prefix_cached_tokens, "prefix_disk_bytes": s.prefix_disk_bytes,
+            "prefix_disk_tokens": s.prefix_disk_tokens,
             "kv_dtype": info.kv_dtype, "kv_bytes_per_token": info.kv_bytes_per_token,  # "", 0: nothing loaded
             # The applied plan's per-token compute + stalls here, and the node's own since the assignment (its
             # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.

@@ -118,7 +118,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
 
 class NodeStats(_message.Message):
-    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "batches", "batched_frames", "max_batch_seen", "queue_depth", "queue_wait_s", "max_batch", "decode_s", "decode_frames", "prefilled_tokens", "prefix_hit_tokens", "prefix_cached_tokens")
+    __slots__ = ("resident_bytes", "disk_read_bytes", "compute_s", "stall_s", "link_s", "last_token_ms", "frames", "active_requests", "rss_bytes", "batches", "batched_frames", "max_batch_seen", "queue_depth", "queue_wait_s", "max_batch", "decode_s", "decode_frames", "prefilled_tokens", "prefix_hit_tokens", "prefix_cached_tokens", "prefix_disk_bytes", "prefix_disk_tokens")
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,8 @@ class NodeStats(_message.Message):
     PREFILLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_DISK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     resident_bytes: int
     disk_read_bytes: int
     compute_s: float
@@ -159,7 +161,9 @@ class NodeStats(_message.Message):
     prefilled_tokens: int
     prefix_hit_tokens: int
     prefix_cached_tokens: int
-    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., batched_frames: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_wait_s: _Optional[float] = ..., max_batch: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_cached_tokens: _Optional[int] = ...) -> None: ...
+    prefix_disk_bytes: int
+    prefix_disk_tokens: int
+    def __init__(self, resident_bytes: _Optional[int] = ..., disk_read_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., link_s: _Optional[float] = ..., last_token_ms: _Optional[float] = ..., frames: _Optional[int] = ..., active_requests: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., batches: _Optional[int] = ..., batched_frames: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., queue_depth: _Optional[int] = ..., queue_wait_s: _Optional[float] = ..., max_batch: _Optional[int] = ..., decode_s: _Optional[float] = ..., decode_frames: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_cached_tokens: _Optional[int] = ..., prefix_disk_bytes: _Optional[int] = ..., prefix_disk_tokens: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -4,8 +4,9 @@
 
 Starts a 3-node loopback ring of the default model (SmolLM2, windows 10/10/10). Each repeat uses its own system
 prompt (so nothing is cached from the repeat before): turn 1 runs it once, then turn 2 (turn 1 + the answer + a
-new question) is timed twice: cold on a fresh re-plan (which drops every node's prefixes) and cached right after
-turn 1 again. Tokens of both must match; the ratio of the median TTFTs is the figure.
+new question) is timed twice: cold on a fresh re-plan (which drops every node's prefixes: the nodes run with
+--prefix-disk 0) and cached right after turn 1 again. Tokens of both must match; the ratio of the median TTFTs is
+the figure.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as logs, local_ring(ensure_default_store(), 3, Path(logs)) as local:
+    off = [["--prefix-disk", "0"]] * 3  # the memory cache alone: a re-plan leaves nothing (bench_prefix_restart)
+    with tempfile.TemporaryDirectory() as logs, local_ring(ensure_default_store(), 3, Path(logs),
+                                                           extra_args=off) as local:
         result = measure(local.addresses[0], args.system_tokens, args.repeats)
     if args.json:
         print(json.dumps(result))
