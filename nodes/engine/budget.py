@@ -41,7 +41,7 @@ def shard_budget(cfg: ModelConfig, windows: Windows, dtype: torch.dtype, fmt: Fo
     if default_budget and order:  # what the device has is all there is: room for a unit read beside its copy kept
         # (a quantized layer is read whole, then repacked; 136 MB over the budget killed a testbed device at its
         # memory group's limit while it loaded an 8B-shaped int4 window)
-        fixed += max(head_mem, max(sum(units[i].values()) for i in order))
+        fixed += max(sum(units[i].values()) for i in order)
     plan = plan_memory(order, units, small, fixed, budget, prefetch, buffer)
     return ShardBudget(plan, plan.budget - plan.weight_bytes - head_mem if plan.budget else None)
 

@@ -362,6 +362,8 @@ async def profile_device(name: str, store_dir: Path | None, link: Link | None, *
         write_cache(path, doc)
     profile = DeviceProfile.from_json(doc["profile"])
     ram = min(profile.ram_available, mem_budget or int(profile.ram_available * DEFAULT_FRACTION))
+    if not mem_budget and store_dir:  # the default budget keeps a unit's read beside its copy (engine/budget.py)
+        ram = max(0, ram - _largest_layer_unit(Path(store_dir)))
     # An emulated disk: what the prefetcher's reader gets from it (its pacing, whatever else reads the disk now).
     rate = emulated_rate()
     stream = await loop.run_in_executor(compute, measure_stream_rate, Path(store_dir), rate) \
@@ -369,6 +371,14 @@ async def profile_device(name: str, store_dir: Path | None, link: Link | None, *
     disk = min(profile.disk_seq_read, rate or math.inf, stream or math.inf)
     return replace(profile, name=name, is_head=is_head, ram_available=ram, disk_seq_read=disk,
                    disk_rand_read=min(profile.disk_rand_read, disk))
+
+
+def _largest_layer_unit(store_dir: Path) -> int:
+    try:
+        units = LayerStore(store_dir, verify=False).manifest.units()
+    except (OSError, StoreError):
+        return 0
+    return max((e.bytes for name, e in units.items() if name.startswith("layer.")), default=0)
 
 
 async def _link_rates(link: Link) -> LinkRates:
