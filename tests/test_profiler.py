@@ -79,15 +79,18 @@ def test_profile_of_this_machine_is_sane_and_bounded(measured):
 
 
 @pytest.mark.slow  # one real profile of this machine: 11 s
-def test_profile_round_trips_through_the_solver_schema(measured):
+def test_profile_round_trips_through_the_solver_schema(measured, tiny_store):
     prof, _, path, _ = measured
+    # the default budget keeps room for its largest layer unit's read (nodes/engine/budget.py): the plan leaves it
+    largest_layer = profiler._largest_layer_unit(tiny_store)
+    assert largest_layer > 0
     assert DeviceProfile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
     assert devices_from_json({"devices": [prof.to_json()]}) == (prof,)
     doc = json.loads(path.read_text())
     assert doc["format"] == FORMAT and doc["dtype"] == "float32" and doc["link_peer"] is None
     cached = DeviceProfile.from_json(doc["profile"])  # the measurement; the reply is the node's share of it:
     # its default share of the RAM, and random reads no faster than sequential ones (a noisy probe can read so)
-    assert prof == replace(cached, is_head=prof.is_head, ram_available=int(cached.ram_available * DEFAULT_FRACTION),
+    assert prof == replace(cached, is_head=prof.is_head, ram_available=int(cached.ram_available * DEFAULT_FRACTION) - largest_layer,
                            disk_rand_read=min(cached.disk_rand_read, cached.disk_seq_read))
     assert doc["details"]["matmul_cpu"]["gemm"] > 0 and doc["details"]["disk"]["source"] == "temp"
 
