@@ -50,3 +50,18 @@ def test_the_valid_request_of_each_dialect_is_answered(api, dialect):
     _, root = api
     status, text = post(root, PATHS[dialect], json.dumps(VALID[dialect]).encode())
     assert status == 200, text[:300]
+
+
+RECURSIVE = {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#"}}}  # no finite JSON satisfies it
+FORMATTED = {"openai-chat": {"response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "r", "schema": RECURSIVE}}},
+             "ollama-chat": {"format": RECURSIVE}, "ollama-generate": {"format": RECURSIVE}}
+
+
+@pytest.mark.parametrize("dialect", sorted(FORMATTED))
+def test_a_schema_that_recurses_forever_is_a_400_not_a_500(api, dialect):
+    # found by the fuzzer (10,000 requests): llguidance gave up mid-answer ("Too many items") and the head's
+    # RuntimeError became a 500
+    _, root = api
+    status, text = post(root, PATHS[dialect], json.dumps({**VALID[dialect], **FORMATTED[dialect]}).encode())
+    assert status == 400 and b"the output format cannot be followed" in text, text[:300]
