@@ -1,7 +1,8 @@
 """What the chaos soak found, each a case on a real ring (prima-node processes on loopback): a node that lost a
 request's KV cache between admitting a frame and computing it (a stray RELEASE here; a re-plan racing a long prompt
 in the soak) makes the head replay the request, whose answer still equals the reference, where it used to fail
-with INVALID_ARGUMENT."""
+with INVALID_ARGUMENT; a node that joined after the last assignment, left out by the standby's take-over, joins the
+new head's ring."""
 
 import asyncio
 
@@ -10,7 +11,10 @@ import pytest
 from nodes.ring import frames
 from prima_rpc.app import ring
 from prima_rpc.client import PrimaClient, Token
-from tests.rings import greedy_tokens, local_ring, send_frames
+from prima_rpc.control import Control
+from tests.rings import collect, greedy_tokens, local_ring, send_frames
+from tests.test_failover import wait_for
+from tests.test_join import joiner
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +43,29 @@ def test_a_node_that_lost_a_requests_kv_cache_mid_stream_makes_the_head_replay_i
         assert tokens == expected and done.finish_reason == "length"
         text = (tmp_path / "node0.log").read_text()
         assert "replaying" in text
+
+
+def test_a_node_that_joined_after_the_last_assignment_follows_the_new_head_after_a_failover(tiny_store, tmp_path):
+    # the soak's finding: a joined relay is in no member's ring list (the head told only it), so the standby took
+    # over and routed around it; the relay followed the dead head for good, outside the ring
+    expected = greedy_tokens(tiny_store, "hello", 8, raw=True)
+    with local_ring(tiny_store, 3, tmp_path, windows=[4, 2, 2]) as local:
+        head, standby, worker = local.addresses
+        proc, new = joiner(worker, tmp_path / "joiner.log", "--cache", str(tmp_path / "cache"))
+        try:
+            wait_for(lambda: [a for a, _, _ in ring.status(head)], lambda a: new in a, 60, "the join")
+            local.processes[0].kill()
+            rows = wait_for(lambda: ring.status(standby), lambda r: (new, "joined") in [(a, s) for a, s, _ in r],
+                            60, "the joined node in the new head's ring")
+            assert rows[0][0] == standby
+            assert ring.walk(standby)[0][1].role == "head"
+            assert info(new).head == standby
+            assert collect(standby, "hello", 8, raw=True)[0] == expected
+        finally:
+            proc.terminate()
+            proc.wait(15)
+
+
+def info(address: str):
+    with Control(address) as peer:
+        return peer.info()

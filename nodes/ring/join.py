@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 
-from nodes.ring.head_watch import DEADLINES
+from nodes.ring.members import DEADLINES
 from prima_rpc.control import AioControl
 from prima_rpc.retry import RETRIABLE, pauses, settle_seconds
 
