@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -48,5 +49,21 @@ def post(root: str, path: str, body: bytes, timeout: float = 120.0) -> tuple[int
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         res = conn.getresponse()
         return res.status, res.read()
+    finally:
+        conn.close()
+
+
+def post_stream(root: str, path: str, body: bytes, timeout: float = 120.0) -> tuple[int, list[tuple[float, bytes]]]:
+    """POST as `post`, the response read line by line as it comes: the status and (monotonic time, line) pairs."""
+    where = urlsplit(root)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        res = conn.getresponse()
+        lines = []
+        while line := res.readline():
+            if line.strip():
+                lines.append((time.monotonic(), line.strip()))
+        return res.status, lines
     finally:
         conn.close()
