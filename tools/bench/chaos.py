@@ -183,15 +183,16 @@ def table(result: dict) -> str:
             ("TTFT p50 / p99 ms (streamed, under faults)", "{} / {}".format(*d["ttft_ms"])),
             ("TPOT p50 / p99 ms (streamed, under faults)", "{} / {}".format(*d["tpot_ms"])),
             ("longest stall between tokens s", d["longest_stall_s"]),
-            ("RSS growth (worst process)", f"{result['rss_growth']:+.1%}"),
+            ("anonymous RSS growth beyond weights (worst process)", f"{result['rss_growth']:+.1%}"),
             ("open fds growth (worst process)", f"{result['fd_growth']:+.1%}"),
             ("disk MiB start / end", f"{d['disk'][0] / 2**20:.1f} / {d['disk'][1] / 2**20:.1f}"),
             ("healthy at the end", result["healthy"])]
     for name, start in sorted(d["before"].items()):
         end = d["after"].get(name)
         same = end is not None and end[0] == start[0]
-        rows.append((f"{name} RSS MiB / fds", f"{start[1] / 2**20:.0f} / {start[2]} -> "
-                     + (f"{end[1] / 2**20:.0f} / {end[2]}" if same else "restarted or gone")))
+        shown = [f"{r[1] / 2**20:.0f} / {r[3] / 2**20:.0f}, {r[2]}" for r in (start, end) if r is not None]
+        rows.append((f"{name} anon RSS / weights MiB, fds",
+                     f"{shown[0]} -> {shown[1] if same else 'restarted or gone'}"))
     width = max(len(k) for k, _ in rows)
     out = [f"{k:<{width}}  {v}" for k, v in rows]
     out += [f"health: {k}: {v}" for k, v in d["health"].items() if k != "healthy"]

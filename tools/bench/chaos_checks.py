@@ -7,7 +7,7 @@ import time
 import psutil
 
 from tools.bench.chaos_load import send
-from tools.bench.chaos_ring import ChaosRing
+from tools.bench.chaos_ring import ChaosRing, anon_rss
 
 SETTLE_S = 120.0
 
@@ -23,18 +23,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def process_resources(proc) -> tuple[int, int, int]:
+def process_resources(proc) -> tuple[int, int, int, int]:
     p = psutil.Process(proc.pid)
-    return p.pid, p.memory_info().rss, p.num_fds()
+    return p.pid, anon_rss(p.pid), p.num_fds(), 0
 
 
 def growth(before: dict, after: dict) -> tuple[float, float]:
-    """The worst relative growth of RSS and of open fds over the processes alive (the same pid) at both ends."""
+    """The worst relative growth of RSS and of open fds over the processes alive (the same pid) at both ends. RSS
+    is anonymous (RssAnon) and counts beyond the weights a node holds (a survivor of a leave takes more layers,
+    which is no leak): the growth of RSS minus weights, over the starting RSS."""
     rss, fds = [0.0], [0.0]
-    for name, (pid, rss0, fds0) in before.items():
+    for name, (pid, rss0, fds0, weights0) in before.items():
         end = after.get(name)
         if end is not None and end[0] == pid:
-            rss.append((end[1] - rss0) / rss0)
+            rss.append(((end[1] - end[3]) - (rss0 - weights0)) / rss0)
             fds.append((end[2] - fds0) / fds0)
     return max(rss), max(fds)
 
@@ -97,5 +99,7 @@ def healthy(chaos: ChaosRing, root: str, expected: dict[str, str]) -> dict:
     wrong = [a.why or a.answer[:200] for a in answers if a.kind != "ok" or a.answer != expected["long-prompt"]]
     if wrong:
         return {"healthy": False, "prefix cache": wrong}
+    held = {a: f"{i.stats.active_requests} requests' KV, {i.stats.prefix_cached_tokens} prefix positions"
+            for a in chaos.running() if (i := chaos.info(a)) is not None}  # what memory the nodes still hold
     return {"healthy": True, "prefix_hit_tokens": head.stats.prefix_hit_tokens,
-            "settled_in_s": round(SETTLE_S - (deadline - time.monotonic()), 1)}
+            "settled_in_s": round(SETTLE_S - (deadline - time.monotonic()), 1), "held": held}

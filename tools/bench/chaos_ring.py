@@ -30,6 +30,16 @@ class Member:
     killed: bool = False  # the soak killed it (else a process that ended did so on its own: a failure)
 
 
+def anon_rss(pid: int) -> int:
+    """A process's anonymous resident bytes (RssAnon): what a leak grows. Pages of mapped files (the store's
+    safetensors read through mmap) are page cache the kernel takes back, not the process's to leak."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return psutil.Process(pid).memory_info().rss
+
+
 class ChaosRing:
     def __init__(self, store: Path, n: int, work: Path):
         self.store, self.work = store, work
@@ -126,13 +136,14 @@ class ChaosRing:
                               timeout=timeout, env=self.local.env)
 
     # -- what is measured
-    def resources(self) -> dict[str, tuple[int, int, int]]:
-        """address -> (pid, RSS bytes, open fds) of every running node."""
+    def resources(self) -> dict[str, tuple[int, int, int, int]]:
+        """address -> (pid, RSS bytes, open fds, bytes of weights it holds) of every running node."""
         out = {}
         for address in self.running():
+            info = self.info(address)
             try:
                 p = psutil.Process(self.nodes[address].proc.pid)
-                out[address] = (p.pid, p.memory_info().rss, p.num_fds())
+                out[address] = (p.pid, anon_rss(p.pid), p.num_fds(), info.stats.resident_bytes if info else 0)
             except psutil.Error:
                 pass
         return out
