@@ -18,6 +18,7 @@ import grpc
 import structlog
 import torch
 
+from nodes.engine import heap
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
@@ -163,6 +164,7 @@ class Node:
                 self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
+        await loop.run_in_executor(self.pool, heap.give_back)  # the old windows' memory, freed on this thread
         self.windows = windows
 
     @property
