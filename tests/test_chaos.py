@@ -36,5 +36,5 @@ def test_a_two_minute_soak_with_eight_faults_loses_nothing(smol_store):
     assert result["p99_tpot_ms"] > 0
     if result["rss_growth"] > 0.10:  # an open finding, said rather than hidden: the test passes once it is fixed
         pytest.xfail(f"anonymous RSS beyond weights grew {result['rss_growth']:+.0%} across 8 faults (re-plans): "
-                     "malloc_trim after each load halved it; the rest is not found yet (docs/operations.md)")
+                     "malloc_trim after each load reduced it; the rest is not found yet (docs/operations.md)")
     assert res.returncode == 0, res.stderr[-3000:]
