@@ -19,6 +19,14 @@ class PrefixMissed(Rejected):
         super().__init__(grpc.StatusCode.ABORTED, message)
 
 
+class KvMissing(Rejected):
+    """A frame past a request's first position reaches a node without its KV cache (lost to a re-plan, a restart, an
+    eviction while the frame went round): ABORTED, which the head answers by replaying the request."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.ABORTED, message)
+
+
 class RequestFailed(Exception):
     """A request ended before it finished, with the gRPC status its client gets."""
 

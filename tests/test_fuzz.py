@@ -1,5 +1,7 @@
 """Generated hostile messages at every service of a real 2-node ring: no crash, every rejection a clear
-status, and a normal request is served afterwards. 10,000+ messages in all (hypothesis, bounded)."""
+status, and a normal request is served afterwards. 10,000+ messages in all (hypothesis, bounded): frames, Generate,
+Assign (windows out of range) and SetPeer, undecodable bytes, a Fetch of paths outside the store, Join and Leave of
+generated addresses. The HTTP dialects are fuzzed in test_fuzz_http.py."""
 
 import grpc
 import pytest
@@ -133,3 +135,58 @@ def test_a_normal_request_is_served_afterwards(target):
     events = list(rpc.InferenceStub(head).Generate(pb.GenerateRequest(prompt="hello", raw=True, max_tokens=5),
                                                    timeout=30))
     assert [e.WhichOneof("event") for e in events] == ["token"] * 5 + ["finished"]
+
+
+FETCH_NAMES = st.one_of(st.text(max_size=80), st.sampled_from([
+    "../manifest.json", "/etc/passwd", "..", ".", "", "a/../../etc/passwd", "layers/../../x", "\\..\\x", "x\0y",
+    "manifest.json/..", "//etc/passwd", "~/.ssh/id_rsa", "%2e%2e/secret", "tokenizer.json", "manifest.json"]))
+
+
+def test_fetch_requests_never_reach_outside_the_store(target, tiny_store):
+    local, _, head, _ = target
+    stub = rpc.ControlStub(head)
+    model_id = ring.walk(local.addresses[0])[0][1].model_id
+    served = {p.relative_to(tiny_store).as_posix() for p in tiny_store.rglob("*") if p.is_file()}
+
+    @settings(FUZZ, max_examples=800)
+    @given(st.builds(pb.FetchRequest, model_id=st.one_of(st.just(model_id), st.text(max_size=70)), name=FETCH_NAMES,
+                     offset=st.one_of(st.integers(0, 4096), st.integers(0, (1 << 64) - 1))))
+    def one(req):
+        try:
+            chunks = list(stub.Fetch(req, timeout=10))
+        except grpc.RpcError as exc:
+            assert exc.code() in CLEAR, f"{exc.code()}: {exc.details()}"
+            assert exc.details()
+            return
+        assert req.model_id == model_id and req.name in served, f"served {req.name!r} from outside the store"
+        assert all(c.total_bytes == (tiny_store / req.name).stat().st_size for c in chunks)
+
+    one()
+    assert all(p.poll() is None for p in local.processes)
+
+
+def test_membership_requests_with_generated_addresses(target):
+    local, _, head, _ = target
+    stub = rpc.ControlStub(head)
+    before = [a for a, _ in ring.walk(local.addresses[0])]
+    addresses = st.one_of(st.text(max_size=100), st.from_regex(r"[a-z0-9.]{0,12}:[0-9]{0,7}", fullmatch=True),
+                          st.sampled_from(local.addresses))
+
+    @settings(FUZZ, max_examples=400)
+    @given(st.sampled_from(["join", "leave"]), addresses, st.text(max_size=70))
+    def one(kind, address, model_id):
+        if kind == "join":  # a node nobody serves does not answer the head: UNAVAILABLE, with a message
+            call = lambda: stub.Join(pb.JoinRequest(address=address, model_id=model_id), timeout=20)  # noqa: E731
+        elif address in local.addresses:
+            return  # a member's leave (the head's too: it hands over) is the ring's own operation, not a hostile one
+        else:
+            call = lambda: stub.Leave(pb.LeaveRequest(address=address), timeout=20)  # noqa: E731
+        try:
+            call()
+        except grpc.RpcError as exc:
+            assert exc.code() in CLEAR | {grpc.StatusCode.UNAVAILABLE}, f"{exc.code()}: {exc.details()}"
+            assert exc.details()
+
+    one()
+    assert [a for a, _ in ring.walk(local.addresses[0])] == before
+    assert all(p.poll() is None for p in local.processes)

@@ -37,14 +37,15 @@ def status(node: str, token: str | None = None) -> list[dict]:
 
 # prima-node's own main, its imports done before it waits for a line on stdin: a gated joiner joins within a
 # fraction of a second of the go, not after the seconds its imports take
-GATED = "import sys; import nodes.ring.main as m; sys.stdin.readline(); sys.argv[0] = 'prima-node'; m.app()"
+GATED = ("import sys; import nodes.ring.main as m; print('imported', flush=True); sys.stdin.readline(); "
+         "sys.argv[0] = 'prima-node'; m.app()")
 
 
-def joiner(member: str, log: Path, *args: str, token: str | None = None,
-           gated: bool = False) -> tuple[subprocess.Popen, str]:
+def joiner(member: str, log: Path, *args: str, token: str | None = None, gated: bool = False,
+           env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """A prima-node that joins the ring of `member`, and its address; gated: once a line is written to its stdin."""
     address = f"127.0.0.1:{free_ports(1)[0]}"
-    env = {**os.environ, **({"PRIMA_TOKEN": token} if token else {})}
+    env = {**os.environ, **({"PRIMA_TOKEN": token} if token else {}), **(env or {})}
     cmd = [sys.executable, *(("-c", GATED) if gated else ("-m", "nodes.ring.main")), "--host", "127.0.0.1",
            "--port", address.rpartition(":")[2], "--join", member, "--name", "joiner", *args]
     with open(log, "wb") as out:

@@ -1,13 +1,17 @@
 """A request resumed on a new head (Generation.resume): it goes on as if it never moved: same positions, same text,
-same stop, and a seeded sampler continues its own stream."""
+same stop, a seeded sampler continues its own stream, and a grammar (json_schema, tool calls) goes on where it was."""
+
+import json
 
 import pytest
 import torch
 
 from nodes.engine.store import LayerStore
 from nodes.generation.sampling import SamplingParams
-from nodes.generation.state import GenerateParams, Generation
+from nodes.generation.speculate import SpeculateParams
+from nodes.generation.state import GenerateParams, Generation, generate_params
 from nodes.generation.text import TextCodec
+from prima_rpc.request import GenerateRequest
 
 VOCAB = 320
 
@@ -45,3 +49,20 @@ def test_resume_refuses_tokens_outside_the_vocabulary_or_past_the_end(codec):
     gen = Generation([5, 6], GenerateParams(max_tokens=2), codec, (), 64)
     gen.resume([1, 2], VOCAB)
     assert gen.done and gen.finish_reason == "length"
+
+
+def test_a_resumed_json_schema_request_keeps_its_grammar_where_it_was(codec):
+    # found by the chaos soak: a json_schema answer resumed on a new head started its grammar over after the given
+    # tokens, and went on with a second object inside the first ({"city":"Paris","{"city":...)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"]}
+    request = GenerateRequest(prompt="weather", raw=True, max_tokens=24, response_format="json_schema",
+                              json_schema=json.dumps(schema))
+    params = generate_params(request, SpeculateParams("off"), codec.tool_family)
+    logits = [torch.randn(VOCAB, generator=torch.Generator().manual_seed(i)) for i in range(24)]
+    whole = Generation([5, 6, 7], params, codec, (), 64, None, VOCAB)
+    run(whole, logits)
+    moved = Generation([5, 6, 7], params, codec, (), 64, None, VOCAB)
+    moved.resume(whole.tokens[:6], VOCAB)
+    run(moved, logits[6:])
+    assert moved.tokens == whole.tokens and moved.text == whole.text

@@ -37,7 +37,7 @@ from nodes.engine.prefetch import Prefetcher, default_budget, prefetch_depth
 from nodes.engine.prefix_cache import BLOCK, NONE, Prefix, PrefixCache
 from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.store import LayerStore
-from nodes.errors import PrefixMissed
+from nodes.errors import KvMissing, PrefixMissed
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.spec.windows import Windows
 
@@ -134,7 +134,8 @@ class Shard:
         if cache is None:
             first = prefix.length if prefix.key else 0
             if start_pos != first:
-                raise ValueError(f"unknown request id {request_id!r} (no KV cache here; frames must start at 0)")
+                raise KvMissing(f"no KV cache here for request {request_id!r} at position {start_pos} (frames of a "
+                                "new request start at 0); the head replays it")
             if not (start_pos + tokens <= capacity <= self.cfg.max_seq_len):
                 raise ValueError(f"capacity {capacity} must be in [{start_pos + tokens}, {self.cfg.max_seq_len}]")
             if prefix.key and not self.prefixes.holds(prefix.key, prefix.length):

@@ -78,4 +78,6 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
+            if self.matcher.is_error():  # a schema the parser gives up on mid-answer (one that recurses forever)
+                raise PromptError(f"the output format cannot be followed: {self.matcher.get_error()[:300]}")
             raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")

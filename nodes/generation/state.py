@@ -165,6 +165,8 @@ class Generation:
                 raise ValueError(f"resume_tokens: {len(tokens)} tokens do not continue this request "
                                  f"(ids in [0, {vocab}), at most {self.max_tokens}, none after its end)")
             self.sampler.skip(vocab)
+            if self.constraint is not None and token not in self.eos_ids:  # the grammar goes on where it was
+                self.constraint.advance(token)
             self._push(token)
 
     def _push(self, token: int) -> TokenOut:

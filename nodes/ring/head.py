@@ -84,9 +84,13 @@ class Head:
                     plan = self._settle(plan, prompt_ids, False)
                     await self._replay(req, request_id, gen)
                     continue
-                except PrefixMissed:  # a node lacked the prefix (evicted, restarted): prefill it all
-                    node.log.info("prefix not cached on the ring; prefilling from 0", request_id=request_id)
+                except PrefixMissed:  # a node lacked the prefix or the request's KV cache (evicted, restarted)
                     plan = self._missed(plan, prompt_ids)
+                    if gen.tokens:  # past the prompt: every node's cache is rebuilt from the prompt and the tokens
+                        node.log.info("a node lost the request's KV cache; replaying it", request_id=request_id)
+                        await self._replay(req, request_id, gen)
+                    else:
+                        node.log.info("prefix not cached on the ring; prefilling from 0", request_id=request_id)
                     continue
                 if not gen.tokens:
                     plan = self._settle(plan, prompt_ids, True)

@@ -31,7 +31,7 @@ class HeadRequest:
             self.waiter.set_result(hidden)
 
     def fail(self, failure: RequestFailed) -> None:
-        if failure.code == grpc.StatusCode.ABORTED:  # a node lacked the step's cached prefix: the head retries
+        if failure.code == grpc.StatusCode.ABORTED:  # a node lacked the step's prefix or KV cache: the head retries
             if self.waiter is not None and not self.waiter.done():
                 self.waiter.set_exception(PrefixMissed(str(failure)))
             return

@@ -7,6 +7,7 @@ import asyncio
 import grpc
 
 from nodes.ring import recovery
+from nodes.ring.join import JoinError, join_ring
 from nodes.ring.members import DEADLINES, PROBE_INTERVAL
 from prima_rpc.control import AioControl, Deadlines
 from prima_rpc.v1 import prima_pb2 as pb
@@ -53,6 +54,22 @@ class HeadWatch:
         node.log.warning("the head does not answer", head=head, new_head=chosen or "none has a complete copy")
         if chosen == node.address:
             await node.take_over(head, ring)
+        elif chosen:
+            await join_if_left_out(node, chosen)
+
+
+async def join_if_left_out(node, chosen: str) -> None:
+    """Join the new head's ring when it took over without this node: a node that joined after the last assignment
+    is in no other member's ring list, so the standby's re-plan routes around it and it would follow a dead head."""
+    info = await info_of(chosen, node.cfg.token)
+    if info is None or info.role != "head" or node.address in {m.address for m in info.members}:
+        return  # not (yet) the head; or it knows this node
+    node.log.warning("the new head took over without this node; joining its ring", head=chosen)
+    try:
+        await join_ring(node, chosen, seconds=10.0)
+    except JoinError as exc:  # the next round tries again
+        node.log.warning("could not join the new head's ring", error=str(exc))
+
 
 
 async def info_of(address: str, token: str | None, deadlines: Deadlines = DEADLINES) -> pb.NodeInfo | None:

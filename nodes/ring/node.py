@@ -18,6 +18,7 @@ import grpc
 import structlog
 import torch
 
+from nodes.engine import heap
 from nodes.engine.dtype_choice import compute_dtype
 from nodes.engine.formats import weight_format
 from nodes.engine.fused import layer_bytes
@@ -156,6 +157,7 @@ class Node:
                 ctx=ctx, disk=disk))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
+        await loop.run_in_executor(self.pool, heap.give_back)  # the old windows' memory, freed on this thread
         self.windows = windows
 
     def kv_choice(self, planned_dtype: str, planned_ctx: int) -> tuple[KVDtype, int]:

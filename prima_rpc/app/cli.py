@@ -30,8 +30,9 @@ def main(ctx: typer.Context,
     ctx.obj = cli_args.target(node, token_file, ctx.invoked_subcommand)
 
 
+RETRIED = ("start", "leave", "status", "generate", "plan")  # run again while the ring they meet changes (cli_errors)
 for name, command in COMMANDS.items():
-    app.command(name)(guarded(command))
+    app.command(name)(guarded(command, retried=name in RETRIED))
 
 
 if __name__ == "__main__":  # python -m prima_rpc.app.cli

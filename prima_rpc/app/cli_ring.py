@@ -12,12 +12,13 @@ import typer
 
 from prima_rpc.app import cli_args, ring
 from prima_rpc.app.cli_args import Target
-from prima_rpc.app.cli_errors import fail
+from prima_rpc.app.cli_errors import fail, fail_rpc
 from prima_rpc.app.progress import LazyBar, bar, mib, summary
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import Finished, Prefill, PrimaClient, PrimaError, Token
 from prima_rpc.control import Control
 from prima_rpc.request import GenerateRequest, Message, check_text
+from prima_rpc.retry import RETRIABLE
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -51,7 +52,7 @@ def leave(ctx: typer.Context, node: str = typer.Argument(..., help="HOST:PORT of
         with Control(head, target.token) as peer:
             left = peer.leave(node)
     except grpc.RpcError as exc:
-        fail(rpc_message(exc.code(), exc.details(), head))
+        fail_rpc(exc.code(), exc.details(), head)
     print(f"{node} left the ring and stopped; the ring now: {' -> '.join(left.ring)}")
 
 
@@ -126,7 +127,7 @@ def reach(target: Target) -> pb.NodeInfo:
         with Control(target.node, target.token) as peer:
             return peer.info()
     except grpc.RpcError as exc:
-        fail(rpc_message(exc.code(), exc.details(), target.node))
+        fail_rpc(exc.code(), exc.details(), target.node)
 
 
 async def stream(target: Target, request: GenerateRequest, echo: bool,
@@ -154,6 +155,9 @@ async def stream(target: Target, request: GenerateRequest, echo: bool,
                         sys.stdout.flush()
                 elif isinstance(event, Finished):
                     done = event
+    except PrimaError as exc:
+        exc.partial = bool(tokens)  # a run again would write them twice: the error is final (cli_errors)
+        raise
     finally:
         prefill.end(lambda s: f"stopped reading the prompt after {s:.1f} s")
     if echo and done is not None:
@@ -235,7 +239,7 @@ def assign_windows(target: Target, sizes: list[int], members: list[bool] | None 
                                predicted_tpot_ms=predicted[1] if predicted else 0.0, batching=batching,
                                kv_dtypes=kv[0], ctx=kv[1])
         except ring.RingError as exc:
-            fail(f"{exc} (logs in {logs})" if logs else str(exc))
+            fail(f"{exc} (logs in {logs})" if logs else str(exc), retriable=exc.code in RETRIABLE)
     for address, f in fetched.items():
         print(f"fetched {_rate(address, *f)}", file=sys.stderr)
     summary(f"loaded {sum(1 for w in sizes if w)} windows of {sum(sizes)} layers "

@@ -12,6 +12,7 @@ from prima_rpc.app import ring, tables
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
 from prima_rpc.app.status_rows import ring_prediction, status_row
+from prima_rpc.retry import RETRIABLE
 
 
 def status(ctx: typer.Context,
@@ -24,7 +25,7 @@ def status(ctx: typer.Context,
         try:
             rows = [status_row(*member) for member in ring.status(target.node, target.token)]
         except ring.RingError as exc:
-            fail(str(exc))
+            fail(str(exc), retriable=exc.code in RETRIABLE)
         if json_out:
             print(json.dumps({"nodes": rows, **ring_prediction(rows)}, indent=1))
         else:

@@ -10,13 +10,32 @@ from prima_rpc.app.openai_request import ApiError
 from prima_rpc.client import Finished, Token
 from prima_rpc.request import ToolCall
 
+MAX_DEPTH = 64  # nesting of arrays and objects: a schema or a message needs a handful; the parser's stack ends ~1000
+
 
 async def json_body(request: web.Request):
-    """The request's body as JSON; ApiError(400) when it does not parse (each dialect words it in its own shape)."""
+    """The request's body as JSON; ApiError(400) when it does not parse or nests deeper than MAX_DEPTH (the code
+    that walks a body, a schema's grammar among it, recurses), each dialect wording it in its own shape."""
     try:
-        return json.loads(await request.read())
+        body = json.loads(await request.read())
+        deep = _deeper(body, MAX_DEPTH)
+    except RecursionError:
+        deep = True
     except ValueError as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request: {exc}.") from None
+    if deep:
+        raise ApiError(400, f"The JSON body of your request nests arrays and objects more than {MAX_DEPTH} deep.")
+    return body
+
+
+def _deeper(value, limit: int) -> bool:
+    """Whether `value` nests lists and dicts more than `limit` levels deep (walked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [v for x in level if isinstance(x, (list, dict)) for v in (x.values() if isinstance(x, dict) else x)]
+        if not level:
+            return False
+    return True
 
 
 async def whole_text(events: AsyncIterator[Token | Finished]) -> tuple[str, Finished]:

@@ -27,7 +27,8 @@ def profile_ring(head: str, token: str | None, refresh: bool = False,
             with Control(address, token) as peer:
                 reply = peer.profile(refresh)
         except grpc.RpcError as exc:
-            raise ring.RingError(f"{address}: profile failed: {exc.code().name}: {exc.details()}") from None
+            raise ring.RingError(f"{address}: profile failed: {exc.code().name}: {exc.details()}",
+                                 exc.code()) from None
         device = json.loads(reply.json)
         device.update(name=address, is_head=(i == 0))
         devices.append(device)

@@ -14,11 +14,15 @@ MAX_RING = 256
 
 
 class RingError(Exception):
-    """The ring is not in a state the command can work with."""
+    """The ring is not in a state the command can work with; code: the gRPC status behind it, if one was."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 def _failed(address: str, exc: grpc.RpcError) -> RingError:
-    return RingError(f"{address}: {exc.code().name}: {exc.details()}")
+    return RingError(f"{address}: {exc.code().name}: {exc.details()}", exc.code())
 
 
 def walk(start: str, token: str | None = None) -> list[tuple[str, pb.NodeInfo]]:
@@ -32,11 +36,13 @@ def walk(start: str, token: str | None = None) -> list[tuple[str, pb.NodeInfo]]:
                 info = peer.info()
         except grpc.RpcError as exc:
             where = f" (successor of {out[-1][0]})" if out else ""
-            raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}") from None
+            raise RingError(f"cannot reach node {address}{where}: {exc.code().name}: {exc.details()}",
+                            exc.code()) from None
         if info.node_id in seen:
             if info.node_id != out[0][1].node_id:
                 chain = " -> ".join([a for a, _ in out] + [address])  # who pointed where: the race behind a loop
-                raise RingError(f"the successors of {start} lead into a loop that skips it at {address}: {chain}")
+                raise RingError(f"the successors of {start} lead into a loop that skips it at {address}: {chain}",
+                                grpc.StatusCode.ABORTED)  # a rewiring under way; it closes once settled
             return out
         seen.add(info.node_id)
         out.append((address, info))
@@ -51,7 +57,7 @@ def status(start: str, token: str | None = None) -> list[tuple[str, str, pb.Node
     successors from `start`, ending at the first node that does not answer (marked lost)."""
     info = _info(start, token)
     if info is None:
-        raise RingError(f"cannot reach node {start}")
+        raise RingError(f"cannot reach node {start}", grpc.StatusCode.UNAVAILABLE)
     head = start if info.members else info.head  # only a head lists members (also while it re-plans)
     if not head:  # not (yet) told by a head: look for one along the successors
         walked = _status_by_walk(start, info, token)
