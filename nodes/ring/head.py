@@ -19,7 +19,8 @@ from nodes.jobs import run_job
 from nodes.ring import frames
 from nodes.ring.admit import KvLedger
 from nodes.ring.head_port import NodePort
-from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
+from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged, Window
+from nodes.ring.inflight import ahead, decode_ahead
 from nodes.ring.members import Members
 from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
 from nodes.ring.steps import Stepper
@@ -35,6 +36,7 @@ class Head:
         self.members = Members(node, self.requests)
         self.draft_model: ReferenceModel | None = None
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
+        self.requests.returned = self.steps.back
         self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts
         self.prefixes = HeadPrefixes()  # prompt prefixes the nodes keep the KV of (nodes/ring/prefixes.py)
         self.rewire(ring, fresh)
@@ -69,15 +71,24 @@ class Head:
             else:
                 plan = await self._prefix_plan(prompt_ids)
             while not gen.done:
+                if gen.tokens and ahead(gen):  # decode with windows in flight (nodes/ring/inflight.py)
+                    try:
+                        async for out in decode_ahead(self, req, request_id, gen):
+                            yield out
+                    except RingChanged:
+                        await self._replay(req, request_id, gen)
+                    continue
                 ids, pos = gen.pending()
                 if not gen.tokens:  # the prompt: from the cached prefix on, if the ring holds one
                     ids, pos = ids[plan.use_len:], plan.use_len
                 # Speculation: one trip verifies the drafts, as one multi-position frame.
                 draft = await run_job(node.pool, gen.draft) if drafter else gen.draft()
                 start = time.perf_counter()
+                gen.trips += 1
                 try:
-                    async for done, hidden in self._trip(req, request_id, ids + draft, pos, gen.capacity,
-                                                         len(draft) + 1, None if gen.tokens else plan):
+                    async for step in self._trip(req, request_id, ids + draft, pos, gen.capacity, len(draft) + 1,
+                                                 None if gen.tokens else plan):
+                        done, hidden, logits = step
                         if hidden is None:  # a prefill chunk of a long prompt went round
                             yield Prefilled(done, len(ids))
                 except RingChanged:
@@ -90,7 +101,7 @@ class Head:
                     continue
                 if not gen.tokens:
                     plan = self._settle(plan, prompt_ids, True)
-                outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, req.logits)
+                outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, logits)
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
@@ -159,36 +170,62 @@ class Head:
                           capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
         that goes round the ring in a batch with the other requests' steps (nodes/ring/steps.py)."""
-        steps = [hidden async for _, hidden in self._trip(req, request_id, ids, pos, capacity, rows)]
+        steps = [hidden async for _, hidden, _ in self._trip(req, request_id, ids, pos, capacity, rows)]
         return steps[-1]
 
     async def _trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
-                    rows: int = 0, plan: PrefixPlan | None = None) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
-        """_round_trip chunk by chunk: (tokens done, None) after each chunk but the last, then (all, hidden);
-        plan: the prompt's use of the prefix cache (None: not prompt positions)."""
-        timeout = self.node.cfg.step_timeout
-        loop = asyncio.get_running_loop()
+                    rows: int = 0, plan: PrefixPlan | None = None
+                    ) -> AsyncIterator[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
+        """_round_trip chunk by chunk: (tokens done, None, None) after each chunk but the last, then (all, hidden,
+        logits [V] of a plain step computed with its batch's, else None); plan: the prompt's use of the prefix
+        cache (None: not prompt positions)."""
         for offset in range(0, len(ids), PREFILL_CHUNK):
-            if req.failure:
-                raise req.failure
-            req.waiter, req.logits = loop.create_future(), None
-            req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
-            try:
-                chunk = ids[offset:offset + PREFILL_CHUNK]
-                prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
-                # loop turn on every token's path.
-                async with asyncio.timeout(timeout):
-                    await self.steps.send(request_id, chunk, pos + offset, capacity, prefix)
-                async with asyncio.timeout(timeout):
-                    hidden = await req.waiter
-            except TimeoutError:
-                raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
-                                    f"no answer from the ring within {timeout:.0f} s (a node may be down)") from None
-            finally:
-                self.steps.back(request_id)
+            chunk = ids[offset:offset + PREFILL_CHUNK]
+            prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
+            window = await self.send_window(req, request_id, chunk, pos + offset, capacity,
+                                            rows if offset + PREFILL_CHUNK >= len(ids) else 0, prefix)
+            hidden = await self.answer(req, request_id, window)
             done = min(offset + PREFILL_CHUNK, len(ids))
-            yield done, hidden if done == len(ids) else None
+            yield done, hidden if done == len(ids) else None, window.logits
+
+    async def send_window(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
+                          rows: int, prefix=NONE) -> Window:
+        """A step of `ids` at [pos, pos + len(ids)) into the ring; a request with steps in the ring already
+        (windows in flight) sends it at once, behind them."""
+        if req.failure:
+            raise req.failure
+        window = req.expect(asyncio.get_running_loop().create_future(), rows)
+        try:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
+            # loop turn on every token's path.
+            async with asyncio.timeout(self.node.cfg.step_timeout):
+                await self.steps.send(request_id, ids, pos, capacity, prefix, ahead=len(req.windows) > 1)
+        except BaseException as exc:
+            self._abandon(req, request_id)
+            if isinstance(exc, TimeoutError):
+                raise self._no_answer() from None
+            raise
+        return window
+
+    async def answer(self, req: HeadRequest, request_id: str, window: Window) -> torch.Tensor:
+        """The hidden states [T, H] after all layers of a step sent."""
+        try:
+            async with asyncio.timeout(self.node.cfg.step_timeout):
+                return await window.waiter
+        except BaseException as exc:
+            self._abandon(req, request_id)
+            if isinstance(exc, TimeoutError):
+                raise self._no_answer() from None
+            raise
+
+    def _abandon(self, req: HeadRequest, request_id: str) -> None:
+        """None of the request's steps in the ring is waited for any more."""
+        req.abandon()
+        self.steps.drop(request_id)
+
+    def _no_answer(self) -> RequestFailed:
+        return RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                             f"no answer from the ring within {self.node.cfg.step_timeout:.0f} s (a node may be down)")
 
     async def _draft_model(self) -> ReferenceModel:
         """The head's draft model, loaded on first use (prima-node --draft DIR); shared by its requests."""
@@ -227,14 +264,13 @@ class Head:
         over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
         as a plain step would."""
         reqs = [(self.requests.get(rid), h) for rid, h in results]
-        plain = [(r, h) for r, h in reqs if r is not None and r.rows == 1]
+        plain = [(r.front, h) for r, h in reqs if r is not None and r.front is not None and r.front.rows == 1]
         if len(plain) > 1:  # alone, the request projects its own row as before
             logits = await run_job(self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
-            for (r, _), row in zip(plain, logits, strict=True):
-                r.logits = row
-        for r, h in reqs:
-            if r is not None:
-                r.deliver(h)
+            for (w, _), row in zip(plain, logits, strict=True):
+                w.logits = row
+        for rid, h in results:
+            self.requests.deliver(rid, h)
 
     async def close(self) -> None:
         """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""
