@@ -40,7 +40,7 @@ def profile_ring(head: str, token: str | None, refresh: bool = False,
 
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-              concurrency: int = 1, speculation: tuple[int, float] | None = None,
+              concurrency: int = 1, speculation: tuple[int, float, float] | None = None,
               progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
     profiles, manifest = profile_ring(head, token, refresh, progress)
     devices = devices_from_json(profiles)
@@ -55,7 +55,7 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
 
 
 def plan_live_shown(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-                    concurrency: int = 1, speculation: tuple[int, float] | None = None) -> dict:
+                    concurrency: int = 1, speculation: tuple[int, float, float] | None = None) -> dict:
     """plan_live with a bar of the devices profiled (a first profile takes a minute) and a summary line."""
     import time
 
