@@ -73,3 +73,22 @@ def test_depth_is_checked_everywhere():
     with pytest.raises(RequestError, match="depth must be in"):
         GenerateRequest(prompt="Hi", depth=-1)
     assert GenerateRequest.from_wire(GenerateRequest(prompt="Hi", depth=3).to_wire()).depth == 3
+
+
+def test_a_member_drafts_only_for_its_own_tokenizer_and_in_range(tiny_store):
+    from nodes.errors import Rejected
+    from nodes.generation.draft import vocab_fingerprint
+    from nodes.generation.reference import ReferenceModel
+    from nodes.ring.drafts import DraftServer
+
+    server = DraftServer(tiny_store)
+    vocab = vocab_fingerprint(ReferenceModel(tiny_store).codec)
+    ask = dict(request_id="r", context=[5, 6, 7], n=3, vocab=vocab)
+    assert len(server.draft(pb.DraftRequest(**ask))) == 3
+    assert server.draft(pb.DraftRequest(**ask)) == server.draft(pb.DraftRequest(**ask | {"request_id": "s"}))
+    for bad, code in [({"vocab": "x"}, "FAILED_PRECONDITION"), ({"n": 0}, "INVALID_ARGUMENT"),
+                      ({"n": 17}, "INVALID_ARGUMENT"), ({"context": []}, "INVALID_ARGUMENT"),
+                      ({"context": [10**6]}, "INVALID_ARGUMENT"), ({"request_id": "r" * 129}, "INVALID_ARGUMENT")]:
+        with pytest.raises(Rejected) as err:
+            server.draft(pb.DraftRequest(**ask | bad))
+        assert err.value.code.name == code

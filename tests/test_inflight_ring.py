@@ -3,9 +3,11 @@ go round at once; a rejection cancels the later ones. Greedy tokens equal plain 
 seeded sampled request gives the very tokens it gives without speculation, for k = 1, k = 2, a relay and a node
 that streams its layers from disk."""
 
+import grpc
 import pytest
 
 from prima_rpc.app import ring
+from prima_rpc.client import PrimaError
 from tests.rings import collect, greedy_reference, local_ring, released
 
 pytestmark = pytest.mark.slow
@@ -62,3 +64,19 @@ def test_windows_in_flight_from_a_draft_model(smol_store, reference, tmp_path):
         plain = collect(local.addresses[0], PROMPTS[1], TOKENS, speculate="off", **SAMPLED)[0]
         fast, on = collect(local.addresses[0], PROMPTS[1], TOKENS, speculate="draft", depth=3, **SAMPLED)
         assert fast == plain and on.accepted < on.drafted  # sampled: some rejections, later windows cancelled
+
+
+def test_a_relay_drafts_for_the_head(smol_store, tiny_store, reference, tmp_path):
+    """prima-node --draft DIR on a relay (no layers): the head asks it for every window's drafts."""
+    extra = [[], ["--draft", str(smol_store)], []]
+    with local_ring(smol_store, 3, tmp_path / "ok", [15, 0, 15], extra_args=extra) as local:
+        assert [info.draft for _, info in ring.walk(local.addresses[0])] == [False, True, False]
+        tokens, done = collect(local.addresses[0], PROMPTS[0], TOKENS, speculate="draft", draft_tokens=4, depth=3)
+        assert tokens == reference[PROMPTS[0]] and done.accepted == done.drafted > 0 and done.depth == 3
+        tokens, done = collect(local.addresses[0], PROMPTS[1], TOKENS, speculate="draft", depth=1)
+        assert tokens == reference[PROMPTS[1]] and done.accepted == done.drafted > 0  # one window at a time too
+    with local_ring(smol_store, 3, tmp_path / "bad", [15, 0, 15], extra_args=[[], ["--draft", str(tiny_store)], []]) \
+            as local:
+        with pytest.raises(PrimaError, match="does not share the target's tokenizer") as err:
+            collect(local.addresses[0], PROMPTS[0], TOKENS, speculate="draft", depth=2)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION

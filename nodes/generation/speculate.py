@@ -99,12 +99,16 @@ class Speculator:
         """N for the next trip: the cap scaled by the recent acceptance rate, at least 1."""
         return max(1, min(self.params.draft_tokens, math.ceil(self.rate * self.params.draft_tokens)))
 
+    def wanted(self, room: int) -> int:
+        """How many tokens to draft next, with room for `room` (0: none)."""
+        return min(room, self.length()) if self.on and room > 0 else 0
+
     def draft(self, context: list[int], room: int) -> list[int]:
-        if not self.on or room <= 0:
+        if not (n := self.wanted(room)):
             return []
         if self.draft_model is not None:
-            return self.draft_model.draft(context, min(room, self.length()))
-        return self.lookup(context, min(room, self.length()))
+            return self.draft_model.draft(context, n)
+        return self.lookup(context, n)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted:

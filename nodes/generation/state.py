@@ -124,6 +124,12 @@ class Generation:
             return []
         return self.spec.draft(self.prompt_ids + self.tokens + list(drafted), self.draft_room() - len(drafted))
 
+    def draft_ask(self, drafted: list[int] = ()) -> tuple[list[int], int]:
+        """What draft() asks its drafter: the context and how many tokens (0: none), for one drafting elsewhere."""
+        if self.params.shapes_logits:
+            return [], 0
+        return self.prompt_ids + self.tokens + list(drafted), self.spec.wanted(self.draft_room() - len(drafted))
+
     def accept(self, logits: torch.Tensor) -> TokenOut:
         """Sample from the last position's logits [V] (after penalties and the grammar's mask) and advance."""
         p = self.params

@@ -11,16 +11,17 @@ import torch
 from nodes.engine.prefix_cache import NONE
 from nodes.errors import PrefixMissed, RequestFailed
 from nodes.generation import head_step
-from nodes.generation.draft import DraftModel, load_draft
+from nodes.generation.draft import DraftModel, load_draft, vocab_fingerprint
 from nodes.generation.reference import ReferenceModel
 from nodes.generation.speculate import Speculator
 from nodes.generation.state import GenerateParams, Generation, Prefilled, TokenOut
 from nodes.jobs import run_job
 from nodes.ring import frames
 from nodes.ring.admit import KvLedger
+from nodes.ring.drafts import RemoteDrafter
 from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged, Window
-from nodes.ring.inflight import ahead, decode_ahead
+from nodes.ring.inflight import ahead, decode_ahead, draft_for
 from nodes.ring.members import Members
 from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
 from nodes.ring.steps import Stepper
@@ -35,6 +36,7 @@ class Head:
         self.requests = HeadRequests()
         self.members = Members(node, self.requests)
         self.draft_model: ReferenceModel | None = None
+        self.vocab: str | None = None  # the target's tokenizer fingerprint, which a member's draft must share
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
         self.requests.returned = self.steps.back
         self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts
@@ -58,7 +60,7 @@ class Head:
         resume: tokens it already gave on a head that was lost (they are replayed, not sent again)."""
         self.requests.check_new(request_id)
         node = self.node
-        gen, drafter = await self._generation(prompt_ids, params, resume)
+        gen = await self._generation(prompt_ids, params, resume, request_id)
         await self._kv_rooms()
         self.kv.admit(request_id, len(prompt_ids), gen.capacity)
         req = self.requests.add(request_id)
@@ -82,7 +84,7 @@ class Head:
                 if not gen.tokens:  # the prompt: from the cached prefix on, if the ring holds one
                     ids, pos = ids[plan.use_len:], plan.use_len
                 # Speculation: one trip verifies the drafts, as one multi-position frame.
-                draft = await run_job(node.pool, gen.draft) if drafter else gen.draft()
+                draft = await draft_for(self, gen)
                 start = time.perf_counter()
                 gen.trips += 1
                 try:
@@ -130,16 +132,28 @@ class Head:
         self.kv.rooms = {self.address: node.shard.kv_positions() if node.shard else 0, **rooms}
         self.kv.epoch = node.epoch
 
-    async def _generation(self, prompt_ids: list[int], params: GenerateParams,
-                          resume: list[int]) -> tuple[Generation, DraftModel | None]:
-        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) and its drafter."""
+    async def _generation(self, prompt_ids: list[int], params: GenerateParams, resume: list[int],
+                          request_id: str) -> Generation:
+        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) with its drafter:
+        the head's draft model (prima-node --draft), else a member's (a relay started with --draft)."""
         node, drafter = self.node, None
         if params.speculate.mode == "draft" and node.cfg.draft is not None:
             drafter = DraftModel(await self._draft_model())
+        elif params.speculate.mode == "draft":
+            drafter = await self._member_drafter(request_id)
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
         gen.resume(list(resume), node.store.config.vocab)
-        return gen, drafter
+        return gen
+
+    async def _member_drafter(self, request_id: str) -> RemoteDrafter | None:
+        """A drafter on the first member started with --draft (None: no member has one)."""
+        for address, info in zip(self.members.members, await self.members.infos()):
+            if info is not None and info.draft:
+                if self.vocab is None:
+                    self.vocab = await run_job(self.node.pool, vocab_fingerprint, self.node.text)
+                return RemoteDrafter(self.members.control(address), request_id, self.vocab)
+        return None
 
     async def _prefix_plan(self, prompt_ids: list[int]) -> PrefixPlan:
         """What the prompt takes from and gives to the prefix cache; first it waits for a prefill in flight of the

@@ -73,10 +73,10 @@ async def _next_window(head: "Head", req: HeadRequest, request_id: str, gen: Gen
     past the windows in flight, or the request may emit no more)."""
     if not chain:
         ids, pos = gen.pending()
-        ids = ids + await _draft(head, gen, [])
+        ids = ids + await draft_for(head, gen, [])
     else:
         drafted = chain[0].ids[1:] + [t for f in list(chain)[1:] for t in f.ids]
-        ids, pos = await _draft(head, gen, drafted), chain[-1].pos + len(chain[-1].ids)
+        ids, pos = await draft_for(head, gen, drafted), chain[-1].pos + len(chain[-1].ids)
         if not ids:
             return None
     window = await head.send_window(req, request_id, ids, pos, gen.capacity, len(ids))
@@ -84,9 +84,14 @@ async def _next_window(head: "Head", req: HeadRequest, request_id: str, gen: Gen
     return _Flight(ids, pos, window)
 
 
-async def _draft(head: "Head", gen: Generation, drafted: list[int]) -> list[int]:
-    """Drafts that follow the accepted tokens and `drafted` (a draft model runs on the compute thread)."""
-    if gen.spec.draft_model is not None:
+async def draft_for(head: "Head", gen: Generation, drafted: list[int] = ()) -> list[int]:
+    """Drafts that follow the accepted tokens and `drafted`: a draft model runs on the compute thread, a member's
+    (nodes/ring/drafts.py) is asked over the network, prompt lookup runs here."""
+    model = gen.spec.draft_model
+    if getattr(model, "remote", False):
+        context, n = gen.draft_ask(drafted)
+        return await model.draft_async(context, n) if n else []
+    if model is not None:
         return await run_job(head.node.pool, gen.draft, drafted)
     return gen.draft(drafted)
 

@@ -30,6 +30,7 @@ from nodes.jobs import run_job
 from nodes.ring import admit, batching, frames, node_info, weights
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
+from nodes.ring.drafts import DraftServer
 from nodes.ring.head import Head
 from nodes.ring.head_watch import HeadWatch
 from nodes.ring.inbox import Inbox
@@ -74,6 +75,7 @@ class Node:
         self.micro_batches = 1  # head: batches of requests in flight round the ring
         self.batching = (0, 0)
         self.standby = Standby(cfg.cache, cfg.token)  # the head's units on this disk, should the head be lost
+        self.drafts = DraftServer(cfg.draft) if cfg.draft is not None else None  # --draft: drafts for the head
         self.head_watch = HeadWatch(self)
 
     # ------------------------------------------------------------------ roles and loading

@@ -35,4 +35,4 @@ def info(node) -> pb.NodeInfo:
         predicted_ms=node.predicted[0], predicted_tpot_ms=node.predicted[1], standby=node.standby.asked,
         compute_dtype=str(node.shard.dtype).removeprefix("torch.") if node.shard else "",
         head_copy=node.holds_head_copy(), ring=node.standby.ring,
-        kv_positions=node.shard.kv_positions() if node.shard else 0)
+        kv_positions=node.shard.kv_positions() if node.shard else 0, draft=node.drafts is not None)

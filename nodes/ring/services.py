@@ -14,6 +14,7 @@ from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.speculate import speculate_params
 from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
+from nodes.jobs import run_job
 from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, handover, metrics
 from nodes.ring.inflight import ahead
@@ -202,6 +203,16 @@ class ControlService(rpc.ControlServicer):
         try:
             return frames.take_over_reply(await handover.take_over(self.node, request.lost, list(request.ring),
                                                                request.forget))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+
+    async def Draft(self, request, context):
+        node = self.node
+        if node.drafts is None:
+            await abort(context, Code.FAILED_PRECONDITION, f"{node.cfg.name or node.address} has no draft model "
+                                                           "(prima-node --draft DIR)")
+        try:
+            return pb.DraftReply(tokens=await run_job(node.pool, node.drafts.draft, request))
         except Rejected as exc:
             await abort(context, exc.code, str(exc))
 
