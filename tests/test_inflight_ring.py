@@ -75,6 +75,8 @@ def test_a_relay_drafts_for_the_head(smol_store, tiny_store, reference, tmp_path
         assert tokens == reference[PROMPTS[0]] and done.accepted == done.drafted > 0 and done.depth == 3
         tokens, done = collect(local.addresses[0], PROMPTS[1], TOKENS, speculate="draft", depth=1)
         assert tokens == reference[PROMPTS[1]] and done.accepted == done.drafted > 0  # one window at a time too
+        tokens, done = collect(local.addresses[0], PROMPTS[2], TOKENS)  # the head's default: the relay's draft
+        assert tokens == reference[PROMPTS[2]] and done.accepted == done.drafted > 0
     with local_ring(smol_store, 3, tmp_path / "bad", [15, 0, 15], extra_args=[[], ["--draft", str(tiny_store)], []]) \
             as local:
         with pytest.raises(PrimaError, match="does not share the target's tokenizer") as err:

@@ -14,9 +14,10 @@ from typing import Protocol
 
 from prima_rpc.request import DEPTH, DRAFT_TOKENS, SPECULATE, check_speculate
 
-# A request that does not say (generate, the clients, HTTP) gets prompt lookup: measured by
-# tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a repeating prompt, the same on ordinary ones
-# (docs/speculation.md).
+# A request that does not say (generate, the clients, HTTP) gets prompt lookup where the ring has no draft model
+# (nodes/ring/head.py, Head.default_speculate): measured by tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a
+# repeating prompt, the same on ordinary ones (docs/speculation.md). One request at a time goes round
+# (DEFAULT_DEPTH) unless it asks for windows in flight (nodes/ring/inflight.py).
 # The single-process reference (`run`, GenerateParams) decodes plainly unless asked: it is the oracle.
 DEFAULT_MODE = "ngram"
 DEFAULT_DRAFT = 4

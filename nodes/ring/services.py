@@ -235,7 +235,7 @@ class InferenceService(rpc.InferenceServicer):
             head = node.head
             if head is None or node.text is None:
                 raise Rejected(Code.FAILED_PRECONDITION, f"this node is a {node.role}, not the ring's head")
-            speculate = speculate_params(asked.speculate, asked.draft_tokens, asked.depth)
+            speculate = speculate_params(asked.speculate or head.default_speculate(), asked.draft_tokens, asked.depth)
             params = generate_params(asked, speculate, node.text.tool_family)
             prompt_ids = node.text.request_ids(asked)
             request_id = request.request_id or uuid.uuid4().hex
