@@ -10,9 +10,9 @@ not loaded), and $PRIMA_REPLAY names a JSON file {"rate": R, "seed": S, "prompt_
 the prompt's length and its greedy tokens, read afresh by every request (the benchmark rewrites it between runs).
 """
 
+import hashlib
 import json
 import os
-import random
 import sys
 
 
@@ -29,10 +29,16 @@ class ReplayDrafter:
             if not 0 <= i < len(self.tokens):
                 break
             token = self.tokens[i]
-            if random.Random(self.seed * 1_000_003 + pos).random() >= self.rate:  # corrupt this position
+            if _uniform(self.seed, pos) >= self.rate:  # corrupt this position
                 token = (token + 1) % 256  # another byte-level id (every tokenizer here has the first 256)
             out.append(token)
         return out
+
+
+def _uniform(seed: int, pos: int) -> float:
+    """A uniform draw in [0, 1) that depends on (seed, pos) alone: the same position is corrupted in every row."""
+    digest = hashlib.blake2b(f"{seed}:{pos}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 def from_file(path: str) -> ReplayDrafter:
