@@ -34,19 +34,44 @@ def test_a_window_in_flight_is_verified_row_by_row(draft, rows, expected):
     assert sampler.position == len(expected)  # each position drawn once: the next window's rows go on from here
 
 
-def test_answers_come_to_windows_in_order_and_cancelled_ones_are_dropped():
+def test_answers_come_to_windows_by_number_and_cancelled_ones_are_dropped():
     async def run():
         loop = asyncio.get_running_loop()
         req = HeadRequest()
-        first, second, third = (req.expect(loop.create_future(), 2) for _ in range(3))
-        second.waiter.cancel()  # a rejection in the first cancels the second
-        req.deliver(torch.ones(1))
-        req.deliver(torch.zeros(1))  # the cancelled window's answer: dropped
-        assert first.waiter.result().item() == 1.0 and req.front is third
+        first, second, third, fourth = (req.expect(loop.create_future(), 2) for _ in range(4))
+        assert [w.number for w in (first, second, third, fourth)] == [1, 2, 3, 4]
+        req.cancel_after(first)  # a rejection in the first: the second, third and fourth are void
+        second.waiter.cancel()
+        third.waiter.cancel()
+        assert req.live_from == 5  # the restarting window and those after it live
+        assert req.deliver(torch.ones(1), 1) == 1 and first.waiter.result().item() == 1.0
+        assert req.deliver(torch.zeros(1), 2) == 1  # a cancelled window's answer that came back: dropped
+        fifth = req.expect(loop.create_future(), 2)
+        assert req.deliver(torch.full((1,), 5.0), 5) == 3  # the third and fourth were dropped on the way
+        assert fifth.waiter.result().item() == 5.0 and fourth.waiter.cancelled()
+        sixth = req.expect(loop.create_future(), 2)
         req.ring_changed()
         with pytest.raises(RingChanged):
-            third.waiter.result()
+            sixth.waiter.result()
         assert req.front is None
+
+    asyncio.run(run())
+
+
+def test_an_inbox_drops_the_frames_of_cancelled_windows():
+    async def run():
+        inbox = Inbox()
+        for window, layer in [(2, 0), (3, 5), (2, 5)]:  # window 1 came back and was verified: a rejection
+            inbox.put_nowait(Work("a", pb.FORWARD, window, layer, window=window))
+        inbox.put_nowait(Work("b", pb.FORWARD, 0, 0, window=7))
+        inbox.put_nowait(Work("a", pb.FORWARD, 9, 0, window=4, live_from=4))  # windows 2 and 3 were cancelled
+        inbox.put_nowait(Work("a", pb.FORWARD, 7, 9, window=3))  # a later round of a cancelled one: dropped too
+        inbox.put_nowait(Work("a", pb.FORWARD, 0, 0))  # unnumbered (a replay): never dropped
+        assert [(w.request_id, w.window) for w in [inbox.get_nowait() for _ in range(inbox.qsize())]] == \
+            [("b", 7), ("a", 4), ("a", 0)]
+        assert inbox.dropped == 4
+        inbox.put_nowait(Work("a", pb.RELEASE))
+        assert not inbox.live_from
 
     asyncio.run(run())
 

@@ -30,7 +30,8 @@ def forward(w: Work, batch_rest: int = 0) -> pb.Frame:
     p = w.prefix
     return pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos, next_layer=w.next_layer,
                     capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch, batch_rest=batch_rest,
-                    prefix_key=p.key, prefix_len=p.length, save_key=p.save_key, save_len=p.save_len, prefill=p.prefill)
+                    prefix_key=p.key, prefix_len=p.length, save_key=p.save_key, save_len=p.save_len, prefill=p.prefill,
+                    window=w.window, live_from=w.live_from)
 
 
 def release(request_id: str, epoch: int) -> pb.Frame:

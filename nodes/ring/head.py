@@ -222,7 +222,8 @@ class Head:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
             # loop turn on every token's path.
             async with asyncio.timeout(self.node.cfg.step_timeout):
-                await self.steps.send(request_id, ids, pos, capacity, prefix, ahead=len(req.windows) > 1)
+                await self.steps.send(request_id, ids, pos, capacity, prefix, ahead=len(req.windows) > 1,
+                                      window=window.number, live_from=req.live_from)
         except BaseException as exc:
             self._abandon(req, request_id)
             if isinstance(exc, TimeoutError):
@@ -282,18 +283,18 @@ class Head:
             except RingChanged:
                 continue
 
-    async def deliver_batch(self, results: list[tuple[str, torch.Tensor]]) -> None:
+    async def deliver_batch(self, results: list[tuple[str, torch.Tensor, int]]) -> None:
         """A batch's hidden states after all layers; the logits of its plain steps in one projection (one pass
         over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
         as a plain step would."""
-        reqs = [(self.requests.get(rid), h) for rid, h in results]
+        reqs = [(self.requests.get(rid), h) for rid, h, _ in results]
         plain = [(r.front, h) for r, h in reqs if r is not None and r.front is not None and r.front.rows == 1]
         if len(plain) > 1:  # alone, the request projects its own row as before
             logits = await run_job(self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
             for (w, _), row in zip(plain, logits, strict=True):
                 w.logits = row
-        for rid, h in results:
-            self.requests.deliver(rid, h)
+        for rid, h, number in results:
+            self.requests.deliver(rid, h, number)
 
     async def close(self) -> None:
         """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""

@@ -23,6 +23,7 @@ class Window:
     """One step of a request in the ring: its answer's future, and its logits when computed with its batch's."""
 
     waiter: asyncio.Future
+    number: int = 0  # the request's step number (Frame.window), from 1
     rows: int = 0  # logit rows it wants: 1 for a plain step (computed with the batch's), else its own
     logits: torch.Tensor | None = None  # [V] of a plain step, when computed with its batch's
 
@@ -35,22 +36,37 @@ class HeadRequest:
 
     windows: deque[Window] = field(default_factory=deque)
     failure: RequestFailed | None = None
+    sent: int = 0  # steps numbered so far
+    live_from: int = 0  # its steps numbered below this were cancelled (the nodes drop their frames)
 
     def expect(self, waiter: asyncio.Future, rows: int) -> Window:
         """A step goes into the ring: its answer is the next after those of the steps before it."""
-        self.windows.append(window := Window(waiter, rows))
+        self.sent += 1
+        self.windows.append(window := Window(waiter, self.sent, rows))
         return window
+
+    def cancel_after(self, window: Window) -> None:
+        """The steps sent after `window` are void: the nodes drop their frames from the next step on."""
+        self.live_from = self.sent + 1
 
     @property
     def front(self) -> Window | None:
         """The step whose answer comes back next."""
         return self.windows[0] if self.windows else None
 
-    def deliver(self, hidden: torch.Tensor) -> None:
-        if self.windows:
+    def deliver(self, hidden: torch.Tensor, number: int = 0) -> int:
+        """The answer of step `number` (0: the oldest): the cancelled steps before it were dropped on the way.
+        Returns how many of its steps left the ring (those dropped and this one)."""
+        left = 0
+        while self.windows and number and self.windows[0].number < number:
+            self.windows.popleft().waiter.cancel()
+            left += 1
+        if self.windows and (not number or self.windows[0].number == number):
             window = self.windows.popleft()
+            left += 1
             if not window.waiter.done():  # a cancelled window's answer is dropped here
                 window.waiter.set_result(hidden)
+        return left
 
     def fail(self, failure: RequestFailed) -> None:
         if failure.code == grpc.StatusCode.ABORTED:  # a node lacked the step's cached prefix: the head retries
@@ -110,10 +126,10 @@ class HeadRequests:
     def remove(self, request_id: str) -> None:
         del self.by_id[request_id]
 
-    def deliver(self, request_id: str, hidden: torch.Tensor) -> None:
+    def deliver(self, request_id: str, hidden: torch.Tensor, number: int = 0) -> None:
         if (req := self.by_id.get(request_id)) is not None:
-            self.returned(request_id)
-            req.deliver(hidden)
+            for _ in range(req.deliver(hidden, number)):
+                self.returned(request_id)
 
     def fail(self, request_id: str, failure: RequestFailed) -> None:
         if (req := self.by_id.get(request_id)) is not None:

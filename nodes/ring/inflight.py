@@ -59,6 +59,7 @@ async def decode_ahead(head: "Head", req: HeadRequest, request_id: str, gen: Gen
                 RowLogits(node.shard.logits, hidden, len(oldest.ids))
             outs = await run_job(node.pool, gen.accept_draft, logits, draft, len(oldest.ids))
             if chain and [o.token_id for o in outs] != draft:  # a rejection (or the end): the rest are void
+                req.cancel_after(oldest.window)
                 _cancel(chain)
             node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / max(1, len(outs))
             for out in outs:

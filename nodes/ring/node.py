@@ -286,7 +286,7 @@ class Node:
         done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
         if self.windows.step(next_layer) is Step.DELIVER:
             if head is not None:
-                await head.deliver_batch([(w.request_id, w.hidden) for w in done])
+                await head.deliver_batch([(w.request_id, w.hidden, w.window) for w in done])
             return
         for i, w in enumerate(done):
             encoding, frame = time.perf_counter(), frames.forward(w, batch_rest=len(done) - 1 - i)
@@ -332,7 +332,7 @@ class Node:
             return
         if self.windows.step(w.next_layer) is Step.DELIVER:
             if head is not None:
-                head.requests.deliver(w.request_id, w.hidden)
+                head.requests.deliver(w.request_id, w.hidden, w.window)
             return
         await self.outbox.put(frames.forward(w, w.batch_rest))
 

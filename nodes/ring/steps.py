@@ -37,6 +37,8 @@ class _Step:
     sent: asyncio.Future
     since: float
     prefix: Prefix = NONE
+    window: int = 0  # the request's step number, and the lowest of its steps not cancelled (Frame)
+    live_from: int = 0
 
 
 class Stepper:
@@ -83,12 +85,13 @@ class Stepper:
             self.kick.set()
 
     async def send(self, request_id: str, ids: list[int], pos: int, capacity: int, prefix: Prefix = NONE,
-                   ahead: bool = False) -> None:
+                   ahead: bool = False, window: int = 0, live_from: int = 0) -> None:
         """Queue a step of `ids` at positions [pos, pos + len(ids)); returns once it is in the ring. ahead: a
         speculative window sent while the request's earlier ones are still in the ring; it goes at once, alone,
         whatever the batches in flight (its request's own window is one of them)."""
         loop = asyncio.get_running_loop()
-        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter(), prefix)
+        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter(), prefix, window,
+                     live_from)
         if ahead:
             try:
                 await self._send([step])
@@ -162,7 +165,7 @@ class Stepper:
         passes = node.windows is not None and node.windows.step(0) is Step.FORWARD
         for i, (s, h) in enumerate(go):
             w = Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch, batch_rest=len(go) - 1 - i,
-                     prefix=s.prefix)
+                     prefix=s.prefix, window=s.window, live_from=s.live_from)
             await (node.outbox.put(frames.forward(w, w.batch_rest)) if passes else node.inbox.put(w))
         _settle([s for s, _ in go], None)
 

@@ -76,7 +76,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest", "prefix_key", "prefix_len", "save_key", "save_len", "prefill")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest", "prefix_key", "prefix_len", "save_key", "save_len", "prefill", "window", "live_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,8 @@ class Frame(_message.Message):
     SAVE_KEY_FIELD_NUMBER: _ClassVar[int]
     SAVE_LEN_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -109,7 +111,9 @@ class Frame(_message.Message):
     save_key: str
     save_len: int
     prefill: bool
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ..., prefix_key: _Optional[str] = ..., prefix_len: _Optional[int] = ..., save_key: _Optional[str] = ..., save_len: _Optional[int] = ..., prefill: _Optional[bool] = ...) -> None: ...
+    window: int
+    live_from: int
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ..., prefix_key: _Optional[str] = ..., prefix_len: _Optional[int] = ..., save_key: _Optional[str] = ..., save_len: _Optional[int] = ..., prefill: _Optional[bool] = ..., window: _Optional[int] = ..., live_from: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
