@@ -44,7 +44,7 @@ def delayed_ring(store: Path, n: int, log_dir: Path, link_ms: float, windows: li
                                    "--model", str(store), *(extra_args[i] if extra_args else [])])
             local.start_node(i, fresh=True)
         for i, (address, proc) in enumerate(zip(local.addresses, local.processes)):
-            wait_serving(address, proc, 120.0, None, local.log(f"node{i}"))
+            wait_serving(address, proc, 600.0, None, local.log(f"node{i}"))
         ring.start(local.addresses[0], windows)
         yield local.addresses[0]
     finally:
