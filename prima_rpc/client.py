@@ -55,6 +55,8 @@ class Finished:
     accepted: int = 0
     max_tokens: int = 0  # what it could emit: its max_tokens capped to what the context leaves (0: an old head)
     tool_calls: tuple[ToolCall, ...] = ()  # with finish_reason "tool_calls"
+    depth: int = 1  # speculative windows in flight it ran with (1: one at a time)
+    trips: int = 0  # ring trips its tokens took (0: an old head)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,9 @@ class PrimaClient:
     def generate(self, prompt: str = "", *, messages: Iterable[dict] | None = None,
                  **fields) -> AsyncIterator[Token | Finished]:
         """stream() of the GenerateRequest these keywords make: max_tokens, temperature, top_k, top_p, seed, stop,
-        raw, request_id, speculate ("off" | "ngram" | "draft"; "": the head's default), draft_tokens (0: the
-        default). Arguments out of range: PrimaError INVALID_ARGUMENT here, before anything is sent."""
+        raw, request_id, speculate ("off" | "ngram" | "draft"; "": the head's default), draft_tokens and depth
+        (speculative windows in flight; 0: the default). Arguments out of range: PrimaError INVALID_ARGUMENT here,
+        before anything is sent."""
         return self.stream(_request(prompt, messages, **fields))
 
     async def stream(self, request: GenerateRequest, prefill: bool = False) -> AsyncIterator[Token | Finished]:
@@ -151,7 +154,8 @@ class PrimaClient:
                     f = event.finished
                     yield Finished(f.finish_reason, f.prompt_tokens, f.completion_tokens, f.ttft_ms, f.tpot_ms,
                                    f.request_id, f.drafted, f.accepted, f.max_tokens,
-                                   tuple(ToolCall(c.id, c.name, c.arguments) for c in f.tool_calls))
+                                   tuple(ToolCall(c.id, c.name, c.arguments) for c in f.tool_calls),
+                                   f.depth or 1, f.trips)
                 elif event.HasField("prefill") and prefill:
                     yield Prefill(event.prefill.done, event.prefill.total)
         except grpc.aio.AioRpcError as exc:

@@ -25,6 +25,7 @@ class Deadlines:
     profile: float = 120.0  # a fresh profile measures compute, memory and disk
     assign: float = 3600.0  # a first start may fetch GBs of weights over a home link before loading them
     leave: float = 600.0  # the head re-plans without the member: its survivors may load (and fetch) layers
+    draft: float = 30.0  # a member's draft model drafts a few tokens (its first ask loads it)
 
 
 def assign_request(ranges: Iterable[tuple[int, int]], n_layers: int, model_id: str, epoch: int, *,
@@ -87,6 +88,10 @@ class _Peer:
         """(The standby) become the ring's head in place of `lost`, which hands over."""
         return self._stub.TakeOver(pb.TakeOverRequest(lost=lost, ring=list(ring), forget=forget),
                                    metadata=self._metadata, timeout=self.deadlines.leave)
+
+    def draft(self, request: pb.DraftRequest):
+        """(A member with --draft) its draft model's continuation of a request's context."""
+        return self._stub.Draft(request, metadata=self._metadata, timeout=self.deadlines.draft)
 
     def shutdown(self):
         return self._stub.Shutdown(pb.ShutdownRequest(), metadata=self._metadata, timeout=self.deadlines.shutdown)

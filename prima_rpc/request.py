@@ -20,6 +20,7 @@ SEED = (0, 2**64 - 1)  # uint64 on the wire
 MAX_STOP = 16  # stop strings per request (the head's limit)
 SPECULATE = ("off", "ngram", "draft")  # speculative decoding: none, prompt lookup, the head's draft model
 DRAFT_TOKENS = (1, 16)  # the most tokens drafted per trip
+DEPTH = (1, 16)  # speculative windows in flight round the ring
 PENALTY = (-2.0, 2.0)  # presence and frequency penalties: OpenAI's range
 REPETITION_PENALTY = (0.0, 10.0)  # CTRL's divisor; 1 (or 0 on the wire): off; 0 itself is refused
 TOP_LOGPROBS = (0, 20)  # OpenAI's most alternatives per position
@@ -51,12 +52,15 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
-def check_speculate(speculate: str, draft_tokens: int) -> None:
-    """RequestError unless a known mode ("" for the head's default) and draft_tokens in range (0: the default)."""
+def check_speculate(speculate: str, draft_tokens: int, depth: int = 0) -> None:
+    """RequestError unless a known mode ("" for the head's default), draft_tokens and depth in range (0: the
+    default)."""
     if speculate and speculate not in SPECULATE:
         raise RequestError("speculate", f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
     if draft_tokens:
         _check_range("draft_tokens", draft_tokens, DRAFT_TOKENS)
+    if depth:
+        _check_range("depth", depth, DEPTH)
 
 
 class ToolCall(NamedTuple):
@@ -103,6 +107,7 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     speculate: str = ""  # "off" | "ngram" | "draft" ("": the head's default)
     draft_tokens: int = 0  # the most tokens drafted per trip (0: the head's default)
+    depth: int = 0  # speculative windows in flight round the ring (1: one at a time; 0: the plan's or the head's)
     request_id: str = ""  # "": the head makes one
     presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: minus this times its count so far
@@ -132,7 +137,7 @@ class GenerateRequest:
             raise RequestError("stop", f"stop: up to {MAX_STOP} non-empty strings, got {len(self.stop)}")
         for i, s in enumerate(self.stop):
             _check_text(f"stop[{i}]", s, "a stop string")
-        check_speculate(self.speculate, self.draft_tokens)
+        check_speculate(self.speculate, self.draft_tokens, self.depth)
         self._check_sampling()
         self._check_output()
 
@@ -201,7 +206,8 @@ class GenerateRequest:
             prompt=self.prompt, messages=[_message_to_wire(m) for m in self.messages],
             raw=self.raw, max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, seed=self.seed, stop=list(self.stop), request_id=self.request_id,
-            speculate=self.speculate, draft_tokens=self.draft_tokens, presence_penalty=self.presence_penalty,
+            speculate=self.speculate, draft_tokens=self.draft_tokens, depth=self.depth,
+            presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
             logprobs=self.logprobs, top_logprobs=self.top_logprobs, response_format=self.response_format,
             json_schema=self.json_schema, tool_choice=self.tool_choice, chat_template_kwargs=self.chat_template_kwargs,
@@ -214,7 +220,8 @@ class GenerateRequest:
                    max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
                    top_p=msg.top_p or 1.0,  # on the wire 0 means off
                    seed=msg.seed if msg.HasField("seed") else None, stop=tuple(msg.stop),
-                   speculate=msg.speculate, draft_tokens=msg.draft_tokens, request_id=msg.request_id,
+                   speculate=msg.speculate, draft_tokens=msg.draft_tokens, depth=msg.depth,
+                   request_id=msg.request_id,
                    presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
                    repetition_penalty=msg.repetition_penalty or 1.0, logprobs=msg.logprobs,
                    top_logprobs=msg.top_logprobs, response_format=msg.response_format, json_schema=msg.json_schema,

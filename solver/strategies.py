@@ -13,7 +13,7 @@ from solver.halda_batch import halda_for
 from solver.kv_term import KV_DTYPES, kv_bytes_per_token_layer, priced
 from solver.model_profile import ModelProfile
 from solver.plan import Infeasible, RingPlan
-from solver.speculation import speculation_json
+from solver.speculation import inflight_json, speculation_json
 from solver.throughput import Throughput, predict_throughput
 
 # what the plan assumes of a mixture's expert cache (solver.device_terms.expert_terms)
@@ -62,7 +62,7 @@ def plan_to_json(plan: RingPlan, n_layers: int, breakdown: Breakdown | None = No
 
 def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
                  must_stay: Collection[str] = (), concurrency: int = 1,
-                 speculation: tuple[int, float] | None = None, choose_kv: bool = False) -> dict:
+                 speculation: tuple[int, float, float] | None = None, choose_kv: bool = False) -> dict:
     """must_stay: devices the ring cannot route around (they become relays if given no layers)."""
     return plan_for(load_profiles(profiles_path), manifest, strategy, n_ctx=n_ctx, must_stay=must_stay,
                     concurrency=concurrency, speculation=speculation, choose_kv=choose_kv)
@@ -70,11 +70,13 @@ def plan_offline(profiles_path: Path, manifest: dict, strategy: str = "halda", *
 
 def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str = "halda", *, n_ctx: int = 0,
              must_stay: Collection[str] = (), concurrency: int = 1,
-             speculation: tuple[int, float] | None = None, choose_kv: bool = False) -> dict:
+             speculation: tuple[int, float, float] | None = None, choose_kv: bool = False) -> dict:
     """concurrency: requests decoding at once; Halda then optimises their throughput (halda_batch), and the
-    result carries the throughput fields (throughput_fields). speculation: (N, R), every trip verifying N
-    drafted tokens accepted at rate R (adds `speculation`). choose_kv: devices whose KV dtype is auto take the
-    most precise one whose plan holds every layer in memory (choose_kv_dtype); else auto is float."""
+    result carries the throughput fields (throughput_fields). speculation: (N, R[, C]), every trip verifying N
+    drafted tokens accepted at rate R, drafted at C seconds a token (adds `speculation`, and the windows in flight
+    and draft length it picks: `depth` and `draft_tokens`, 1 and 0 where speculating does not pay). choose_kv:
+    devices whose KV dtype is auto take the most precise one whose plan holds every layer in memory
+    (choose_kv_dtype); else auto is float."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -98,9 +100,11 @@ def plan_for(devices: tuple[DeviceProfile, ...], manifest: dict, strategy: str =
     out["ctx"] = inst.n_ctx
     for d, kv, js in zip(plan.devices, inst.priced_kv, out["devices"], strict=True):
         js.update(kv_dtype=kv, kv_bytes=kv_bytes_per_token_layer(model, kv) * inst.n_ctx * d.window * plan.k)
-    if speculation is not None:
-        out["speculation"] = speculation_json(inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.predicted_tpot_s,
-                                              *speculation)
+    if speculation is not None:  # (N, R) or (N, R, the drafter's seconds a token)
+        args = (inst, plan.k, plan.window_sizes, plan.gpu_layers, plan.predicted_tpot_s)
+        out["speculation"] = speculation_json(*args, *speculation[:2])
+        out["speculation"] |= (pick := inflight_json(*args, *speculation[1:]))
+        out["depth"], out["draft_tokens"] = pick["depth"], pick["inflight_draft_tokens"]  # what the head should run
     return out | throughput_fields(tput)
 
 

@@ -118,6 +118,7 @@ DEAD = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     (("--node", DEAD, "generate", "--stop", "", "hi"), "non-empty strings"),
     (("--node", DEAD, "generate", "--speculate", "magic", "hi"), "speculate must be one of off, ngram, draft"),
     (("--node", DEAD, "generate", "--draft-tokens", "17", "hi"), "draft_tokens must be in [1, 16]"),
+    (("--node", DEAD, "generate", "--depth", "17", "hi"), "depth must be in [1, 16]"),
     (("--node", DEAD, "chat"), f"cannot reach node {DEAD}"),
     (("--node", DEAD, "chat", "--max-tokens", "0"), "max_tokens must be in [1,"),
     (("--node", DEAD, "start", "--windows", "10,x"), "--windows must be comma-separated integers"),

@@ -151,9 +151,11 @@ def test_token_file_and_chat_that_survives_errors(secured, tmp_path):
              env={"PRIMA_TOKEN": ""}, timeout=60)
     assert ok.returncode == 0 and len(json.loads(ok.stdout)["tokens"]) == 3, ok.stderr
     spec = ctl("--token-file", str(token), "--node", head, "generate", "--max-tokens", "12", "--raw", "--json",
-               "--speculate", "ngram", "--draft-tokens", "3", "a b a b a b a b", env={"PRIMA_TOKEN": ""}, timeout=60)
+               "--speculate", "ngram", "--draft-tokens", "3", "--depth", "3", "a b a b a b a b",
+               env={"PRIMA_TOKEN": ""}, timeout=60)
     out = json.loads(spec.stdout)
     assert len(out["tokens"]) == 12 and 0 <= out["accepted"] <= out["drafted"] and "tpot_ms" in out, spec.stderr
+    assert out["depth"] == 3 and 0 < out["trips"] <= 12
     chat = ctl("--token-file", str(token), "--node", head, "chat", "--max-tokens", "3",
                stdin=b"caf\xe9\nhello\n", timeout=60)
     assert_one_line_error(chat, "your message is not valid UTF-8 text (byte 0xe9")

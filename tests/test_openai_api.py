@@ -143,8 +143,9 @@ def test_good_bodies_become_generate_arguments():
     assert call.stream and call.include_usage and call.model == "x"
     think = parse_request({"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}, True, 8).request
     assert think.template_kwargs() == {"enable_thinking": False}
-    spec = parse_request({"prompt": "hi", "speculate": "ngram", "draft_tokens": 3}, chat=False, default_max_tokens=8)
-    assert (spec.request.speculate, spec.request.draft_tokens) == ("ngram", 3)
+    spec = parse_request({"prompt": "hi", "speculate": "ngram", "draft_tokens": 3, "depth": 4}, chat=False,
+                         default_max_tokens=8)
+    assert (spec.request.speculate, spec.request.draft_tokens, spec.request.depth) == ("ngram", 3, 4)
     plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64).request
     assert plain.raw and plain.max_tokens == 64 and plain.prompt == "hi"
     assert plain.temperature == 0.0  # top_p 0 keeps only the likeliest token: greedy
@@ -159,6 +160,8 @@ def test_good_bodies_become_generate_arguments():
     ({"prompt": "hi", "max_completion_tokens": 0}, "max_completion_tokens", "integer in [1,"),
     ({"prompt": "hi", "top_p": 0, "temperature": 2.5}, "temperature", "number in [0, 2]"),  # checked before greedy
     ({"prompt": "hi", "draft_tokens": 0}, "draft_tokens", "integer in [1, 16]"),
+    ({"prompt": "hi", "depth": 0}, "depth", "integer in [1, 16]"),
+    ({"prompt": "hi", "depth": 17}, "depth", "integer in [1, 16]"),
     ({"prompt": "hi", "top_k": -1}, "top_k", "integer in [0,"),
 ])
 def test_bodies_are_checked_by_the_request_type(body, param, message):

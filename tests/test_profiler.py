@@ -90,7 +90,8 @@ def test_profile_round_trips_through_the_solver_schema(measured, tiny_store):
     assert doc["format"] == FORMAT and doc["dtype"] == "float32" and doc["link_peer"] is None
     cached = DeviceProfile.from_json(doc["profile"])  # the measurement; the reply is the node's share of it:
     # its default share of the RAM, and random reads no faster than sequential ones (a noisy probe can read so)
-    assert prof == replace(cached, is_head=prof.is_head, ram_available=int(cached.ram_available * DEFAULT_FRACTION) - largest_layer,
+    ram = int(cached.ram_available * DEFAULT_FRACTION) - largest_layer
+    assert prof == replace(cached, is_head=prof.is_head, ram_available=ram,
                            disk_rand_read=min(cached.disk_rand_read, cached.disk_seq_read))
     assert doc["details"]["matmul_cpu"]["gemm"] > 0 and doc["details"]["disk"]["source"] == "temp"
 

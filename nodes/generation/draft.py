@@ -1,6 +1,8 @@
 """A draft model for speculative decoding: a small store of the target's tokenizer, run greedily with a KV
 cache of its own for one request."""
 
+import hashlib
+import json
 from pathlib import Path
 
 import grpc
@@ -59,3 +61,8 @@ class DraftModel:
         if out:
             self.fed = context + out[:-1]
         return out
+
+
+def vocab_fingerprint(codec: TextCodec) -> str:
+    """sha256 of a tokenizer's vocabulary (token -> id): equal exactly when a draft may serve a target."""
+    return hashlib.sha256(json.dumps(sorted(codec.tokenizer.get_vocab().items())).encode()).hexdigest()

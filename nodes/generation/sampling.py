@@ -63,7 +63,7 @@ class Sampler:
             logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
         return logits.softmax(-1)
 
-    def verify(self, logits: torch.Tensor, draft: list[int]) -> list[int]:
+    def verify(self, logits: torch.Tensor, draft: list[int], rows: int | None = None) -> list[int]:
         """The tokens a verification forward yields: the accepted prefix of `draft`, then one of the target's own.
 
         logits [len(draft) + 1, V], or rows projected as they are read (head_step.RowLogits): row i follows the
@@ -71,9 +71,12 @@ class Sampler:
         step draws it (its position's own generator; greedy: the argmax), and a draft token is accepted while it
         equals that draw. With the draft a point mass on x this accepts with probability p(x), as the standard
         rejection rule does, and every emitted token is exactly the one the request gives without speculation.
+        rows = len(draft): a window in flight whose last row checks the next window's first token; when all match,
+        the draft alone comes back (the next window's rows go on from there).
         """
+        rows = len(draft) + 1 if rows is None else rows
         out = []
-        for i in range(len(draft) + 1):
+        for i in range(rows):
             out.append(self._draw(logits[i], self.position + i))
             if i == len(draft) or out[-1] != draft[i]:
                 break

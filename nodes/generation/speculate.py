@@ -12,30 +12,36 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from prima_rpc.request import DRAFT_TOKENS, SPECULATE, check_speculate
+from prima_rpc.request import DEPTH, DRAFT_TOKENS, SPECULATE, check_speculate
 
-# A request that does not say (generate, the clients, HTTP) gets prompt lookup: measured by
-# tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a repeating prompt, the same on ordinary ones
-# (docs/speculation.md).
+# A request that does not say (generate, the clients, HTTP) gets prompt lookup where the ring has no draft model
+# (nodes/ring/head.py, Head.default_speculate): measured by tools/bench/bench_speculate.py, 2-3.5x lower TPOT on a
+# repeating prompt, the same on ordinary ones (docs/speculation.md). One request at a time goes round
+# (DEFAULT_DEPTH) unless it asks for windows in flight (nodes/ring/inflight.py).
 # The single-process reference (`run`, GenerateParams) decodes plainly unless asked: it is the oracle.
 DEFAULT_MODE = "ngram"
 DEFAULT_DRAFT = 4
+DEFAULT_DEPTH = 1
 
 
 @dataclass(frozen=True)
 class SpeculateParams:
     mode: str = "off"
     draft_tokens: int = DEFAULT_DRAFT  # the most tokens drafted per trip (the adaptive N stays within it)
+    depth: int = DEFAULT_DEPTH  # verify windows in flight round the ring (nodes/ring/inflight.py); 1: one at a time
 
     def __post_init__(self):
-        check_speculate(self.mode, self.draft_tokens)
-        if self.mode not in SPECULATE or not DRAFT_TOKENS[0] <= self.draft_tokens <= DRAFT_TOKENS[1]:
-            raise ValueError("speculate and draft_tokens must be set (no empty defaults here)")
+        check_speculate(self.mode, self.draft_tokens, self.depth)
+        if self.mode not in SPECULATE or not DRAFT_TOKENS[0] <= self.draft_tokens <= DRAFT_TOKENS[1] \
+                or not DEPTH[0] <= self.depth <= DEPTH[1]:
+            raise ValueError("speculate, draft_tokens and depth must be set (no empty defaults here)")
 
 
-def speculate_params(mode: str, draft_tokens: int) -> SpeculateParams:
-    """A request's setting from the wire: empty / 0 mean the defaults; anything else is checked (ValueError)."""
-    return SpeculateParams(mode or DEFAULT_MODE, draft_tokens or DEFAULT_DRAFT)
+def speculate_params(mode: str, draft_tokens: int, depth: int = 0, default_depth: int = DEFAULT_DEPTH,
+                     default_draft: int = DEFAULT_DRAFT) -> SpeculateParams:
+    """A request's setting from the wire: empty / 0 mean the defaults (depth and draft length: the plan's where
+    it chose them, else the head's); anything else is checked (ValueError)."""
+    return SpeculateParams(mode or DEFAULT_MODE, draft_tokens or default_draft, depth or default_depth)
 
 
 class PromptLookup:
@@ -94,12 +100,16 @@ class Speculator:
         """N for the next trip: the cap scaled by the recent acceptance rate, at least 1."""
         return max(1, min(self.params.draft_tokens, math.ceil(self.rate * self.params.draft_tokens)))
 
+    def wanted(self, room: int) -> int:
+        """How many tokens to draft next, with room for `room` (0: none)."""
+        return min(room, self.length()) if self.on and room > 0 else 0
+
     def draft(self, context: list[int], room: int) -> list[int]:
-        if not self.on or room <= 0:
+        if not (n := self.wanted(room)):
             return []
         if self.draft_model is not None:
-            return self.draft_model.draft(context, min(room, self.length()))
-        return self.lookup(context, min(room, self.length()))
+            return self.draft_model.draft(context, n)
+        return self.lookup(context, n)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted:

@@ -91,6 +91,7 @@ class Generation:
         self.text = ""
         self._held = ""  # text that may be the start of a stop string
         self.finish_reason: str | None = None
+        self.trips = 0  # ring trips (on a ring's head): the prompt's last, then every verify window sent
         self.tool_calls: list[ToolCall] = []
         self._tool_text = ""  # with tools: text held back, as it may be (or is: _calling) a tool call
         self._calling = False
@@ -116,11 +117,18 @@ class Generation:
         alone), and none beyond the tokens this request may still emit (so positions stay inside its KV)."""
         return max(0, self.max_tokens - len(self.tokens) - 1) if self.tokens else 0
 
-    def draft(self) -> list[int]:
-        """Tokens to verify after pending()'s in the same forward (none when speculation is off or finds none)."""
+    def draft(self, drafted: list[int] = ()) -> list[int]:
+        """Tokens to verify after pending()'s in the same forward (none when speculation is off or finds none);
+        drafted: tokens already drafted after those (windows in flight), which these then follow."""
         if self.params.shapes_logits:
             return []
-        return self.spec.draft(self.prompt_ids + self.tokens, self.draft_room())
+        return self.spec.draft(self.prompt_ids + self.tokens + list(drafted), self.draft_room() - len(drafted))
+
+    def draft_ask(self, drafted: list[int] = ()) -> tuple[list[int], int]:
+        """What draft() asks its drafter: the context and how many tokens (0: none), for one drafting elsewhere."""
+        if self.params.shapes_logits:
+            return [], 0
+        return self.prompt_ids + self.tokens + list(drafted), self.spec.wanted(self.draft_room() - len(drafted))
 
     def accept(self, logits: torch.Tensor) -> TokenOut:
         """Sample from the last position's logits [V] (after penalties and the grammar's mask) and advance."""
@@ -143,16 +151,18 @@ class Generation:
             out = replace(out, logprob=lp, top=tuple(top))
         return out
 
-    def accept_draft(self, logits: torch.Tensor, draft: list[int]) -> list[TokenOut]:
+    def accept_draft(self, logits: torch.Tensor, draft: list[int], rows: int | None = None) -> list[TokenOut]:
         """Verify `draft` against logits [len(draft) + 1, V] of pending() + draft; emit the accepted prefix and
-        the target's next token (fewer if one of them ends the request)."""
+        the target's next token (fewer if one of them ends the request). rows = len(draft): a window in flight,
+        whose draft ends with the next window's first token; all accepted, no token of the target's own follows."""
         outs = []
-        tokens = self.sampler.verify(logits, draft)
+        tokens = self.sampler.verify(logits, draft, rows)
         for token in tokens:
             outs.append(self._push(token))
             if self.done:
                 break
-        self.spec.update(len(draft), min(len(tokens) - 1, len(outs)))
+        whole = len(tokens) == len(draft) and tokens == draft
+        self.spec.update(len(draft), min(len(tokens) - (0 if whole else 1), len(outs)))
         return outs
 
     def resume(self, tokens: list[int], vocab: int) -> None:

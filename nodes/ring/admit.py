@@ -61,7 +61,8 @@ def forward_work(frame: pb.Frame, hidden: torch.Tensor) -> Work:
     """A checked FORWARD frame as the compute loop takes it."""
     prefix = Prefix(frame.prefix_key, frame.prefix_len, frame.save_key, frame.save_len, frame.prefill)
     return Work(frame.request_id, pb.FORWARD, frame.start_pos, frame.next_layer, frame.capacity, hidden,
-                epoch=frame.epoch, batch_rest=frame.batch_rest, prefix=prefix)
+                epoch=frame.epoch, batch_rest=frame.batch_rest, prefix=prefix, window=frame.window,
+                live_from=frame.live_from)
 
 
 class KvLedger:

@@ -21,15 +21,17 @@ async def gather(inbox: Inbox, first: Work, max_batch: int) -> list[Work]:
     frame that cannot join is waiting (it must not be held back)."""
     batch, ids = [first], {first.request_id}
 
-    def joins(w: Work) -> bool:
-        return (w.kind == pb.FORWARD and w.next_layer == first.next_layer and w.epoch == first.epoch
-                and w.request_id not in ids)
+    def joins(w: Work) -> bool:  # one frame a request: its windows in flight compute one after another, in order
+        if (w.kind == pb.FORWARD and w.next_layer == first.next_layer and w.epoch == first.epoch
+                and w.request_id not in ids):
+            ids.add(w.request_id)
+            return True
+        return False
 
     deadline = time.perf_counter() + BATCH_WAIT_S
     while len(batch) < max_batch:
         taken = inbox.take(joins, max_batch - len(batch))
         batch += taken
-        ids.update(w.request_id for w in taken)
         left = deadline - time.perf_counter()
         if batch[-1].batch_rest == 0 or len(batch) >= max_batch or not inbox.empty() or left <= 0:
             break

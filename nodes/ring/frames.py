@@ -30,7 +30,8 @@ def forward(w: Work, batch_rest: int = 0) -> pb.Frame:
     p = w.prefix
     return pb.Frame(request_id=w.request_id, kind=pb.FORWARD, start_pos=w.start_pos, next_layer=w.next_layer,
                     capacity=w.capacity, hidden=codec.encode(w.hidden), epoch=w.epoch, batch_rest=batch_rest,
-                    prefix_key=p.key, prefix_len=p.length, save_key=p.save_key, save_len=p.save_len, prefill=p.prefill)
+                    prefix_key=p.key, prefix_len=p.length, save_key=p.save_key, save_len=p.save_len, prefill=p.prefill,
+                    window=w.window, live_from=w.live_from)
 
 
 def release(request_id: str, epoch: int) -> pb.Frame:
@@ -106,11 +107,12 @@ def prefill_event(done: int, total: int) -> pb.GenerateEvent:
 
 
 def finished(finish_reason: str, prompt_tokens: int, completion_tokens: int, request_id: str, ttft_ms: float,
-             tpot_ms: float, drafted: int = 0, accepted: int = 0, max_tokens: int = 0, tool_calls=()) -> pb.Finished:
+             tpot_ms: float, drafted: int = 0, accepted: int = 0, max_tokens: int = 0, tool_calls=(),
+             depth: int = 1, trips: int = 0) -> pb.Finished:
     """tool_calls: ToolCall (id, name, arguments) the model made, with finish_reason "tool_calls"."""
     return pb.Finished(finish_reason=finish_reason, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                        request_id=request_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, drafted=drafted, accepted=accepted,
-                       max_tokens=max_tokens,
+                       max_tokens=max_tokens, depth=depth, trips=trips,
                        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in tool_calls])
 
 

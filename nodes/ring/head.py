@@ -11,15 +11,17 @@ import torch
 from nodes.engine.prefix_cache import NONE
 from nodes.errors import PrefixMissed, RequestFailed
 from nodes.generation import head_step
-from nodes.generation.draft import DraftModel, load_draft
+from nodes.generation.draft import DraftModel, load_draft, vocab_fingerprint
 from nodes.generation.reference import ReferenceModel
-from nodes.generation.speculate import Speculator
+from nodes.generation.speculate import DEFAULT_MODE, Speculator
 from nodes.generation.state import GenerateParams, Generation, Prefilled, TokenOut
 from nodes.jobs import run_job
 from nodes.ring import frames
 from nodes.ring.admit import KvLedger
+from nodes.ring.drafts import RemoteDrafter
 from nodes.ring.head_port import NodePort
-from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
+from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged, Window
+from nodes.ring.inflight import ahead, decode_ahead, draft_for
 from nodes.ring.members import Members
 from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
 from nodes.ring.steps import Stepper
@@ -34,7 +36,10 @@ class Head:
         self.requests = HeadRequests()
         self.members = Members(node, self.requests)
         self.draft_model: ReferenceModel | None = None
+        self.vocab: str | None = None  # the target's tokenizer fingerprint, which a member's draft must share
+        self.member_drafts = False  # a member was started with --draft (as of the latest Info of them all)
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
+        self.requests.returned = self.steps.back
         self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts
         self.prefixes = HeadPrefixes()  # prompt prefixes the nodes keep the KV of (nodes/ring/prefixes.py)
         self.rewire(ring, fresh)
@@ -56,7 +61,7 @@ class Head:
         resume: tokens it already gave on a head that was lost (they are replayed, not sent again)."""
         self.requests.check_new(request_id)
         node = self.node
-        gen, drafter = await self._generation(prompt_ids, params, resume)
+        gen = await self._generation(prompt_ids, params, resume, request_id)
         await self._kv_rooms()
         self.kv.admit(request_id, len(prompt_ids), gen.capacity)
         req = self.requests.add(request_id)
@@ -69,15 +74,24 @@ class Head:
             else:
                 plan = await self._prefix_plan(prompt_ids)
             while not gen.done:
+                if gen.tokens and ahead(gen):  # decode with windows in flight (nodes/ring/inflight.py)
+                    try:
+                        async for out in decode_ahead(self, req, request_id, gen):
+                            yield out
+                    except RingChanged:
+                        await self._replay(req, request_id, gen)
+                    continue
                 ids, pos = gen.pending()
                 if not gen.tokens:  # the prompt: from the cached prefix on, if the ring holds one
                     ids, pos = ids[plan.use_len:], plan.use_len
                 # Speculation: one trip verifies the drafts, as one multi-position frame.
-                draft = await run_job(node.pool, gen.draft) if drafter else gen.draft()
+                draft = await draft_for(self, gen)
                 start = time.perf_counter()
+                gen.trips += 1
                 try:
-                    async for done, hidden in self._trip(req, request_id, ids + draft, pos, gen.capacity,
-                                                         len(draft) + 1, None if gen.tokens else plan):
+                    async for step in self._trip(req, request_id, ids + draft, pos, gen.capacity, len(draft) + 1,
+                                                 None if gen.tokens else plan):
+                        done, hidden, logits = step
                         if hidden is None:  # a prefill chunk of a long prompt went round
                             yield Prefilled(done, len(ids))
                 except RingChanged:
@@ -94,7 +108,7 @@ class Head:
                     continue
                 if not gen.tokens:
                     plan = self._settle(plan, prompt_ids, True)
-                outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, req.logits)
+                outs = await head_step.next_tokens(gen, node.pool, node.shard.logits, hidden, draft, logits)
                 node.stats.last_token_ms = (time.perf_counter() - start) * 1e3 / len(outs)
                 for out in outs:
                     yield out
@@ -120,19 +134,39 @@ class Head:
             return
         infos = await self.members.infos()
         rooms = {a: i.kv_positions for a, i in zip(self.members.members, infos) if i is not None}
+        self.member_drafts = any(i is not None and i.draft for i in infos)
         self.kv.rooms = {self.address: node.shard.kv_positions() if node.shard else 0, **rooms}
         self.kv.epoch = node.epoch
 
-    async def _generation(self, prompt_ids: list[int], params: GenerateParams,
-                          resume: list[int]) -> tuple[Generation, DraftModel | None]:
-        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) and its drafter."""
+    async def _generation(self, prompt_ids: list[int], params: GenerateParams, resume: list[int],
+                          request_id: str) -> Generation:
+        """The request's state (resumed after the tokens it gave; ValueError: INVALID_ARGUMENT) with its drafter:
+        the head's draft model (prima-node --draft), else a member's (a relay started with --draft)."""
         node, drafter = self.node, None
         if params.speculate.mode == "draft" and node.cfg.draft is not None:
             drafter = DraftModel(await self._draft_model())
+        elif params.speculate.mode == "draft":
+            drafter = await self._member_drafter(request_id)
         gen = Generation(prompt_ids, params, node.text, node.store.manifest.eos_token_ids,
                          node.store.config.max_seq_len, Speculator(params.speculate, drafter), node.store.config.vocab)
         gen.resume(list(resume), node.store.config.vocab)
-        return gen, drafter
+        return gen
+
+    async def _member_drafter(self, request_id: str) -> RemoteDrafter | None:
+        """A drafter on the first member started with --draft (None: no member has one)."""
+        for address, info in zip(self.members.members, await self.members.infos()):
+            if info is not None and info.draft:
+                if self.vocab is None:
+                    self.vocab = await run_job(self.node.pool, vocab_fingerprint, self.node.text)
+                return RemoteDrafter(self.members.control(address), request_id, self.vocab)
+        return None
+
+    def default_speculate(self) -> str:
+        """The drafter of a request that does not say: a draft model where the ring has one (the head's, or a
+        member's as of its latest Info), else prompt lookup. Measured on SmolLM2 (docs/speculation.md): its int4
+        copy drafting for the float32 target is accepted 94-100 % on chat, code and story prompts, where prompt
+        lookup drafts a few tokens in 32 and keeps a third of them; who starts a node with --draft wants it used."""
+        return "draft" if self.node.cfg.draft is not None or self.member_drafts else DEFAULT_MODE
 
     async def _prefix_plan(self, prompt_ids: list[int]) -> PrefixPlan:
         """What the prompt takes from and gives to the prefix cache; first it waits for a prefill in flight of the
@@ -168,36 +202,63 @@ class Head:
                           capacity: int, rows: int = 0) -> torch.Tensor:
         """Hidden states after all layers for tokens at [pos, pos+len(ids)), in prefill chunks, each a step
         that goes round the ring in a batch with the other requests' steps (nodes/ring/steps.py)."""
-        steps = [hidden async for _, hidden in self._trip(req, request_id, ids, pos, capacity, rows)]
+        steps = [hidden async for _, hidden, _ in self._trip(req, request_id, ids, pos, capacity, rows)]
         return steps[-1]
 
     async def _trip(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
-                    rows: int = 0, plan: PrefixPlan | None = None) -> AsyncIterator[tuple[int, torch.Tensor | None]]:
-        """_round_trip chunk by chunk: (tokens done, None) after each chunk but the last, then (all, hidden);
-        plan: the prompt's use of the prefix cache (None: not prompt positions)."""
-        timeout = self.node.cfg.step_timeout
-        loop = asyncio.get_running_loop()
+                    rows: int = 0, plan: PrefixPlan | None = None
+                    ) -> AsyncIterator[tuple[int, torch.Tensor | None, torch.Tensor | None]]:
+        """_round_trip chunk by chunk: (tokens done, None, None) after each chunk but the last, then (all, hidden,
+        logits [V] of a plain step computed with its batch's, else None); plan: the prompt's use of the prefix
+        cache (None: not prompt positions)."""
         for offset in range(0, len(ids), PREFILL_CHUNK):
-            if req.failure:
-                raise req.failure
-            req.waiter, req.logits = loop.create_future(), None
-            req.rows = rows if offset + PREFILL_CHUNK >= len(ids) else 0
-            try:
-                chunk = ids[offset:offset + PREFILL_CHUNK]
-                prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
-                # loop turn on every token's path.
-                async with asyncio.timeout(timeout):
-                    await self.steps.send(request_id, chunk, pos + offset, capacity, prefix)
-                async with asyncio.timeout(timeout):
-                    hidden = await req.waiter
-            except TimeoutError:
-                raise RequestFailed(grpc.StatusCode.UNAVAILABLE,
-                                    f"no answer from the ring within {timeout:.0f} s (a node may be down)") from None
-            finally:
-                self.steps.back(request_id)
+            chunk = ids[offset:offset + PREFILL_CHUNK]
+            prefix = NONE if plan is None else plan.chunk(pos + offset, len(chunk), use=offset == 0)
+            window = await self.send_window(req, request_id, chunk, pos + offset, capacity,
+                                            rows if offset + PREFILL_CHUNK >= len(ids) else 0, prefix)
+            hidden = await self.answer(req, request_id, window)
             done = min(offset + PREFILL_CHUNK, len(ids))
-            yield done, hidden if done == len(ids) else None
+            yield done, hidden if done == len(ids) else None, window.logits
+
+    async def send_window(self, req: HeadRequest, request_id: str, ids: list[int], pos: int, capacity: int,
+                          rows: int, prefix=NONE) -> Window:
+        """A step of `ids` at [pos, pos + len(ids)) into the ring; a request with steps in the ring already
+        (windows in flight) sends it at once, behind them."""
+        if req.failure:
+            raise req.failure
+        window = req.expect(asyncio.get_running_loop().create_future(), rows)
+        try:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for wraps the send in a task of its own, a
+            # loop turn on every token's path.
+            async with asyncio.timeout(self.node.cfg.step_timeout):
+                await self.steps.send(request_id, ids, pos, capacity, prefix, ahead=len(req.windows) > 1,
+                                      window=window.number, live_from=req.live_from)
+        except BaseException as exc:
+            self._abandon(req, request_id)
+            if isinstance(exc, TimeoutError):
+                raise self._no_answer() from None
+            raise
+        return window
+
+    async def answer(self, req: HeadRequest, request_id: str, window: Window) -> torch.Tensor:
+        """The hidden states [T, H] after all layers of a step sent."""
+        try:
+            async with asyncio.timeout(self.node.cfg.step_timeout):
+                return await window.waiter
+        except BaseException as exc:
+            self._abandon(req, request_id)
+            if isinstance(exc, TimeoutError):
+                raise self._no_answer() from None
+            raise
+
+    def _abandon(self, req: HeadRequest, request_id: str) -> None:
+        """None of the request's steps in the ring is waited for any more."""
+        req.abandon()
+        self.steps.drop(request_id)
+
+    def _no_answer(self) -> RequestFailed:
+        return RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                             f"no answer from the ring within {self.node.cfg.step_timeout:.0f} s (a node may be down)")
 
     async def _draft_model(self) -> ReferenceModel:
         """The head's draft model, loaded on first use (prima-node --draft DIR); shared by its requests."""
@@ -231,19 +292,18 @@ class Head:
             except RingChanged:
                 continue
 
-    async def deliver_batch(self, results: list[tuple[str, torch.Tensor]]) -> None:
+    async def deliver_batch(self, results: list[tuple[str, torch.Tensor, int]]) -> None:
         """A batch's hidden states after all layers; the logits of its plain steps in one projection (one pass
         over the output matrix for the batch). Verify frames project their rows one by one in their own loop,
         as a plain step would."""
-        reqs = [(self.requests.get(rid), h) for rid, h in results]
-        plain = [(r, h) for r, h in reqs if r is not None and r.rows == 1]
+        reqs = [(self.requests.get(rid), h) for rid, h, _ in results]
+        plain = [(r.front, h) for r, h in reqs if r is not None and r.front is not None and r.front.rows == 1]
         if len(plain) > 1:  # alone, the request projects its own row as before
             logits = await run_job(self.node.pool, self.node.shard.last_logits, [h for _, h in plain])
-            for (r, _), row in zip(plain, logits, strict=True):
-                r.logits = row
-        for r, h in reqs:
-            if r is not None:
-                r.deliver(h)
+            for (w, _), row in zip(plain, logits, strict=True):
+                w.logits = row
+        for rid, h, number in results:
+            self.requests.deliver(rid, h, number)
 
     async def close(self) -> None:
         """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""

@@ -300,6 +300,10 @@ class Members:
 
     # ------------------------------------------------------------------ channels
 
+    def control(self, address: str) -> AioControl:
+        """The member's Control service (one channel each, kept)."""
+        return self._control(address)
+
     def _control(self, address: str) -> AioControl:
         if address not in self._peers:
             self._peers[address] = AioControl(address, self.token, DEADLINES)

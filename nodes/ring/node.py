@@ -34,6 +34,7 @@ from nodes.ring import admit, batching, frames, node_info, weights
 from nodes.ring.assignment import Assignment, Place
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
+from nodes.ring.drafts import DraftServer
 from nodes.ring.head import Head
 from nodes.ring.head_watch import HeadWatch
 from nodes.ring.inbox import Inbox
@@ -78,6 +79,7 @@ class Node:
         self.micro_batches = 1  # head: batches of requests in flight round the ring
         self.batching = (0, 0)
         self.standby = Standby(cfg.cache, cfg.token)  # the head's units on this disk, should the head be lost
+        self.drafts = DraftServer(cfg.draft) if cfg.draft is not None else None  # --draft: drafts for the head
         self.head_watch = HeadWatch(self)
 
     # ------------------------------------------------------------------ roles and loading
@@ -334,7 +336,7 @@ class Node:
         done = [replace(w, hidden=h, next_layer=next_layer) for (w, _), h in zip(ready, hidden, strict=True)]
         if self.windows.step(next_layer) is Step.DELIVER:
             if head is not None:
-                await head.deliver_batch([(w.request_id, w.hidden) for w in done])
+                await head.deliver_batch([(w.request_id, w.hidden, w.window) for w in done])
             return
         for i, w in enumerate(done):
             encoding, frame = time.perf_counter(), frames.forward(w, batch_rest=len(done) - 1 - i)
@@ -380,7 +382,7 @@ class Node:
             return
         if self.windows.step(w.next_layer) is Step.DELIVER:
             if head is not None:
-                head.requests.deliver(w.request_id, w.hidden)
+                head.requests.deliver(w.request_id, w.hidden, w.window)
             return
         await self.outbox.put(frames.forward(w, w.batch_rest))
 

@@ -40,4 +40,4 @@ def info(node) -> pb.NodeInfo:
         head_copy=node.holds_head_copy(), ring=node.standby.ring,
         kv_positions=node.shard.kv_positions() if node.shard else 0,
         kv_dtype=node.shard.kv_dtype.name if node.shard else "",
-        kv_bytes_per_token=node.shard.kv_bytes_per_token() if node.shard else 0)
+        kv_bytes_per_token=node.shard.kv_bytes_per_token() if node.shard else 0, draft=node.drafts is not None)

@@ -15,9 +15,11 @@ from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.speculate import speculate_params
 from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
+from nodes.jobs import run_job
 from nodes.profiling.profiler import profile_device
 from nodes.ring import fetch, frames, handover, metrics
 from nodes.ring.assignment import Assignment, Place
+from nodes.ring.inflight import ahead
 from nodes.ring.members import DRAIN
 from nodes.ring.node import Node
 from nodes.ring.run_ahead import run_ahead
@@ -212,6 +214,16 @@ class ControlService(rpc.ControlServicer):
         except Rejected as exc:
             await abort(context, exc.code, str(exc))
 
+    async def Draft(self, request, context):
+        node = self.node
+        if node.drafts is None:
+            await abort(context, Code.FAILED_PRECONDITION, f"{node.cfg.name or node.address} has no draft model "
+                                                           "(prima-node --draft DIR)")
+        try:
+            return pb.DraftReply(tokens=await run_job(node.pool, node.drafts.draft, request))
+        except Rejected as exc:
+            await abort(context, exc.code, str(exc))
+
     async def Shutdown(self, request, context):
         self.stop.set()
         return frames.SHUTDOWN_REPLY
@@ -231,7 +243,7 @@ class InferenceService(rpc.InferenceServicer):
             head = node.head
             if head is None or node.text is None:
                 raise Rejected(Code.FAILED_PRECONDITION, f"this node is a {node.role}, not the ring's head")
-            speculate = speculate_params(asked.speculate, asked.draft_tokens)
+            speculate = speculate_params(asked.speculate or head.default_speculate(), asked.draft_tokens, asked.depth)
             params = generate_params(asked, speculate, node.text.tool_family)
             prompt_ids = node.text.request_ids(asked)
             request_id = request.request_id or uuid.uuid4().hex
@@ -277,4 +289,5 @@ def _finished(gen: Generation, request_id: str, start: float, stamps: list[float
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
     return frames.finished(gen.finish_reason, len(gen.prompt_ids), len(gen.tokens), request_id,
                            (stamps[0] - start) * 1e3 if stamps else 0.0, tpot * 1e3,
-                           gen.spec.drafted, gen.spec.accepted, gen.max_tokens, gen.tool_calls)
+                           gen.spec.drafted, gen.spec.accepted, gen.max_tokens, gen.tool_calls,
+                           gen.params.speculate.depth if ahead(gen) else 1, gen.trips)

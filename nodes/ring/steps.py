@@ -12,6 +12,7 @@ the others' decode by at most one chunk per step.
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from nodes.engine.prefix_cache import NONE, Prefix
@@ -36,6 +37,8 @@ class _Step:
     sent: asyncio.Future
     since: float
     prefix: Prefix = NONE
+    window: int = 0  # the request's step number, and the lowest of its steps not cancelled (Frame)
+    live_from: int = 0
 
 
 class Stepper:
@@ -43,7 +46,8 @@ class Stepper:
         self.node, self.requests = node, requests
         self.at_head: set[str] = set()  # requests computing at the head (logits, sampling, drafts)
         self.ready: list[_Step] = []
-        self.in_ring: dict[str, list[int]] = {}  # request id -> its batch's count of requests still in the ring
+        # request id -> its steps' batches in the ring, oldest first: each its count of requests still in the ring
+        self.in_ring: dict[str, deque[list[int]]] = {}
         self.batches = 0  # batches in the ring
         self.last_in = 0.0  # when the latest step was handed in or came back
         self.freed = 0.0  # when a batch last came back whole (a slot in the ring freed)
@@ -55,15 +59,23 @@ class Stepper:
         self.at_head.add(request_id)
 
     def leave(self, request_id: str) -> None:
-        self.back(request_id)
+        self.drop(request_id)
         self.at_head.discard(request_id)
         self.ready = [s for s in self.ready if s.request_id != request_id]
         self.kick.set()
 
+    def drop(self, request_id: str) -> None:
+        """None of the request's steps in the ring will come back (it failed, the ring changed)."""
+        while request_id in self.in_ring:
+            self.back(request_id)
+
     def back(self, request_id: str) -> None:
-        """The request's step came back from the ring (or failed): it is at the head again."""
-        cell = self.in_ring.pop(request_id, None)
-        if cell is not None:
+        """The request's oldest step in the ring came back: it is at the head again (verifying, drafting)."""
+        cells = self.in_ring.get(request_id)
+        if cells:
+            cell = cells.popleft()
+            if not cells:
+                del self.in_ring[request_id]
             cell[0] -= 1
             if cell[0] == 0:
                 self.batches -= 1
@@ -72,12 +84,22 @@ class Stepper:
             self.last_in = time.perf_counter()
             self.kick.set()
 
-    async def send(self, request_id: str, ids: list[int], pos: int, capacity: int, prefix: Prefix = NONE) -> None:
-        """Queue a step of `ids` at positions [pos, pos + len(ids)); returns once it is in the ring."""
+    async def send(self, request_id: str, ids: list[int], pos: int, capacity: int, prefix: Prefix = NONE,
+                   ahead: bool = False, window: int = 0, live_from: int = 0) -> None:
+        """Queue a step of `ids` at positions [pos, pos + len(ids)); returns once it is in the ring. ahead: a
+        speculative window sent while the request's earlier ones are still in the ring; it goes at once, alone,
+        whatever the batches in flight (its request's own window is one of them)."""
         loop = asyncio.get_running_loop()
+        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter(), prefix, window,
+                     live_from)
+        if ahead:
+            try:
+                await self._send([step])
+            except Exception as exc:
+                _settle([step], exc)
+            return await step.sent
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._run(), name="head-steps")
-        step = _Step(request_id, ids, pos, capacity, loop.create_future(), time.perf_counter(), prefix)
         self.last_in = step.since
         self.at_head.discard(request_id)
         self.ready.append(step)
@@ -137,13 +159,13 @@ class Stepper:
         cell = [len(go)]
         self.batches += 1
         for s, _ in go:
-            self.in_ring[s.request_id] = cell
+            self.in_ring.setdefault(s.request_id, deque()).append(cell)
         # A head whose windows do not begin at layer 0 only passes the embedding on: straight to the successor,
         # not through its own compute loop (a loop turn on every token's path).
         passes = node.windows is not None and node.windows.step(0) is Step.FORWARD
         for i, (s, h) in enumerate(go):
             w = Work(s.request_id, pb.FORWARD, s.pos, 0, s.capacity, h, epoch=node.epoch, batch_rest=len(go) - 1 - i,
-                     prefix=s.prefix)
+                     prefix=s.prefix, window=s.window, live_from=s.live_from)
             await (node.outbox.put(frames.forward(w, w.batch_rest)) if passes else node.inbox.put(w))
         _settle([s for s, _ in go], None)
 

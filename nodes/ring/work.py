@@ -32,3 +32,5 @@ class Work:
     batch_rest: int = 0  # FORWARD: this many more frames of the same batch follow (they compute together)
     prefix: Prefix = NONE  # FORWARD: what it asks of the prefix cache (nodes/engine/prefix_cache.py)
     queued: float = field(default_factory=time.perf_counter)  # when it entered the inbox
+    window: int = 0  # FORWARD: the head's number of this step (0: unnumbered)
+    live_from: int = 0  # FORWARD: the request's steps numbered below this were cancelled (inbox.Inbox drops them)

@@ -32,11 +32,13 @@ def plan(ctx: typer.Context,
                                           "--speculate-accept (1-16; default: the head's)"),
          context: int = typer.Option(0, "--ctx", min=0, help="the context each request gets, in tokens: its KV "
                                      "is priced on every device, devices at --kv-dtype auto take the most precise "
-                                     "KV dtype that holds it (0: the model's own, float)")):
+                                     "KV dtype that holds it (0: the model's own, float)"),
+         draft_ms: float = typer.Option(0.0, metavar="C", help="with --speculate-accept: the drafter's ms per "
+                                        "drafted token on the head (0: free, e.g. prompt lookup)")):
     """Profile the devices, solve Halda, print the plan and its predicted TPOT."""
     if concurrency < 1:
         fail(f"--concurrency must be >= 1, got {concurrency}")
-    speculation = speculation_option(speculate_accept, draft_tokens)
+    speculation = speculation_option(speculate_accept, draft_tokens, draft_ms)
     if timeline is not None and timeline.suffix.lower() not in (".png", ".svg"):
         fail(f"--timeline must end in .png or .svg, got {timeline.name!r}")
     if profiles is not None and model is None:
@@ -58,7 +60,7 @@ def plan(ctx: typer.Context,
 
 
 def _solve(target: Target, profiles: Path | None, model: Path | None, strategy: str, refresh: bool,
-           concurrency: int, speculation: tuple[int, float] | None, context: int = 0) -> tuple[dict, str]:
+           concurrency: int, speculation: tuple[int, float, float] | None, context: int = 0) -> tuple[dict, str]:
     """(the plan, a title for its timeline): offline from --profiles and --model, else for the live ring."""
     if profiles is not None:
         from solver.strategies import plan_offline  # python-mip: only for commands that plan
@@ -76,7 +78,8 @@ def _solve(target: Target, profiles: Path | None, model: Path | None, strategy: 
         f"the ring from {target.node}"
 
 
-def speculation_option(rate: float | None, draft: int | None) -> tuple[int, float] | None:
+def speculation_option(rate: float | None, draft: int | None,
+                       draft_ms: float = 0.0) -> tuple[int, float, float] | None:
     if rate is None:
         if draft is not None:
             fail("--draft-tokens needs --speculate-accept R")
@@ -88,7 +91,9 @@ def speculation_option(rate: float | None, draft: int | None) -> tuple[int, floa
         fail(f"--speculate-accept must be in [0, 1], got {rate}")
     if not DRAFT_TOKENS[0] <= draft <= DRAFT_TOKENS[1]:
         fail(f"--draft-tokens must be in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}], got {draft}")
-    return draft, rate
+    if not 0.0 <= draft_ms < 1e6:
+        fail(f"--draft-ms must be >= 0, got {draft_ms}")
+    return draft, rate, draft_ms / 1e3
 
 
 def show(result: dict) -> None:
@@ -124,7 +129,10 @@ def show(result: dict) -> None:
         console.print(f"speculating {s['draft_tokens']} tokens a trip accepted at {s['accept_rate']:g}: "
                       f"{s['tokens_per_trip']:.2f} tokens a trip of {s['trip_ms']:.1f} ms, predicted TPOT "
                       f"{s['tpot_ms_speculative']:.1f} ms (best: {s['best_draft_tokens']} drafted, "
-                      f"{s['tpot_ms_best']:.1f} ms)")
+                      f"{s['tpot_ms_best']:.1f} ms); windows in flight: "
+                      + (f"{s['depth']} of {s['inflight_draft_tokens']} drafts, predicted TPOT "
+                         f"{s['tpot_ms_inflight']:.1f} ms" if s["inflight_draft_tokens"]
+                         else "none pay, plain decoding"))
 
 
 def throughput_line(r: dict) -> str:

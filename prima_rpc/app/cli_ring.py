@@ -63,17 +63,21 @@ def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: 
              raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json"),
              speculate: str = typer.Option("", help="off | ngram (prompt lookup) | draft; default: the head's"),
              draft_tokens: int = typer.Option(0, help="most tokens drafted per ring trip (1-16; 0: default)"),
+             depth: int = typer.Option(0, help="speculative windows in flight round the ring (1-16; 1: one at a "
+                                               "time; 0: the plan's or the head's choice)"),
              template_var: list[str] = typer.Option([], help=cli_args.TEMPLATE_VAR_HELP)):
     """Stream a completion from the ring's head (the --node)."""
     request = cli_args.request(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, seed=seed, stop=stop, raw=raw, speculate=speculate,
-                               draft_tokens=draft_tokens, chat_template_kwargs=cli_args.template_vars(template_var))
+                               draft_tokens=draft_tokens, depth=depth,
+                               chat_template_kwargs=cli_args.template_vars(template_var))
     reach(ctx.obj)
     tokens, text, done = asyncio.run(stream(ctx.obj, request, echo=not json_out))
     if json_out:
         print(json.dumps({"tokens": tokens, "text": text, "prompt_tokens": done.prompt_tokens,
                           "finish_reason": done.finish_reason, "ttft_ms": done.ttft_ms, "tpot_ms": done.tpot_ms,
-                          "drafted": done.drafted, "accepted": done.accepted, "max_tokens": done.max_tokens}))
+                          "drafted": done.drafted, "accepted": done.accepted, "max_tokens": done.max_tokens,
+                          "depth": done.depth, "trips": done.trips}))
         capped(request, done)
     else:
         print()

@@ -41,7 +41,7 @@ def profile_ring(head: str, token: str | None, refresh: bool = False,
 
 
 def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-              concurrency: int = 1, speculation: tuple[int, float] | None = None,
+              concurrency: int = 1, speculation: tuple[int, float, float] | None = None,
               progress: Callable[[int, int], None] = lambda done, total: None, ctx: int = 0) -> dict:
     """ctx: the context each request gets (0: the model's own); given, devices at --kv-dtype auto are priced with
     the most precise KV dtype that holds it (solver.strategies.choose_kv_dtype)."""
@@ -58,7 +58,7 @@ def plan_live(head: str, token: str | None, strategy: str = "halda", refresh: bo
 
 
 def plan_live_shown(head: str, token: str | None, strategy: str = "halda", refresh: bool = False,
-                    concurrency: int = 1, speculation: tuple[int, float] | None = None, ctx: int = 0) -> dict:
+                    concurrency: int = 1, speculation: tuple[int, float, float] | None = None, ctx: int = 0) -> dict:
     """plan_live with a bar of the devices profiled (a first profile takes a minute) and a summary line."""
     import time
 

@@ -11,6 +11,7 @@ from prima_rpc.app import openai_tools
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import PrimaError
 from prima_rpc.request import (
+    DEPTH,
     DRAFT_TOKENS,
     MAX_STOP,
     MAX_TOKENS,
@@ -93,6 +94,7 @@ EXPECTED = {
     "stop": f"a non-empty string or up to {MAX_STOP} of them",
     "speculate": f"one of {', '.join(SPECULATE)}",
     "draft_tokens": f"an integer in [{DRAFT_TOKENS[0]}, {DRAFT_TOKENS[1]}]",
+    "depth": f"an integer in [{DEPTH[0]}, {DEPTH[1]}]",
     "presence_penalty": f"a number in [{PENALTY[0]:g}, {PENALTY[1]:g}]",
     "frequency_penalty": f"a number in [{PENALTY[0]:g}, {PENALTY[1]:g}]",
     "repetition_penalty": f"a number in ({REPETITION_PENALTY[0]:g}, {REPETITION_PENALTY[1]:g}]",
@@ -216,6 +218,9 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
     draft_tokens = _integer(body, "draft_tokens")
     if draft_tokens == 0:  # on the wire 0 asks for the default; in a body it is out of range
         raise _invalid("draft_tokens", "draft_tokens", 0)
+    depth = _integer(body, "depth")
+    if depth == 0:
+        raise _invalid("depth", "depth", 0)
     prompt, messages = ("", _messages(body)) if chat else (_prompt(body), ())
     logprobs, top_logprobs = _logprobs(body, chat)
     template_kwargs = _template_kwargs(body, chat)
@@ -233,6 +238,7 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
             top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k") or 0,
             seed=None if seed is None else seed % 2**64, stop=_stop(body),
             speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0,
+            depth=depth or 0,
             presence_penalty=_number(body, "presence_penalty", 0.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0), logprobs=logprobs,

@@ -76,7 +76,7 @@ class LayerRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest", "prefix_key", "prefix_len", "save_key", "save_len", "prefill")
+    __slots__ = ("request_id", "kind", "start_pos", "next_layer", "capacity", "hidden", "error", "seq", "epoch", "code", "batch_rest", "prefix_key", "prefix_len", "save_key", "save_len", "prefill", "window", "live_from")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,8 @@ class Frame(_message.Message):
     SAVE_KEY_FIELD_NUMBER: _ClassVar[int]
     SAVE_LEN_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FROM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: FrameKind
     start_pos: int
@@ -109,7 +111,9 @@ class Frame(_message.Message):
     save_key: str
     save_len: int
     prefill: bool
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ..., prefix_key: _Optional[str] = ..., prefix_len: _Optional[int] = ..., save_key: _Optional[str] = ..., save_len: _Optional[int] = ..., prefill: _Optional[bool] = ...) -> None: ...
+    window: int
+    live_from: int
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[FrameKind, str]] = ..., start_pos: _Optional[int] = ..., next_layer: _Optional[int] = ..., capacity: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., error: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., code: _Optional[_Union[StatusCode, str]] = ..., batch_rest: _Optional[int] = ..., prefix_key: _Optional[str] = ..., prefix_len: _Optional[int] = ..., save_key: _Optional[str] = ..., save_len: _Optional[int] = ..., prefill: _Optional[bool] = ..., window: _Optional[int] = ..., live_from: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)
@@ -170,7 +174,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions", "kv_dtype", "kv_bytes_per_token")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions", "kv_dtype", "kv_bytes_per_token", "draft")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +203,7 @@ class NodeInfo(_message.Message):
     KV_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -227,7 +232,8 @@ class NodeInfo(_message.Message):
     kv_positions: int
     kv_dtype: str
     kv_bytes_per_token: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
+    draft: bool
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., draft: _Optional[bool] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("address", "state")
@@ -383,6 +389,24 @@ class TakeOverReply(_message.Message):
     ring: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, ring: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class DraftRequest(_message.Message):
+    __slots__ = ("request_id", "context", "n", "vocab")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    context: _containers.RepeatedScalarFieldContainer[int]
+    n: int
+    vocab: str
+    def __init__(self, request_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., vocab: _Optional[str] = ...) -> None: ...
+
+class DraftReply(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name")
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -428,7 +452,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "raw", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "request_id", "speculate", "draft_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "response_format", "json_schema", "tools", "tool_choice", "chat_template_kwargs", "resume_tokens")
+    __slots__ = ("prompt", "messages", "raw", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "request_id", "speculate", "draft_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs", "response_format", "json_schema", "tools", "tool_choice", "chat_template_kwargs", "depth", "resume_tokens")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
@@ -451,6 +475,7 @@ class GenerateRequest(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -474,8 +499,9 @@ class GenerateRequest(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     tool_choice: str
     chat_template_kwargs: str
+    depth: int
     resume_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., raw: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., speculate: _Optional[str] = ..., draft_tokens: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., response_format: _Optional[str] = ..., json_schema: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs: _Optional[str] = ..., resume_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., raw: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., speculate: _Optional[str] = ..., draft_tokens: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., response_format: _Optional[str] = ..., json_schema: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[str] = ..., chat_template_kwargs: _Optional[str] = ..., depth: _Optional[int] = ..., resume_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "text", "index", "elapsed_ms", "logprob", "top_logprobs", "token", "tool_calls")
@@ -510,7 +536,7 @@ class ToolCallDelta(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id", "drafted", "accepted", "tool_calls", "max_tokens")
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "request_id", "drafted", "accepted", "tool_calls", "max_tokens", "depth", "trips")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -521,6 +547,8 @@ class Finished(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TRIPS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
@@ -531,7 +559,9 @@ class Finished(_message.Message):
     accepted: int
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     max_tokens: int
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., request_id: _Optional[str] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    depth: int
+    trips: int
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., request_id: _Optional[str] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., depth: _Optional[int] = ..., trips: _Optional[int] = ...) -> None: ...
 
 class PrefillProgress(_message.Message):
     __slots__ = ("done", "total")

@@ -152,6 +152,11 @@ class ControlStub:
                 request_serializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.SerializeToString,
                 response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.FromString,
                 _registered_method=True)
+        self.Draft = channel.unary_unary(
+                '/prima.v1.Control/Draft',
+                request_serializer=prima__rpc_dot_v1_dot_prima__pb2.DraftRequest.SerializeToString,
+                response_deserializer=prima__rpc_dot_v1_dot_prima__pb2.DraftReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -215,6 +220,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Draft(self, request, context):
+        """a node started with --draft: its draft model's next tokens
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -262,6 +274,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.TakeOver,
                     request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.FromString,
                     response_serializer=prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.SerializeToString,
+            ),
+            'Draft': grpc.unary_unary_rpc_method_handler(
+                    servicer.Draft,
+                    request_deserializer=prima__rpc_dot_v1_dot_prima__pb2.DraftRequest.FromString,
+                    response_serializer=prima__rpc_dot_v1_dot_prima__pb2.DraftReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -507,6 +524,33 @@ class Control:
             '/prima.v1.Control/TakeOver',
             prima__rpc_dot_v1_dot_prima__pb2.TakeOverRequest.SerializeToString,
             prima__rpc_dot_v1_dot_prima__pb2.TakeOverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Draft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prima.v1.Control/Draft',
+            prima__rpc_dot_v1_dot_prima__pb2.DraftRequest.SerializeToString,
+            prima__rpc_dot_v1_dot_prima__pb2.DraftReply.FromString,
             options,
             channel_credentials,
             insecure,
