@@ -109,6 +109,8 @@ class Node:
             if not windows.relay:
                 await self._fetch_missing(windows, model_id, [head_address, *ring], progress)
             check_assignment(self.store, windows, model_id)  # a refused assignment leaves the ring as it was
+            if replan and kv == ("", 0) and self.shard:  # the head's re-plan: the KV the last plan gave survives
+                kv = (self.shard.kv_dtype.name, self.shard.ctx)
             self.epoch = epoch  # frames of the old ring are dropped from now on
             await self._load(windows, progress, buffer_layers, kv)
         finally:
