@@ -53,3 +53,17 @@ def test_auto_takes_the_plans_kv_dtype_and_a_bad_one_is_refused(smol_store, tmp_
                 for _ in peer.assign(assign_request([(0, 10)], info.n_layers, info.model_id, 0, kv_dtype="int3")):
                     pass
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "kv_dtype" in err.value.details()
+
+
+def test_the_plans_kv_dtype_survives_the_heads_replan(tiny_store, tmp_path):
+    """A worker lost: the head re-plans the survivors, which keep the KV dtype and context the plan gave them."""
+    with local_ring(tiny_store, 3, tmp_path) as local:
+        head, _, worker = local.addresses
+        ring.start(head, [3, 3, 2], kv_dtypes=["int8"] * 3, ctx=300)
+        local.processes[1].kill()
+        local.processes[1].wait()
+        tokens, _ = collect(head, "hello", 4, raw=True)  # on the survivors, replayed if it raced the re-plan
+        assert len(tokens) == 4
+        infos = {a: info for a, info in ring.walk(head)}
+        assert set(infos) == {head, worker}
+        assert all(info.kv_dtype == "int8" and info.kv_positions for info in infos.values())

@@ -56,7 +56,7 @@ class Shard:
         default = budget is None  # its KV reserve: a request at the whole context
         budget = default_budget() if default else budget
         depth = prefetch_depth() if depth is None else depth
-        self.store, self.windows, self.dtype, self.kv_dtype = store, windows, dtype, kv_dtype
+        self.store, self.windows, self.dtype, self.kv_dtype, self.ctx = store, windows, dtype, kv_dtype, ctx
         self.cfg = cfg = store.config
         self.fmt = fmt = weight_format(store.manifest)  # None: float matrices
         self.log = log or structlog.get_logger()

@@ -103,8 +103,11 @@ class Node:
             if not windows.relay:
                 await self._fetch_missing(windows, job.model_id, [place.head_address, *place.ring], progress)
             check_assignment(self.store, windows, job.model_id)  # a refused assignment leaves the ring as it was
+            kv = job.kv
+            if job.replan and kv == ("", 0) and self.shard:  # the head's re-plan: the KV the last plan gave survives
+                kv = (self.shard.kv_dtype.name, self.shard.ctx)
             self.epoch = job.epoch  # frames of the old ring are dropped from now on
-            await self._load(windows, progress, job.buffer_layers, job.kv)
+            await self._load(windows, progress, job.buffer_layers, kv)
         finally:
             self.fetching = False
         self.batching = (job.max_batch, job.micro_batches)  # as assigned (0: defaults), kept by the head's re-plans

@@ -2,6 +2,7 @@
 position of their next-token distributions against the float cache's (issue 50).
 
     python -m tools.bench.bench_kv [--tokens 32] [--models smollm2,llama3-8b] [--synth-layers 2] [--json]
+    python -m tools.bench.bench_kv --text FILE [--window 512] [--json]
 
 smollm2: the default store (SmolLM2-135M, float32 weights and activations); llama3-8b: a synthetic store of the
 Llama 3 8B shape (32 heads, 8 KV heads of 128) with --synth-layers layers and random int4 weights (its tokens mean
@@ -9,7 +10,15 @@ nothing; its KV rows have the 8B's width, which is what the KV dtype sees). Ever
 and RAW (plain text) is decoded greedily for --tokens tokens with each KV dtype; a prompt agrees when every token
 equals float KV's. KL: the float cache's greedy sequence (prompt + its tokens) is forced through every cache, and
 KL(p_float || p_kv) of each generated position's next-token distribution is averaged (mean) and its worst (max).
-llama.cpp's -ctk q8_0 -ctv q8_0 is the reference for int8; the row is filled when llama_cpp is importable.
+--text FILE: KL of int8 / int4 KV against float KV over a text as llama.cpp's llama-perplexity scores it (the
+file's tokens in windows of --window, each window's second half scored), on the default store (SmolLM2's GGUF
+dequantized): its figure sits beside llama.cpp's own KL of q8_0 KV on the same GGUF and text,
+
+    llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -f FILE -c 512 --kl-divergence-base f16.kld
+    llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -f FILE -c 512 --kl-divergence-base f16.kld \
+        --kl-divergence -ctk q8_0 -ctv q8_0 -fa on
+
+(the GGUF: tools.default_model.default_gguf(); llama.cpp quantizes V only with flash attention).
 """
 
 from __future__ import annotations
@@ -74,16 +83,25 @@ def measure(store: Path, tokens: int, dtype: torch.dtype | None = None) -> dict:
     for row in rows.values():
         row["vs_float16"] = row["bytes_per_token"] / float16
     return {"model": base.store.manifest.name, "compute_dtype": str(base.dtype).removeprefix("torch."),
-            "tokens": tokens, "kv": rows, "llama_cpp_q8_0_kl": llama_cpp_kl()}
+            "tokens": tokens, "kv": rows}
 
 
-def llama_cpp_kl() -> str | None:
-    """llama.cpp's q8_0 KV vs its f16 KV on the same GGUF: needs llama_cpp (pip install llama-cpp-python)."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return None
-    return "llama_cpp importable: run its -ctk q8_0 -ctv q8_0 KL (not wired here yet)"
+def text_kl(store: Path, text: str, window: int) -> dict:
+    """KL(p_float || p_kv) per scored position of `text` (windows of `window` tokens, the second half of each
+    scored, as llama-perplexity does): mean and max per quantized KV dtype, and the positions scored."""
+    models = {kv.name: ReferenceModel(store, None, kv) for kv in KV_DTYPES}
+    ids = models["float"].codec.encode(text)
+    kls: dict[str, list[float]] = {"int8": [], "int4": []}
+    for lo in range(0, len(ids) - window + 1, window):
+        chunk = ids[lo:lo + window]
+        lps = {name: m.step_all(chunk, 0, m.new_cache(window))[window // 2:].log_softmax(-1)
+               for name, m in models.items()}
+        for name in kls:
+            kls[name] += (lps["float"].exp() * (lps["float"] - lps[name])).sum(-1).clamp_min(0).tolist()
+    if not kls["int8"]:
+        raise SystemExit(f"error: the text has {len(ids)} tokens, fewer than one window of {window}")
+    return {"model": models["float"].store.manifest.name, "positions": len(kls["int8"]), "window": window,
+            "kl": {name: {"mean": statistics.fmean(v), "max": max(v)} for name, v in kls.items()}}
 
 
 def synthetic_8b(layers: int, root: Path) -> Path:
@@ -97,8 +115,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--models", default="smollm2,llama3-8b")
     parser.add_argument("--synth-layers", type=int, default=2)
+    parser.add_argument("--text", type=Path, help="KL over this text file instead, as llama-perplexity scores it")
+    parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.text is not None:
+        from tools.default_model import ensure_default_store
+
+        result = text_kl(ensure_default_store(), args.text.read_text(), args.window)
+        print(json.dumps(result) if args.json else
+              f"{result['model']}, {result['positions']} positions scored: KL vs float KV " + ", ".join(
+                  f"{n} mean {k['mean']:.2e} max {k['max']:.2e}" for n, k in result["kl"].items()))
+        return
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -118,7 +146,7 @@ def main() -> None:
             for r in results for name, k in r["kv"].items()]
     print(table(["model", "KV", "compute", "KV bytes/token", "vs float16", "greedy agree", "KL mean", "KL max"],
                 rows, right=(3, 4, 5, 6, 7)))
-    print(f"({args.tokens} tokens a prompt; llama.cpp q8_0 KV: {results[0]['llama_cpp_q8_0_kl'] or 'not installed'})")
+    print(f"({args.tokens} tokens a prompt)")
 
 
 if __name__ == "__main__":

@@ -51,12 +51,16 @@ def measure(head: str, ctx: int, tokens: int) -> dict:
     except PrimaError as exc:
         refused = str(exc)[:300]
     ring.start(head, windows, kv_dtypes=[d["kv_dtype"] for d in plan["devices"]], ctx=plan["ctx"])
-    out, done = collect(head, prompt, tokens, raw=True, speculate="off")
     rows = [(a, info) for a, info in ring.walk(head)]
-    return {"ctx": ctx, "prompt_tokens": done.prompt_tokens, "tokens": len(out), "windows": windows,
-            "kv_dtypes": [info.kv_dtype for _, info in rows],
+    seen = {"ctx": ctx, "windows": windows, "kv_dtypes": [info.kv_dtype for _, info in rows],
             "kv_bytes_per_token": [info.kv_bytes_per_token for _, info in rows],
-            "float_refused": refused, "ttft_ms": done.ttft_ms, "measured_tpot_ms": done.tpot_ms,
+            "kv_positions": [info.kv_positions for _, info in rows], "float_refused": refused}
+    try:
+        out, done = collect(head, prompt, tokens, raw=True, speculate="off")
+    except PrimaError as exc:
+        return seen | {"planned_refused": str(exc)[:300], "predicted_tpot_ms": plan["predicted_tpot_ms"]}
+    return seen | {"prompt_tokens": done.prompt_tokens, "tokens": len(out), "ttft_ms": done.ttft_ms,
+            "measured_tpot_ms": done.tpot_ms,
             "predicted_tpot_ms": plan["predicted_tpot_ms"],
             "error": done.tpot_ms / plan["predicted_tpot_ms"] - 1 if plan["predicted_tpot_ms"] else None}
 
@@ -77,8 +81,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    if "infeasible" in result:
-        print(f"infeasible: {result['infeasible']}")
+    if "infeasible" in result or "planned_refused" in result:
+        print(json.dumps(result))
         return
     print(f"{result['ctx']}-token context on {args.nodes} nodes of {args.budget_mib} MiB: float KV refused "
           f"({result['float_refused'] or 'not refused'}); the plan's KV {result['kv_dtypes']} "
