@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rings import Rings
+from tests.rings import SECRET, Rings, ring_key
 from tools.default_model import ensure_default_store
 from tools.synth import synth
 
@@ -31,8 +31,8 @@ def tiny_qwen_store(tmp_path_factory) -> Path:
     return synth(tmp_path_factory.mktemp("stores") / "tiny-qwen2", "tiny-qwen2", seed=2)
 
 
-# The ring size most ring modules read from (eleven of them): one ring for the session instead of one a module,
-# each a start, an assignment and a stop of three processes (~20-40 s on 2 cores).
+# The ring size most SmolLM2 ring modules read from (eleven of them): one ring for the session instead of one a
+# module, each a start, an assignment and a stop of three processes (~20-40 s on 2 cores).
 SHARED_SIZE = 3
 
 
@@ -57,14 +57,52 @@ def rings(shared_rings, own_rings):
     """rings(n, windows): a local SmolLM2 ring of n nodes, assigned `windows` (head first) on every call that gives
     them. The 3-node ring is the session's, restored at the module's first use (ring tests assign it before they
     read from it, which gives every node a fresh shard, KV and prefix caches); other sizes are the module's own."""
-    restored = set()
+    shared = restored_at_first_use(shared_rings)
 
     def get(n: int, windows: list[int] | None = None):
-        if n != SHARED_SIZE:
-            return own_rings(n, windows)
-        if n not in restored:
-            shared_rings.restore(n)
-            restored.add(n)
-        return shared_rings(n, windows)
+        return shared(n, windows) if n == SHARED_SIZE else own_rings(n, windows)
+
+    return get
+
+
+# The tiny store's rings, plain and with a cluster token (tests.rings.SECRET), shared by the modules that only read
+# from them and assign them first: fuzzing, the CLI's first hour, context, prefixes, auth, the local ring's CLI.
+@pytest.fixture(scope="session")
+def shared_tiny_rings(tiny_store, tmp_path_factory):
+    pool = Rings(tiny_store, tmp_path_factory.mktemp)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def shared_secured_rings(tiny_store, tmp_path_factory):
+    pool = Rings(tiny_store, tmp_path_factory.mktemp, token=SECRET)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_rings(shared_tiny_rings):
+    """rings(n, windows, extra_args): a local ring of the tiny store, the session's, restored at the module's first
+    use of each shape."""
+    return restored_at_first_use(shared_tiny_rings)
+
+
+@pytest.fixture(scope="module")
+def secured_rings(shared_secured_rings):
+    """tiny_rings whose nodes take the cluster token tests.rings.SECRET."""
+    return restored_at_first_use(shared_secured_rings)
+
+
+def restored_at_first_use(pool: Rings):
+    """pool's rings, each restored (tests/rings.py Rings.restore) the first time this module asks for it."""
+    restored = set()
+
+    def get(n: int, windows: list[int] | None = None, extra_args: list[list[str]] | None = None):
+        key = ring_key(n, extra_args)
+        if key not in restored:
+            pool.restore(n, extra_args)
+            restored.add(key)
+        return pool(n, windows, extra_args)
 
     return get

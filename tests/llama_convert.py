@@ -1,5 +1,7 @@
 """llama.cpp's own HF-to-GGUF converter, fetched once from the llama-cpp-python source package and run as a
-subprocess (its gguf-py on PYTHONPATH), so that GGUF tests read files written the way users' files are."""
+subprocess (its gguf-py on PYTHONPATH), so that GGUF tests read files written the way users' files are. The first use
+downloads the source package (and what pip needs to read it): a test that uses this module is marked slow, so that
+`make test-fast` downloads nothing."""
 
 import os
 import shutil

@@ -35,28 +35,36 @@ def local_ring(model: Path | None, n: int, log_dir: Path, windows: list[int] | N
         local.stop()
 
 
+SECRET = "correct horse battery staple"  # the cluster token of the shared secured rings (conftest.py)
+
+
 class Rings:
-    """Local rings of one store by size, each started at its first use and kept until close(): `rings(n, windows)`,
-    assigned `windows` (head first) on every call that gives them."""
+    """Local rings of one store (and token) by size and nodes' extra arguments, each started at its first use and
+    kept until close(): `rings(n, windows, extra_args)`, assigned `windows` (head first) on every call that gives
+    them."""
 
-    def __init__(self, store: Path, log_dir: Callable[[str], Path]):
-        self.store, self.log_dir = store, log_dir
-        self.started: dict[int, LocalRing] = {}
+    def __init__(self, store: Path, log_dir: Callable[[str], Path], token: str | None = None):
+        self.store, self.log_dir, self.token = store, log_dir, token
+        self.started: dict[tuple, LocalRing] = {}
 
-    def __call__(self, n: int, windows: list[int] | None = None) -> LocalRing:
-        if n not in self.started:
-            self.started[n] = launch(self.store, n, log_dir=self.log_dir(f"ring{n}"), detach=False)
+    def __call__(self, n: int, windows: list[int] | None = None,
+                 extra_args: list[list[str]] | None = None) -> LocalRing:
+        key = ring_key(n, extra_args)
+        if key not in self.started:
+            self.started[key] = launch(self.store, n, log_dir=self.log_dir(f"ring{n}"), detach=False,
+                                       extra_args=extra_args, token=self.token)
         if windows is not None:
-            ring.start(self.started[n].addresses[0], windows)
-        return self.started[n]
+            ring.start(self.started[key].addresses[0], windows, token=self.token)
+        return self.started[key]
 
-    def restore(self, n: int) -> None:
+    def restore(self, n: int, extra_args: list[list[str]] | None = None) -> None:
         """Ring n as it was started, for a module that reads from it after others: one that is not (a node gone,
         the successors rewired, a request still held) is stopped, to start afresh at its next use."""
-        local = self.started.get(n)
-        if local is not None and not as_started(local):
+        key = ring_key(n, extra_args)
+        local = self.started.get(key)
+        if local is not None and not as_started(local, self.token):
             local.stop()
-            del self.started[n]
+            del self.started[key]
 
     def close(self) -> None:
         for local in self.started.values():
@@ -64,12 +72,17 @@ class Rings:
         self.started.clear()
 
 
-def as_started(local: LocalRing) -> bool:
+def ring_key(n: int, extra_args: list[list[str]] | None) -> tuple:
+    return n, tuple(tuple(a) for a in extra_args or ())
+
+
+def as_started(local: LocalRing, token: str | None = None) -> bool:
     """Every node of `local` alive, wired in its first order and holding no request."""
     if any(p.poll() is not None for p in local.processes):
         return False
     try:
-        return [a for a, _ in ring.walk(local.addresses[0])] == local.addresses and released(local.addresses[0])
+        return ([a for a, _ in ring.walk(local.addresses[0], token)] == local.addresses
+                and released(local.addresses[0], token=token))
     except ring.RingError:
         return False
 
@@ -137,11 +150,11 @@ async def stream_and_signal(address: str, prompt: str, max_tokens: int, pid: int
     return tokens, done, max(b - a for a, b in zip(stamps, stamps[1:]))
 
 
-def released(address: str, timeout: float = 10.0) -> bool:
+def released(address: str, timeout: float = 10.0, token: str | None = None) -> bool:
     """Every node's KV caches freed (RELEASE frames go round the ring after the last token), waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(info.stats.active_requests == 0 for _, info in ring.walk(address)):
+        if all(info.stats.active_requests == 0 for _, info in ring.walk(address, token)):
             return True
         time.sleep(0.1)
     return False

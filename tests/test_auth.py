@@ -8,16 +8,14 @@ from prima_rpc.channel import metadata, sync_channel
 from prima_rpc.client import PrimaError
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
-from tests.rings import collect, local_ring
+from tests.rings import SECRET, collect
 
 pytestmark = pytest.mark.slow
-SECRET = "correct horse battery staple"
 
 
 @pytest.fixture(scope="module")
-def secured(tiny_store, tmp_path_factory):
-    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("auth"), [4, 4], token=SECRET) as local:
-        yield local
+def secured(secured_rings):
+    return secured_rings(2, [4, 4])
 
 
 def calls(address: str):

@@ -27,6 +27,7 @@ def test_run_json_equals_the_reference(smol_store):
     assert out["ttft_ms"] > 0 and out["tpot_ms"] > 0
 
 
+@pytest.mark.slow  # prima-ctl processes that import torch
 def test_run_raw_and_seeded_sampling_is_reproducible(tiny_store):
     args = ("run", "--model", str(tiny_store), "--raw", "--max-tokens", "8", "--temperature", "0.9",
             "--seed", "7", "--json", "hello")
@@ -50,6 +51,7 @@ def test_import_default_creates_the_store_once(tmp_path):
     assert (store / "manifest.json").stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # prima-ctl processes that import torch
 def test_synth_presets_and_manifest_only(tmp_path):
     res = ctl("synth", str(tmp_path / "m"), "--preset", "qwen2.5-72b", "--manifest-only", "--bits-per-weight", "4.5")
     assert res.returncode == 0, res.stderr
@@ -78,6 +80,7 @@ def test_bad_input_gives_one_line_error_without_traceback(tiny_store, args, mess
     assert_one_line_error(res, message)
 
 
+@pytest.mark.slow  # prima-ctl processes that import torch
 @pytest.mark.parametrize("args, message", [
     (("run", "--model", "{tiny}", "--max-tokens", "many", "hi"), "Invalid value for '--max-tokens'"),
     (("run", "--bogus", "hi"), "No such option: --bogus"),
@@ -233,6 +236,7 @@ def test_import_default_int4_prints_its_own_store_and_runs(smol_store):
     assert "Paris" in json.loads(out.stdout)["text"]
 
 
+@pytest.mark.slow  # prima-ctl processes that import torch
 def test_synth_int4_writes_real_weights(tmp_path):
     res = ctl("synth", str(tmp_path / "s"), "--preset", "tiny", "--dtype", "int4")
     assert res.returncode == 0, res.stderr
@@ -245,6 +249,7 @@ def test_synth_int4_writes_real_weights(tmp_path):
     assert bad.returncode != 0 and "unknown dtype 'int3'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow  # prima-ctl processes that import torch
 def test_plan_concurrency_prints_the_throughput(tmp_path):
     store = tmp_path / "l8"
     res = ctl("synth", str(store), "--preset", "llama3-8b", "--manifest-only", "--bits-per-weight", "4.5")

@@ -20,7 +20,7 @@ from prima_rpc.app.local_ring import RING_FILE, free_ports
 from prima_rpc.client import Finished, Prefill, PrimaClient, Token
 from prima_rpc.request import GenerateRequest
 from tests.ctl import assert_one_line_error, ctl, ctl_here
-from tests.rings import greedy_tokens, local_ring
+from tests.rings import greedy_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,9 +103,8 @@ PROMPT = "x" * 400  # raw, byte tokenizer: 400 prompt tokens, two prefill chunks
 
 
 @pytest.fixture(scope="module")
-def tiny_head(tiny_store, tmp_path_factory):
-    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("ring"), windows=[4, 4]) as ring:
-        yield ring.addresses[0]
+def tiny_head(tiny_rings):
+    return tiny_rings(2, [4, 4]).addresses[0]
 
 
 async def events(head: str, request: GenerateRequest, prefill: bool) -> list:

@@ -19,7 +19,7 @@ from prima_rpc.client import PrimaClient, PrimaError, Token
 from prima_rpc.spec.shapes import PRESETS
 from prima_rpc.spec.windows import Windows
 from solver.kv_term import kv_tokens
-from tests.rings import collect, greedy_tokens, local_ring
+from tests.rings import collect, greedy_tokens
 
 LONG = dataclasses.replace(PRESETS["tiny"], max_seq_len=8192)  # a context longer than KV_RESERVE_TOKENS
 ALL = Windows(((0, 8),), 8, True)
@@ -55,9 +55,8 @@ def test_the_ledger_refuses_with_the_numbers_and_frees_on_release():
 
 
 @pytest.fixture(scope="module")
-def head(tiny_store, tmp_path_factory) -> str:
-    with local_ring(tiny_store, 3, tmp_path_factory.mktemp("context"), [3, 3, 2]) as local:
-        yield local.addresses[0]
+def head(tiny_rings) -> str:
+    return tiny_rings(3, [3, 3, 2]).addresses[0]
 
 
 def frames(head: str) -> list[int]:
@@ -79,26 +78,26 @@ def test_a_prompt_of_the_whole_context_runs_on_the_default_ring(head, tiny_store
 
 
 @pytest.mark.slow
-def test_a_request_beside_others_that_cannot_fit_is_refused_at_once(tiny_store, tmp_path):
-    # a budget below the minimum runs at it: weights and head, and the reserve (the whole context, 512) for KV
-    with local_ring(tiny_store, 3, tmp_path, [3, 3, 2], extra_args=[["--mem-budget", "1"]] * 3) as local:
-        head = local.addresses[0]
-        assert [info.kv_positions for _, info in ring.walk(head)] == [PRESETS["tiny"].max_seq_len] * 3
+def test_a_request_beside_others_that_cannot_fit_is_refused_at_once(tiny_rings):
+    # a budget below the minimum runs at it: weights and head, and the reserve (the whole context, 512) for KV (the
+    # ring of tests/test_prefix_cache_ring.py)
+    head = tiny_rings(3, [3, 3, 2], extra_args=[["--mem-budget", "1", "--prefix-disk", "0"]] * 3).addresses[0]
+    assert [info.kv_positions for _, info in ring.walk(head)] == [PRESETS["tiny"].max_seq_len] * 3
 
-        async def main():
-            async with PrimaClient(head) as client:
-                first = client.generate("a" * 8, raw=True, max_tokens=500, speculate="off")
-                assert isinstance(await anext(first), Token)  # it holds 508 positions on every node now
-                with pytest.raises(PrimaError) as err:
-                    async for _ in client.generate("b" * 300, raw=True, max_tokens=200):
-                        pass
-                rest = [e async for e in first]
-                return err.value, rest
+    async def main():
+        async with PrimaClient(head) as client:
+            first = client.generate("a" * 8, raw=True, max_tokens=500, speculate="off")
+            assert isinstance(await anext(first), Token)  # it holds 508 positions on every node now
+            with pytest.raises(PrimaError) as err:
+                async for _ in client.generate("b" * 300, raw=True, max_tokens=200):
+                    pass
+            rest = [e async for e in first]
+            return err.value, rest
 
-        err, rest = asyncio.run(main())
-        assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "needs 500 KV positions" in err.message
-        assert "free of" in err.message and rest[-1].completion_tokens == 500
-        assert collect(head, "b" * 300, 200, raw=True)[1].completion_tokens > 0  # room again once it ended
+    err, rest = asyncio.run(main())
+    assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "needs 500 KV positions" in err.message
+    assert "free of" in err.message and rest[-1].completion_tokens == 500
+    assert collect(head, "b" * 300, 200, raw=True)[1].completion_tokens > 0  # room again once it ended
 
 
 def test_the_plan_prices_every_request_asked_for_at_the_whole_context():

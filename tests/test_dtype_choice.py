@@ -147,6 +147,7 @@ def test_the_probes_are_exact_here(fmt):
         assert probes[choose(probes)].error <= MAX_ERROR
 
 
+@pytest.mark.slow  # compiles and times the kernels
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 emulation is x86's")
 def test_an_avx2_machine_has_no_native_bfloat16():
     """Under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (what an AVX2 CPU's kernels are) native bfloat16 says

@@ -12,7 +12,6 @@ from prima_rpc.app import ring
 from prima_rpc.channel import sync_channel
 from prima_rpc.v1 import prima_pb2 as pb
 from prima_rpc.v1 import prima_pb2_grpc as rpc
-from tests.rings import local_ring
 
 pytestmark = pytest.mark.slow
 H = 64  # the tiny preset's hidden size
@@ -22,11 +21,11 @@ FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database
 
 
 @pytest.fixture(scope="module")
-def target(tiny_store, tmp_path_factory):
-    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("fuzz"), [4, 4]) as local:
-        channel = sync_channel(local.addresses[1])  # a worker: its Ring service sees the frames
-        head = sync_channel(local.addresses[0])
-        yield local, channel, head, ring.walk(local.addresses[0])[0][1].epoch
+def target(tiny_rings):
+    local = tiny_rings(2, [4, 4])
+    channel = sync_channel(local.addresses[1])  # a worker: its Ring service sees the frames
+    head = sync_channel(local.addresses[0])
+    yield local, channel, head, ring.walk(local.addresses[0])[0][1].epoch
 
 
 def expect_clear(call) -> None:

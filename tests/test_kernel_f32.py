@@ -54,6 +54,7 @@ BUILD_CHECK = ("import torch; from nodes.engine.kernels import f32; from nodes.e
                "torch.equal(f32.mm(x, w)[2:3], f32.mm(x[2:3].contiguous(), w)))")
 
 
+@pytest.mark.slow  # compiles the C kernels
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_every_build_this_cpu_runs_holds_the_bound(build, tmp_path):
     skip_unless_for_this_machine(build)

@@ -171,6 +171,7 @@ def skip_unless_for_this_machine(build: str) -> None:
         pytest.skip(f"the {build} build is for {' / '.join(BUILDS[build][2])}, this is {MACHINE}")
 
 
+@pytest.mark.slow  # compiles the C kernels
 @X86
 def test_limited_to_avx2_the_kernel_is_built_for_it_and_exact(tmp_path):
     out = run_here(CHECK, {**AVX2, **EXACT, "PRIMA_HOME": str(tmp_path)})
@@ -197,6 +198,7 @@ def build_check() -> None:
     print(q4.build().split()[0], *ok)
 
 
+@pytest.mark.slow  # compiles the C kernels
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_every_build_this_cpu_runs_is_exact_and_row_invariant(build, tmp_path):
     skip_unless_for_this_machine(build)
@@ -207,12 +209,14 @@ def test_every_build_this_cpu_runs_is_exact_and_row_invariant(build, tmp_path):
     assert out == [build, "True", "True", "True", "True"]
 
 
+@pytest.mark.slow  # a process that imports torch
 def test_an_unknown_kernel_isa_is_a_clear_error(tmp_path):
     env = {**os.environ, "PRIMA_KERNEL_ISA": "sse9", "PRIMA_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "PRIMA_KERNEL_ISA='sse9' is not a kernel build" in out.stderr
 
 
+@pytest.mark.slow  # compiles the C kernels
 @X86
 def test_without_a_build_for_the_isa_torch_kernels_stay(tmp_path):
     """ATEN_CPU_CAPABILITY=default (no vector instructions for torch): q4.c is not used, int4 is torch's Int4."""
@@ -307,6 +311,7 @@ SAME_BITS = {"exact": "33b74e0b82326932049c4e6f39ae952ca16f733088cc41017f4fbc4b6
              "q8": "a147bbb1c65303e90efe4495f37f5f43c30aec5124a8ad6a943bf93d09b69fed"}
 
 
+@pytest.mark.slow  # compiles the C kernels
 @pytest.mark.parametrize("build", ["avx2", "neon-dotprod", "neon"])  # AVX-512 builds sum in other orders
 def test_avx2_and_neon_builds_give_the_same_bits(build, mode, tmp_path):
     skip_unless_for_this_machine(build)

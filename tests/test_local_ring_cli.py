@@ -14,10 +14,9 @@ import pytest
 
 from prima_rpc.app.local_ring import LaunchError, free_ports, launch
 from tests.ctl import assert_one_line_error, ctl
-from tests.rings import local_ring
+from tests.rings import SECRET
 
 pytestmark = pytest.mark.slow
-SECRET = "s3cret-token"
 
 
 def consecutive_ports(n: int) -> int:
@@ -121,9 +120,8 @@ def test_a_node_that_cannot_start_names_its_log(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def secured(tiny_store, tmp_path_factory):
-    with local_ring(tiny_store, 2, tmp_path_factory.mktemp("secured"), [4, 4], token=SECRET) as local:
-        yield local
+def secured(secured_rings):
+    return secured_rings(2, [4, 4])
 
 
 def test_the_token_never_appears_on_a_command_line(secured):

@@ -9,6 +9,8 @@ import pytest
 
 from tests.subprocesses import run_python
 
+pytestmark = pytest.mark.slow  # each test starts processes that import torch (nodes, entry points)
+
 # Records GOMP_SPINCOUNT at the moment torch is first imported: by the entry point, or later (the CLI loads it lazily).
 SPY = """
 import builtins, os

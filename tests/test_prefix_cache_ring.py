@@ -6,7 +6,7 @@ import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.control import Control, assign_request
-from tests.rings import collect, collect_all, greedy_reference, local_ring
+from tests.rings import collect, collect_all, greedy_reference
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +42,10 @@ def test_second_chat_turn_prefills_only_its_new_tokens(rings, smol_store):
 
 
 @pytest.fixture(scope="module")
-def tiny_ring(tiny_store, tmp_path_factory):
+def tiny_ring(tiny_rings):
     # a budget below the minimum runs at it: the KV room is the context, 512 positions a node; the prefixes in memory
     # alone (their copies on disk: tests/test_prefix_disk_ring.py)
-    with local_ring(tiny_store, 3, tmp_path_factory.mktemp("prefix"), [3, 3, 2],
-                    extra_args=[["--mem-budget", "1", "--prefix-disk", "0"]] * 3) as local:
-        yield local.addresses[0]
+    return tiny_rings(3, [3, 3, 2], extra_args=[["--mem-budget", "1", "--prefix-disk", "0"]] * 3).addresses[0]
 
 
 def words(n: int, seed: int) -> str:

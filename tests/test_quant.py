@@ -173,6 +173,7 @@ def test_int4_weights_equal_the_ggufs_on_every_layer(smol_int4):
     assert worst < 0.01  # bfloat16 scales: under 1 % of a matrix's largest weight (measured 0.6 %)
 
 
+@pytest.mark.slow  # quantizes SmolLM2's matrices
 def test_gguf_q4_blocks_map_exactly():
     """Q4_0 and Q4_1 blocks of the real GGUF and of hand-made Q4_0 blocks: d q + m, as gguf computes."""
     t = next(t for t in GGUFReader(default_gguf()).tensors if t.tensor_type.name == "Q4_1")

@@ -59,6 +59,7 @@ def stores(tmp_path_factory):
     return path, pieces, whole, import_gguf(path, d / "f32", dtype="float32")
 
 
+@pytest.mark.slow  # the stores fixture imports a quantized file three ways
 def test_q_and_k_rows_are_their_q4k_blocks_and_v_rows_the_int8_rows_of_before(stores):
     path, pieces, whole, _ = stores
     assert json.loads((pieces / "manifest.json").read_text())["quant"]["int8_layers"] == \
@@ -82,6 +83,7 @@ def test_q_and_k_rows_are_their_q4k_blocks_and_v_rows_the_int8_rows_of_before(st
     assert torch.equal(new["wqkv.1.scales"], scale) and torch.equal(old["wqkv.scales"][rows], scale)
 
 
+@pytest.mark.slow  # the stores fixture imports a quantized file three ways
 def test_logits_are_as_near_the_float32_import_or_nearer(stores):
     """Against the float32 import of the same file (its de-quantized weights): layer 1's q and k products nearer
     than a whole int8 wqkv's (their Q4_K weights kept, within float16's rounding of their scales, where int8 rows
@@ -111,6 +113,7 @@ def test_logits_are_as_near_the_float32_import_or_nearer(stores):
     assert steps["pieces"] == steps["f32"], steps
 
 
+@pytest.mark.slow  # the stores fixture imports a quantized file three ways
 @pytest.mark.skipif(not (ops.available() and q4.available()), reason="ops.c and q4.c build on x86 AVX2+ and aarch64")
 def test_the_layer_calls_give_the_torch_steps_bits_on_a_layer_of_pieces(stores, monkeypatch):
     model = ReferenceModel(stores[1], torch.float32)
@@ -122,6 +125,7 @@ def test_the_layer_calls_give_the_torch_steps_bits_on_a_layer_of_pieces(stores, 
     assert torch.equal(ours, model.step_all(ids, 0, model.new_cache(len(ids))))
 
 
+@pytest.mark.slow  # the stores fixture imports a quantized file three ways
 def test_memory_and_bits_count_each_pieces_bytes(stores):
     """A layer's memory (fused.layer_bytes: the profiler's and the memory plan's) is its unit's matrix bytes, the
     store's widest its largest layer's; bits per weight count each piece in its format (quant.BITS)."""
@@ -144,6 +148,7 @@ def test_memory_and_bits_count_each_pieces_bytes(stores):
     assert LayerStore(pieces).entry("layer.1").bytes < LayerStore(whole).entry("layer.1").bytes
 
 
+@pytest.mark.slow  # the stores fixture imports a quantized file three ways
 def test_bfloat16_activations_take_torchs_kernels_piece_by_piece(stores):
     """Where a machine runs int4 in bfloat16 (nodes/engine/dtype_choice.py) each piece goes through torch's kernel
     of its format: the logits stay within bfloat16's reach of the float32 activations' (8 bits a value)."""

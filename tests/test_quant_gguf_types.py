@@ -290,6 +290,7 @@ def test_a_ring_over_mixed_layers_equals_its_single_process(tmp_path):
                 assert all(info.stats.disk_read_bytes > 0 for _, info in ring.walk(local.addresses[0]))
 
 
+@pytest.mark.slow  # imports a GGUF more than once
 def test_a_store_of_one_format_per_matrix_still_loads(mixed, tmp_path, monkeypatch):
     """Stores written before per-layer formats name the int8 matrices once, for every layer (quant.int8_matrices):
     layer 0's Q4_K wqkv is int8 there too. They load, stream and split as they did."""
@@ -370,6 +371,7 @@ def test_import_prints_what_each_type_became_and_one_summary_line(mixed, tmp_pat
     assert json.loads((tmp_path / "pantry" / "manifest.json").read_text())["name"] == "pantry"
 
 
+@pytest.mark.slow  # imports a GGUF more than once
 def test_a_gguf_of_an_unknown_tensor_type_names_the_file_and_the_type(mixed, tmp_path):
     """A type code gguf does not know (a newer llama.cpp's): one line naming the file and the code."""
     data = bytearray(mixed[0].read_bytes())

@@ -60,6 +60,7 @@ def equal_to_oracle(instances, select: bool):
         yield inst, plan
 
 
+@pytest.mark.slow  # an exhaustive search beside each ILP
 @pytest.mark.parametrize("select", [True, False])
 @pytest.mark.parametrize("chunk", range(4))
 def test_matches_exhaustive_search(select, chunk):

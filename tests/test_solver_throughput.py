@@ -217,6 +217,7 @@ def test_halda_for_one_request_is_halda():
         assert t.tpot_s == base.predicted_tpot_s
 
 
+@pytest.mark.slow  # ILPs for each concurrency
 def test_halda_for_concurrency_never_loses_to_the_one_request_plan():
     for seed in range(12):
         inst = with_batches(small_instance(seed, max_devices=3), random.Random(seed))

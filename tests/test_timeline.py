@@ -94,6 +94,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
         journey({"infeasible": "no device can hold the head", "strategy": "halda", "solve_ms": 0.0})
 
 
+@pytest.mark.slow  # a prima-ctl process
 def test_prima_ctl_plan_timeline(tmp_path):
     store = tmp_path / "l70"
     res = ctl("synth", str(store), "--preset", "llama3-70b", "--manifest-only", "--bits-per-weight", "4.5")

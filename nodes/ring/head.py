@@ -305,10 +305,10 @@ class Head:
         for rid, h, number in results:
             self.requests.deliver(rid, h, number)
 
-    async def close(self) -> None:
-        """No longer the head (re-assigned as a member, stopped): its requests end, so their clients resume."""
-        gone = RequestFailed(grpc.StatusCode.UNAVAILABLE, f"{self.node.cfg.name or self.node.address} is no longer "
-                                                          "the ring's head")
-        self.requests.end(gone)
+    async def close(self, why: str = "") -> None:
+        """No longer the head (re-assigned as a member, handed over, stepped down, stopped): its requests end
+        UNAVAILABLE, `why` (else that it is no longer the head) their reason, so their clients resume."""
+        why = why or f"{self.node.cfg.name or self.node.address} is no longer the ring's head"
+        self.requests.end(RequestFailed(grpc.StatusCode.UNAVAILABLE, why))
         self.steps.close(self.requests.ended)  # the first reason given: a step-down's names the new head
         await self.members.close()

@@ -151,7 +151,8 @@ class Node:
             budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
             fmt = weight_format(self.store.manifest)
-            dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
+            # the dtype's first use times kernels: on the compute thread
+            dtype = await loop.run_in_executor(self.pool, lambda: getattr(torch, self.dtype_name))
             buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
             kv_dtype, ctx = self.kv_choice(*kv)
             # the KV rows' dtype names the prefix files: float KV in float32 and bfloat16 differ too
@@ -185,17 +186,8 @@ class Node:
 
     @property
     def dtype_name(self) -> str:
-        """The compute dtype: the configured one, else by the store (known only once fetched, for a cache) and this
-        machine (nodes/engine/dtype_choice.py: measured at first use, so called on the compute thread)."""
+        """The configured compute dtype, else by the store (once fetched) and this machine (dtype_choice.py)."""
         return compute_dtype(self.store.manifest.dtype if self.store else "float32", self.cfg.dtype)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype_name)
-
-    @property
-    def state(self) -> str:
-        return "fetching" if self.fetching else "up"
 
     def info(self) -> pb.NodeInfo:
         return node_info.info(self)
@@ -207,9 +199,8 @@ class Node:
     # ------------------------------------------------------------------ the role: only these change it
 
     async def take_over(self, lost: str, ring: list[str], handed: bool = False, forget: bool = False) -> None:
-        """Become the head in place of `lost` (failover, hand-over): the members after this node, round to it, are
-        the new ring, which it re-plans (the lost head keeps its place, to rejoin there when it answers again).
-        handed: the old head handed over (it answers until it stops); forget: it left for good."""
+        """Become the head in place of `lost` (failover, hand-over) and re-plan the members after this node, round to
+        it (`lost` keeps its place, to rejoin there). handed: it handed over (answers until it stops); forget: left."""
         if self.address not in ring:
             self.log.error("cannot take over: this node is not in the ring as the head named it", ring=ring)
             return
@@ -220,8 +211,7 @@ class Node:
         await head.members.take_over(lost, order, handed, forget)
 
     async def step_down(self, head: str, why: str) -> None:
-        """Give the head role to `head` (hand-over, split brain): the requests here end UNAVAILABLE with `why` (their
-        clients resume on `head`); this node serves no frames until the new head assigns it."""
+        """Give the head role to `head` (hand-over, split brain): serve no frames until it assigns this node."""
         self.windows = None
         await self._follow(head, why)
 
@@ -234,12 +224,10 @@ class Node:
         return self.head
 
     async def _follow(self, head: str, why: str = "") -> None:
-        """Follow `head`; a Head this node held ends its requests (with `why`, if given) and closes."""
+        """Follow `head`; a Head this node held closes, its requests ended UNAVAILABLE (`why`: the reason given)."""
         old, self.head, self.head_address = self.head, None, head
         if old is not None:
-            if why:
-                old.requests.end(RequestFailed(Code.UNAVAILABLE, why))
-            await old.close()
+            await old.close(why)
 
     # ------------------------------------------------------------------ frames in
 
