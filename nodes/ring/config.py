@@ -22,6 +22,10 @@ class NodeConfig:
     draft: Path | None = None  # a draft model store the head runs for speculate=draft
     max_batch: int = MAX_BATCH  # frames one compute takes at most (an assignment may set another)
     inline_s: float = INLINE_S  # compute jobs measured shorter run on the event loop (nodes/ring/compute_pool.py)
+    replan: bool = True  # head: re-plan the ring live when a device drifts from the plan (nodes/ring/replanner.py)
+    max_cpu: float = 1.0  # the share of the device's cores it may use (nodes/ring/owner.py)
+    max_memory: int = 0  # bytes it may use (0: no cap beyond mem_budget)
+    nice: bool = False  # it runs at the lowest priority
 
 
 @dataclass

@@ -22,6 +22,7 @@ from nodes.ring.head_port import NodePort
 from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged
 from nodes.ring.members import Members
 from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
+from nodes.ring.replanner import Replanner
 from nodes.ring.steps import Stepper
 from nodes.ring.work import PREFILL_CHUNK
 
@@ -33,6 +34,7 @@ class Head:
         self.node = node
         self.requests = HeadRequests()
         self.members = Members(node, self.requests)
+        self.replanner = Replanner(node, self.members, self.requests)  # live re-plans when a device drifts
         self.draft_model: ReferenceModel | None = None
         self.steps = Stepper(node, self.requests)  # the requests' ring steps go out in batches
         self.kv = KvLedger()  # a request the ring's KV budgets cannot hold is refused before it starts

@@ -36,6 +36,9 @@ class NodePort(Protocol):
     head_address: str  # the head it follows
     windows: Windows | None  # None: it serves no frames
 
+    def info(self) -> pb.NodeInfo:
+        """What the node reports of itself (Control.Info)."""
+
     def release(self, request_id: str) -> None:
         """Free the request's KV cache here."""
 

@@ -27,7 +27,7 @@ from nodes.engine.store import LayerStore
 from nodes.errors import LinkDown, Rejected, RequestFailed
 from nodes.generation.text import TextCodec
 from nodes.jobs import run_job
-from nodes.ring import admit, batching, frames, node_info, weights
+from nodes.ring import admit, batching, frames, node_info, owner, weights
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
 from nodes.ring.head import Head
@@ -75,6 +75,9 @@ class Node:
         self.batching = (0, 0)
         self.standby = Standby(cfg.cache, cfg.token)  # the head's units on this disk, should the head be lost
         self.head_watch = HeadWatch(self)
+        self.memory_cap = 0  # bytes: what this node kept after giving memory back to its owner (0: none given)
+        self.memory_low = False  # it gave memory back and waits for the head's re-plan (its next load is smaller)
+        self.memory_watch = owner.MemoryWatch(self)
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -128,6 +131,7 @@ class Node:
                          model_id, standby and not windows.head)
         self.standby.keep(self.store, [a for a in [self.head_address, *ring] if a != self.address], self.log)
         self.predicted = predicted  # what this assignment was planned to cost (a re-plan's has none)
+        self.memory_low = False  # loaded within its memory cap: the owner's request is answered
         self.stats.decode_s, self.stats.decode_frames = 0.0, 0  # measured against it from now on
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
@@ -154,7 +158,7 @@ class Node:
             await loop.run_in_executor(self.pool, old.close)
             del old
         if not windows.relay:
-            budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
+            budget = self.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
             fmt = weight_format(self.store.manifest)
             dtype = await loop.run_in_executor(self.pool, lambda: self.dtype)  # its first use times kernels: here
@@ -164,6 +168,12 @@ class Node:
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         self.windows = windows
+
+    @property
+    def mem_budget(self) -> int:
+        """Bytes this node may use: the tightest of --mem-budget, --max-memory and what it kept after giving memory
+        back to its owner (0: none set)."""
+        return owner.budget(self.cfg.mem_budget, self.cfg.max_memory, self.memory_cap)
 
     @property
     def dtype_name(self) -> str:
@@ -234,6 +244,8 @@ class Node:
                 tasks.create_task(self._compute_loop(), name="compute")
                 tasks.create_task(self._send_loop(), name="send")
                 tasks.create_task(self._watch_loop(), name="watch")
+                tasks.create_task(self._owner_loop(), name="owner")
+                tasks.create_task(self._replan_loop(), name="replan")
         finally:
             if self.head is not None:
                 await self.head.close()
@@ -381,6 +393,20 @@ class Node:
                 await self.head_watch.round()
             else:
                 await head.members.round()
+
+    async def _owner_loop(self) -> None:
+        """Every node gives memory back when its device's owner needs it (nodes/ring/owner.py)."""
+        while True:
+            await self.memory_watch.round()
+
+    async def _replan_loop(self) -> None:
+        """The head re-plans the ring live when a device drifts from the plan (nodes/ring/replanner.py)."""
+        while True:
+            head = self.head
+            if head is None:
+                await asyncio.sleep(1.0)
+            else:
+                await head.replanner.round()
 
     async def set_peer(self, peer: str, drain: float = 0.0) -> None:
         """drain: seconds the old link has to deliver the frames already written (a join replays none)."""
