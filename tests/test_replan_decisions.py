@@ -15,9 +15,9 @@ S = Settings(band=1.5, hold_s=6.0, min_interval_s=30.0)
 TESTBED = Path(__file__).resolve().parent.parent / "solver" / "testbeds" / "prima_d1_d4.json"
 
 
-def ring(b_ms: float, a_ms: float = 10.0, low: bool = False) -> list[Sample]:
-    """Three nodes, each assumed at a_ms; b measures b_ms."""
-    return [Sample("a", 10.0, a_ms), Sample("b", b_ms, a_ms, memory_low=low), Sample("c", 11.0, a_ms)]
+def ring(b_ms: float, a_ms: float = 10.0, low: bool = False, scaled: bool = True) -> list[Sample]:
+    """Three nodes, each assumed at a_ms; b measures b_ms (scaled: the plan assumes b slower than profiled)."""
+    return [Sample("a", 10.0, a_ms), Sample("b", b_ms, a_ms, memory_low=low, scaled=scaled), Sample("c", 11.0, a_ms)]
 
 
 def run(rounds: list[tuple[float, list[Sample]]], watch: Watch = Watch()) -> list[Act | None]:
@@ -38,6 +38,8 @@ def run(rounds: list[tuple[float, list[Sample]]], watch: Watch = Watch()) -> lis
      [None, None, None, None, "b slower 4"]),
     # faster than assumed (the owner's load went away after a re-plan): the plan moves back
     ([(0, ring(2.5)), (6, ring(2.5))], [None, "b faster 0.25"]),
+    # but a node never assumed slower than its profile is not moved for measuring faster (noise, or a warm cache)
+    ([(0, ring(2.5, scaled=False)), (6, ring(2.5, scaled=False))], [None, None]),
     # slower then faster without a pause: a change of direction restarts the hold
     ([(0, ring(40)), (5, ring(2.5)), (10, ring(2.5)), (11, ring(2.5))], [None, None, None, "b faster 0.25"]),
     # a round without decode frames (unknown time) ends a hold: it starts over
@@ -62,7 +64,7 @@ def test_memory_acts_even_within_the_interval():
 
 
 def test_the_largest_drift_goes_first():
-    samples = [Sample("a", 20.0, 10.0), Sample("b", 60.0, 10.0), Sample("c", 1.0, 10.0)]
+    samples = [Sample("a", 20.0, 10.0), Sample("b", 60.0, 10.0), Sample("c", 1.0, 10.0, scaled=True)]
     acts = run([(0, samples), (6, samples)])
     assert acts[1].address == "c" and acts[1].reason == "faster"  # /10 beats x6
 
@@ -98,3 +100,20 @@ def test_gain_and_move_cost():
     # nodes re-read in parallel: the slowest read, then the replay
     assert replan.move_cost_s([100, 0, 300], [100.0, 1.0, 100.0]) == pytest.approx(3.0 + 1.0)
     assert replan.move_cost_s([0, 0], [1.0, 1.0]) == pytest.approx(1.0)
+
+
+def test_calibration_is_a_median_of_the_first_samples():
+    assert replan.calibration([30.0, 10.0], 10.0) is None  # not enough yet
+    assert replan.calibration([95.0, 12.0, 11.0], 10.0) == pytest.approx(1.2)  # one busy second does not count
+    assert replan.calibration([12.0, 12.0, 12.0], 0.0) is None
+
+
+@pytest.mark.parametrize("scale, reason, factor, expected", [
+    (1.0, "slower", 4.0, 4.0),
+    (4.0, "faster", 0.25, 1.0),
+    (4.0, "faster", 0.1, 1.0),  # never faster than profiled
+    (32.0, "slower", 4.0, 64.0),  # nor past 64 times slower
+    (3.0, "memory", 1.0, 3.0),
+])
+def test_new_scale(scale, reason, factor, expected):
+    assert replan.new_scale(scale, Act("b", reason, factor, 0.0, 0.0)) == pytest.approx(expected)

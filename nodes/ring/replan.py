@@ -3,9 +3,9 @@
 Each round the head samples every node's per-token time over the last few seconds (`measured_ms`) beside what the
 plan assumed of it (`assumed_ms`: the cost model's figure for its windows, calibrated by what it measured when the
 plan was new) and whether it gave memory back to its owner. A node that stays outside the dead band (slower than
-`band` times, or faster than 1 / band times, what was assumed) for `hold_s` seconds is acted on; so is one that
-asks for memory back, at once. After an action no drift acts for `min_interval_s` (no flapping). The I/O -
-polling, solving, moving windows - is nodes/ring/replanner.py.
+`band` times, or - having been slower - faster than 1 / band times, what was assumed) for `hold_s` seconds is
+acted on; so is one that asks for memory back, at once. After an action no drift acts for `min_interval_s` (no
+flapping). The I/O - polling, solving, moving windows - is nodes/ring/replanner.py.
 """
 
 import math
@@ -25,7 +25,7 @@ TIMES = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "read_loss_s
 
 @dataclass(frozen=True)
 class Settings:
-    band: float = 1.5  # drift beyond x1.5 (or below /1.5) counts
+    band: float = 2.0  # drift beyond x2 (or below /2) counts: an owner's real load, not a busy second
     hold_s: float = 6.0  # for this long without a break
     min_interval_s: float = 30.0  # between two actions
 
@@ -37,6 +37,7 @@ class Sample:
     measured_ms: float | None
     assumed_ms: float | None
     memory_low: bool = False
+    scaled: bool = False  # the plan assumes it slower than profiled (an earlier re-plan moved load off it)
 
     @property
     def drift(self) -> float | None:
@@ -64,10 +65,13 @@ class Watch:
     last_act: float = -math.inf
 
 
-def direction(drift: float | None, band: float) -> str | None:
+def direction(x: Sample, band: float) -> str | None:
+    """Which way a node drifted past the band. Faster counts only for a node the plan assumes slower than its
+    profile: the owner's load went away and the plan moves back (a node never gets more than its profile says)."""
+    drift = x.drift
     if drift is None:
         return None
-    return "slower" if drift > band else "faster" if drift < 1 / band else None
+    return "slower" if drift > band else "faster" if drift < 1 / band and x.scaled else None
 
 
 def step(watch: Watch, samples: list[Sample], now: float, s: Settings = Settings()) -> tuple[Watch, Act | None]:
@@ -76,7 +80,7 @@ def step(watch: Watch, samples: list[Sample], now: float, s: Settings = Settings
     ready to act, the one that drifted most (in either direction) goes first."""
     since, dirs = {}, {}
     for x in samples:
-        d = direction(x.drift, s.band)
+        d = direction(x, s.band)
         if d is not None:
             dirs[x.address] = d
             same = watch.direction.get(x.address) == d
@@ -98,6 +102,24 @@ def step(watch: Watch, samples: list[Sample], now: float, s: Settings = Settings
 def acted(watch: Watch, now: float) -> Watch:
     """After an act (applied or not worth it): drifts start over, and the next act waits min_interval_s."""
     return Watch({}, {}, now)
+
+
+CALIBRATION = 3  # samples whose median calibrates a node: one busy second of a shared machine does not
+
+
+def calibration(measured: list[float], predicted_ms: float) -> float | None:
+    """measured / the cost model's figure for a node, from its first CALIBRATION samples (None: not enough yet)."""
+    if len(measured) < CALIBRATION or predicted_ms <= 0:
+        return None
+    return sorted(measured)[len(measured) // 2] / predicted_ms
+
+
+def new_scale(scale: float, act: Act) -> float:
+    """The compute factor the next plans assume of the node: scaled by the drift, never below its profile (1) nor
+    past 64 times slower."""
+    if act.reason == "memory":
+        return scale
+    return min(64.0, max(1.0, scale * act.factor))
 
 
 def scaled(profile: DeviceProfile, factor: float) -> DeviceProfile:

@@ -36,7 +36,8 @@ class Replanner:
         self.profiles: dict[str, DeviceProfile] = {}  # by address, as measured
         self.manifest: dict | None = None
         self.scale: dict[str, float] = {}  # address -> compute factor the plans assume now (1: as profiled)
-        self.calib: dict[str, float] = {}  # address -> measured / cost model, on its first settled sample
+        self.calib: dict[str, float] = {}  # address -> measured / cost model, on its first settled samples
+        self.first: dict[str, list[float]] = {}  # address -> its first samples, until calibrated
         self.counters: dict[str, tuple[int, float, int]] = {}  # address -> (epoch, decode_s, decode_frames)
         self.predicted: dict[str, float] = {}  # address -> the cost model's ms a token for its windows now
         self.tpot_ms = 0.0  # the cost model's TPOT for the windows now
@@ -113,12 +114,12 @@ class Replanner:
 
     def _price(self, ring: list[str], infos: list[pb.NodeInfo]) -> bool:
         """The cost model's per-node times for the windows the ring holds now (a new epoch)."""
-        from prima_rpc.app.applied_plan import NoPlan, assignment, priced
+        from prima_rpc.app.applied_plan import priced
 
         try:
-            k, windows = assignment(list(zip(ring, infos)))
+            k, windows = held(infos, self.node.store.config.n_layers)
             plan = priced(self.devices(ring, infos), self.manifest, k, windows)
-        except (NoPlan, ValueError) as exc:
+        except ValueError as exc:
             self.node.log.info("live re-plan cannot price these windows", error=str(exc))
             return False
         self.predicted = {a: d["turn_ms"] for a, d in zip(ring, plan["devices"])}
@@ -135,10 +136,14 @@ class Replanner:
                 self.settled.add(address)  # its first sample since the assignment warms caches: not counted
                 measured = None
             predicted = self.predicted.get(address, 0.0)
-            if measured is not None and address not in self.calib and predicted:
-                self.calib[address] = measured / predicted
+            if measured is not None and address not in self.calib:
+                self.first.setdefault(address, []).append(measured)
+                if (c := replan.calibration(self.first[address], predicted)) is not None:
+                    self.calib[address] = c
+                measured = None  # a calibration sample is what the plan assumes: no drift
             assumed = predicted * self.calib.get(address, 0.0) or None
-            samples.append(replan.Sample(address, measured, assumed, info.memory_low))
+            samples.append(replan.Sample(address, measured, assumed, info.memory_low,
+                                         scaled=self.scale.get(address, 1.0) > 1.0))
         return samples
 
     def _measured(self, address: str, info: pb.NodeInfo) -> float | None:
@@ -160,8 +165,7 @@ class Replanner:
 
         started = time.monotonic()
         node = self.node
-        if act.reason != "memory":
-            self.scale[act.address] *= act.factor
+        self.scale[act.address] = replan.new_scale(self.scale[act.address], act)
         devices = self.devices(ring, infos)
         self.priced_epoch = -1  # the windows now are priced again with the new scale, applied or not
         old = self._price(ring, infos) and self.tpot_ms
@@ -206,3 +210,13 @@ class Replanner:
 
         sizes = ModelProfile.from_json(self.manifest).layer_bytes
         return max(sizes) if sizes else 0
+
+
+def held(infos: list[pb.NodeInfo], n_layers: int) -> tuple[int, list[int]]:
+    """(k rounds, each node's window per round) of the windows the nodes hold, head first (a window may be 0, the
+    head's too); ValueError when they are not laid out as a plan's."""
+    windows = [i.windows[0].stop - i.windows[0].start if i.windows else 0 for i in infos]
+    ranges = layer_ranges(windows, n_layers)
+    if [[(r.start, r.stop) for r in i.windows] for i in infos] != [[tuple(r) for r in rs] for rs in ranges]:
+        raise ValueError("the ring's windows are not laid out as a plan's")
+    return n_layers // sum(windows), windows
