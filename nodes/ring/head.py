@@ -45,6 +45,8 @@ class Head:
         """ring: every member's address in ring order, the head's own first. fresh: from prima-ctl."""
         if ring:
             self.members.set_ring(ring[0], ring[1:], fresh)
+        if fresh:  # a plan from prima-ctl: what the live re-plan learnt starts over
+            self.replanner.reset()
 
     @property
     def address(self) -> str:

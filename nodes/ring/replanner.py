@@ -46,6 +46,12 @@ class Replanner:
         self.records: list[pb.Replan] = []
         self.state = "off"
 
+    def reset(self) -> None:
+        """A new plan from prima-ctl start: scales, calibrations and drifts start over (the re-plans stay listed)."""
+        self.scale = {a: 1.0 for a in self.scale}
+        self.calib, self.first, self.counters = {}, {}, {}
+        self.watch, self.priced_epoch = replan.Watch(), -1
+
     # ------------------------------------------------------------------ the loop
 
     async def round(self) -> None:
