@@ -2,15 +2,18 @@
 the slow node), 4 concurrent clients lose no request and get the single-process greedy tokens, and when the load
 goes away the plan moves back. The load is real: the node's process in a cgroup v1 cpu group at a quarter of a core
 (where /sys/fs/cgroup/cpu is writable), or stopped for 3/4 of every 20 ms (SIGSTOP / SIGCONT of the process this
-test started)."""
+test started). A device whose owner needs memory back (its available memory mocked low: tests/owner_needs_memory.py)
+gives some back and the head re-plans at once, no request lost."""
 
 import asyncio
+import sys
 import threading
 import time
 
 import pytest
 
 from prima_rpc.app import ring
+from prima_rpc.app.local_ring import wait_serving
 from tests.rings import greedy_reference, local_ring, stream
 from tools.bench.owner_load import CpuGroup, Slowed
 
@@ -87,5 +90,34 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
         assert len(back) == 2  # one re-plan per event
     assert clients.failures == []
     assert len(clients.answers) >= 8
+    for prompt, tokens in clients.answers:
+        assert tokens == expected[prompt], prompt
+
+
+def test_a_node_gives_memory_back_and_the_head_replans_with_no_request_lost(smol_store, tmp_path):
+    trigger = tmp_path / "owner-needs-memory"
+    expected = greedy_reference(smol_store, PROMPTS, TOKENS)
+    with local_ring(smol_store, 3, tmp_path / "logs") as local:
+        head, member = local.addresses[0], local.addresses[1]
+        local.processes[1].terminate()
+        local.processes[1].wait(30)
+        local.commands[1] = [sys.executable, "-m", "tests.owner_needs_memory", str(trigger), *local.commands[1][3:]]
+        local.start_node(1)
+        wait_serving(member, local.processes[1], 120, None, local.log("node1"))
+        ring.start(head, [10, 10, 10])
+        wait_for(lambda: head_info(head).replan_state == "watching", 240)
+        before = dict(ring.walk(head))[member]
+        with Clients(head) as clients:
+            time.sleep(6)
+            trigger.touch()
+            record = wait_for(lambda: list(head_info(head).replans) or None, 60)[0]
+            trigger.unlink()
+            time.sleep(4)
+        after = dict(ring.walk(head))[member]
+    assert record.reason == "memory" and record.node == member
+    assert after.max_memory and after.max_memory < max(before.stats.resident_bytes, before.mem_budget)
+    assert after.stats.resident_bytes < before.stats.resident_bytes  # it streams layers it kept resident
+    assert not after.memory_low  # answered by the re-plan
+    assert clients.failures == []
     for prompt, tokens in clients.answers:
         assert tokens == expected[prompt], prompt

@@ -42,8 +42,9 @@ def run(rounds: list[tuple[float, list[Sample]]], watch: Watch = Watch()) -> lis
     ([(0, ring(2.5, scaled=False)), (6, ring(2.5, scaled=False))], [None, None]),
     # slower then faster without a pause: a change of direction restarts the hold
     ([(0, ring(40)), (5, ring(2.5)), (10, ring(2.5)), (11, ring(2.5))], [None, None, None, "b faster 0.25"]),
-    # a round without decode frames (unknown time) ends a hold: it starts over
-    ([(0, ring(40)), (3, [Sample("b", None, 10.0)]), (6, ring(40))], [None, None, None]),
+    # a round without enough decode frames (unknown time) neither ends a hold nor starts one
+    ([(0, ring(40)), (3, [Sample("b", None, 10.0)]), (6, ring(40))], [None, None, "b slower 4"]),
+    ([(0, [Sample("b", None, 10.0)]), (6, ring(40))], [None, None]),
     # memory back: at once
     ([(0, ring(10, low=True))], ["b memory 1"]),
 ])

@@ -81,7 +81,9 @@ def step(watch: Watch, samples: list[Sample], now: float, s: Settings = Settings
     since, dirs = {}, {}
     for x in samples:
         d = direction(x, s.band)
-        if d is not None:
+        if x.drift is None and x.address in watch.since:  # no time this round (too few tokens): the hold goes on
+            since[x.address], dirs[x.address] = watch.since[x.address], watch.direction[x.address]
+        elif d is not None:
             dirs[x.address] = d
             same = watch.direction.get(x.address) == d
             since[x.address] = watch.since[x.address] if same and x.address in watch.since else now

@@ -76,7 +76,11 @@ class Replanner:
         if node.epoch != self.priced_epoch and not self._price(ring, infos):
             return
         samples = self._samples(ring, infos)
+        before = self.watch.direction
         self.watch, act = replan.step(self.watch, samples, time.monotonic(), self.settings)
+        if self.watch.direction != before:
+            node.log.info("live re-plan: drifts", drifting=self.watch.direction,
+                          drift={x.address: round(x.drift, 2) for x in samples if x.drift is not None})
         if act is not None:
             self.state = "replanning"
             try:
@@ -146,6 +150,8 @@ class Replanner:
                 self.first.setdefault(address, []).append(measured)
                 if (c := replan.calibration(self.first[address], predicted)) is not None:
                     self.calib[address] = c
+                    self.node.log.info("live re-plan calibrated", node=address, measured_ms=self.first[address],
+                                       predicted_ms=round(predicted, 2))
                 measured = None  # a calibration sample is what the plan assumes: no drift
             assumed = predicted * self.calib.get(address, 0.0) or None
             samples.append(replan.Sample(address, measured, assumed, info.memory_low,
@@ -156,12 +162,13 @@ class Replanner:
         """ms a token on this node since the last round (its one-token computes, k windows a token)."""
         s = info.stats
         last = self.counters.get(address)
-        self.counters[address] = (info.epoch, s.decode_s, s.decode_frames)
         if last is None or last[0] != info.epoch:
+            self.counters[address] = (info.epoch, s.decode_s, s.decode_frames)
             return None
         frames = s.decode_frames - last[2]
-        if frames < MIN_FRAMES:
+        if frames < MIN_FRAMES:  # a slow node: its sample spans rounds until it has enough
             return None
+        self.counters[address] = (info.epoch, s.decode_s, s.decode_frames)
         return (s.decode_s - last[1]) / frames * len(info.windows) * 1e3
 
     # ------------------------------------------------------------------ acting
