@@ -92,17 +92,22 @@ def wait_watching(head: str, token: str | None, timeout: float = 300.0) -> None:
 
 def run_event(head: str, token: str | None, args, hog) -> dict:
     """One owner's event on a running ring: before, the load for hog_seconds, after."""
+    from prima_rpc.app.applied_plan import predict
+
     replans_before = len(head_info(head, token).replans)
-    predicted_before = head_info(head, token).predicted_tpot_ms
+    predicted_before = predict(head, token)["predicted_tpot_ms"]  # the cost model on the windows now (idle ring)
     load = Load(head, args.tokens, token)
     load.thread.start()
     time.sleep(args.before)
     t_hog = time.time()
-    pressure, swap0, oom0 = [], psutil.swap_memory().used, oom_kills()
+    pressure, swap0, oom0, predicted_new = [], psutil.swap_memory().used, oom_kills(), None
     with hog():
         while time.time() < t_hog + args.hog_seconds:
             time.sleep(1)
             pressure.append(memory_pressure() or 0.0)
+            info = head_info(head, token)
+            if predicted_new is None and len(info.replans) > replans_before:
+                predicted_new = info.predicted_tpot_ms  # the new plan's, as the head applied it
     t_end = time.time()
     time.sleep(args.after)
     load.stop.set()
@@ -111,14 +116,19 @@ def run_event(head: str, token: str | None, args, hog) -> dict:
     replans = [r for r in info.replans[replans_before:]]
     during = [r for r in replans if t_hog <= r.at <= t_end]
     applied = during[0].at if during else None
+    before, adapted = load.tpot_ms(0, t_hog), load.tpot_ms(applied + 2, t_end) if applied else None
+    # the cost model's error on this ring (measured / predicted before the load) carried over to the new plan
+    vs_new = (adapted / predicted_new) / (before / predicted_before) - 1 if adapted and predicted_new and before \
+        else None
     return {
-        "replan": info.replan, "tpot_before_ms": load.tpot_ms(0, t_hog),
+        "replan": info.replan, "tpot_before_ms": before,
         "tpot_during_ms": load.tpot_ms(t_hog, t_end),
-        "tpot_during_adapted_ms": load.tpot_ms(applied + 2, t_end) if applied else None,
+        "tpot_during_adapted_ms": adapted,
         "tpot_first_30s_ms": load.tpot_ms(t_hog + 20, t_hog + 30),
         "tpot_after_ms": load.tpot_ms(t_end + args.after / 2, t_end + args.after),
         "hog_to_replan_s": applied - t_hog if applied else None,
-        "predicted_tpot_before_ms": predicted_before or None,
+        "predicted_tpot_before_ms": predicted_before or None, "predicted_tpot_new_ms": predicted_new or None,
+        "adapted_vs_new_prediction": vs_new,
         "replans_during": len(during), "replans": len(replans), "lost": len(load.lost), "lost_why": load.lost[:3],
         "greedy_unchanged": load.greedy_unchanged(), "answers": sum(map(len, load.answers.values())),
         "psi_some_avg10_max": max(pressure, default=0.0), "swap_growth_bytes": psutil.swap_memory().used - swap0,
@@ -167,12 +177,14 @@ def rows(results: dict[str, dict]) -> str:
     out = []
     for name, r in results.items():
         out.append([name, ms(r["tpot_before_ms"]), ms(r["tpot_during_ms"]), ms(r["tpot_during_adapted_ms"]),
-                    ms(r["tpot_after_ms"]), ms(r["hog_to_replan_s"]), r["replans_during"], r["replans"], r["lost"],
+                    ms(r["tpot_first_30s_ms"]), ms(r["tpot_after_ms"]), ms(r["hog_to_replan_s"]),
+                    "-" if r["adapted_vs_new_prediction"] is None else f"{r['adapted_vs_new_prediction'] * 100:+.0f} %",
+                    r["replans_during"], r["replans"], r["lost"],
                     "yes" if r["greedy_unchanged"] else "NO", f"{r['psi_some_avg10_max']:.1f}",
                     f"{r['swap_growth_bytes'] / 2**20:.0f}", r["oom_kills"]])
-    return table(["run", "TPOT before ms", "during ms", "during, re-planned ms", "after ms", "load to re-plan s",
-                  "re-plans (event)", "re-plans (all)", "lost", "greedy same", "PSI some max %", "swap MiB", "OOM"],
-                 out, right=range(1, 13))
+    return table(["run", "TPOT before ms", "during ms", "during, re-planned ms", "20-30 s in ms", "after ms",
+                  "load to re-plan s", "re-planned vs new plan", "re-plans (event)", "re-plans (all)", "lost",
+                  "greedy same", "PSI some max %", "swap MiB", "OOM"], out, right=range(1, 15))
 
 
 def main(argv: list[str] | None = None) -> None:
