@@ -1,7 +1,7 @@
 """A device's owner takes its CPU mid-stream on a real 3-node SmolLM2 ring: the head re-plans once (layers move off
 the slow node), 4 concurrent clients lose no request and get the single-process greedy tokens, and when the load
-goes away the plan moves back. The load is real: the node's process in a cgroup v1 cpu group at a quarter of a core
-(where /sys/fs/cgroup/cpu is writable), or stopped for 3/4 of every 20 ms (SIGSTOP / SIGCONT of the process this
+goes away the plan moves back. The load is real: the node's process in a cgroup v1 cpu group at 15 % of a core
+(where /sys/fs/cgroup/cpu is writable), or stopped for 85 % of every 200 ms (SIGSTOP / SIGCONT of the process this
 test started). A device whose owner needs memory back (its available memory mocked low: tests/owner_needs_memory.py)
 gives some back and the head re-plans at once, no request lost."""
 
@@ -75,7 +75,7 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
         with Clients(head) as clients:
             time.sleep(16)  # calibrated: the plan's per-node times set beside what each node measures
             assert list(head_info(head).replans) == []  # nothing drifted yet
-            with Slowed(local.processes[1].pid, 0.25, how):
+            with Slowed(local.processes[1].pid, 0.15, how):
                 first = wait_for(lambda: list(head_info(head).replans) or None, 90)
                 windows = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
                 time.sleep(8)  # still slow: no second re-plan for the same event
@@ -83,7 +83,7 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
             back = wait_for(lambda: len(head_info(head).replans) >= 2 and list(head_info(head).replans), 120)
             after = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
         assert first[0].node == slow and first[0].reason == "slower", first
-        assert first[0].measured_ms > 1.5 * first[0].assumed_ms and first[0].predicted_gain > 0
+        assert first[0].measured_ms > 2.5 * first[0].assumed_ms and first[0].predicted_gain > 0
         assert sum(b - a for a, b in windows[slow]) < 10  # layers moved off the slow node
         assert back[1].node == slow and back[1].reason == "faster", back
         assert sum(b - a for a, b in after[slow]) > sum(b - a for a, b in windows[slow])  # and back to it

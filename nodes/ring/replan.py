@@ -25,7 +25,7 @@ TIMES = ("frame_s", "token_s", "output_s", "visit_s", "read_cpu_s", "read_loss_s
 
 @dataclass(frozen=True)
 class Settings:
-    band: float = 2.0  # drift beyond x2 (or below /2) counts: an owner's real load, not a busy second
+    band: float = 2.5  # drift beyond x2.5 (or below /2.5) counts: an owner's real load, not a busy second
     hold_s: float = 6.0  # for this long without a break
     min_interval_s: float = 30.0  # between two actions
 

@@ -7,7 +7,7 @@ time from the load's start to the re-plan applied; requests lost; re-plans; gree
 
 Without --node: a 3-node loopback SmolLM2 ring (windows 10-10-10), run twice (the head with --replan off, then on);
 the owner's load on the middle node is real: its process in a cgroup v1 cpu group at --share of a core (where
-/sys/fs/cgroup/cpu is writable), else stopped for (1 - share) of every 20 ms. With --node: an existing ring (the home
+/sys/fs/cgroup/cpu is writable), else stopped for (1 - share) of every 200 ms. With --node: an existing ring (the home
 testbed's) as it runs, and --hog-cmd started for --hog-seconds (e.g. a busy process in one device's CPU group);
 the run is labelled by the head's --replan. 4 clients ask at once throughout; every answer of a prompt must equal
 its first (greedy). --memory-hog SIZE adds a row: a process holding SIZE bytes for --hog-seconds, with the device's

@@ -2,7 +2,7 @@
 
 - `CpuGroup`: a cgroup v1 cpu group (/sys/fs/cgroup/cpu/prima-owners-<tag>-<pid>/) holding the node; its quota
   (cpu.cfs_quota_us) is the device's share of the cores. Needs a writable /sys/fs/cgroup/cpu (`CpuGroup.usable`).
-- `DutyCycle`: where no cgroup can be made, the node's process is stopped (SIGSTOP) for the part of every 20 ms that
+- `DutyCycle`: where no cgroup can be made, the node's process is stopped (SIGSTOP) for the part of every 200 ms that
   the owner takes, and continued (SIGCONT) for the rest: the same share, by the scheduler's hand instead of CFS's.
 - `Hog`: a real busy process (`--hog-cmd`, or `busy_loops`): put in a node's group it takes its share of the group.
 
@@ -65,7 +65,7 @@ class CpuGroup:
 class DutyCycle:
     """Stop `pid` for (1 - share) of every `period_s`, from a thread, until the `with` ends (then it runs on)."""
 
-    def __init__(self, pid: int, share: float, period_s: float = 0.02):
+    def __init__(self, pid: int, share: float, period_s: float = 0.2):
         if not 0 < share < 1:
             raise ValueError(f"share must be in (0, 1), got {share}")
         self.pid, self.share, self.period_s = pid, share, period_s
