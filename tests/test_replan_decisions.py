@@ -45,6 +45,8 @@ def run(rounds: list[tuple[float, list[Sample]]], watch: Watch = Watch()) -> lis
     # a round without enough decode frames (unknown time) neither ends a hold nor starts one
     ([(0, ring(40)), (3, [Sample("b", None, 10.0)]), (6, ring(40))], [None, None, "b slower 4"]),
     ([(0, [Sample("b", None, 10.0)]), (6, ring(40))], [None, None]),
+    # held long enough, but this round without a time: it acts on the next round that measures the drift
+    ([(0, ring(40)), (6, [Sample("b", None, 10.0)]), (8, ring(40))], [None, None, "b slower 4"]),
     # memory back: at once
     ([(0, ring(10, low=True))], ["b memory 1"]),
 ])

@@ -405,8 +405,12 @@ class Node:
             head = self.head
             if head is None:
                 await asyncio.sleep(1.0)
-            else:
+                continue
+            try:
                 await head.replanner.round()
+            except Exception:  # a failed re-plan must not stop the ring: it serves on the plan it has
+                self.log.exception("live re-plan failed")
+                await asyncio.sleep(5.0)
 
     async def set_peer(self, peer: str, drain: float = 0.0) -> None:
         """drain: seconds the old link has to deliver the frames already written (a join replays none)."""

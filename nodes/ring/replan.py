@@ -94,7 +94,8 @@ def step(watch: Watch, samples: list[Sample], now: float, s: Settings = Settings
         return acted(watch, now), Act(x.address, "memory", 1.0, x.measured_ms or 0.0, x.assumed_ms or 0.0)
     if now - watch.last_act < s.min_interval_s:
         return watch, None
-    ready = [x for x in samples if x.address in since and now - since[x.address] >= s.hold_s]
+    ready = [x for x in samples if x.drift is not None and direction(x, s.band) == dirs.get(x.address)
+             and x.address in since and now - since[x.address] >= s.hold_s]
     if not ready:
         return watch, None
     x = max(ready, key=lambda x: abs(math.log(x.drift)))
