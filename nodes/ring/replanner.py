@@ -1,6 +1,7 @@
 """The head's live re-plan: every few seconds, each node's per-token time over the last seconds beside what the plan
 assumed of it; when one drifts for long enough (nodes/ring/replan.py decides), scale that device's compute in its
-profile by measured / assumed, solve Halda again, and move the windows when the gain beats the cost of moving.
+profile by measured / assumed, solve Halda again (every device keeps a layer), and move the windows when the gain
+beats the cost of moving.
 
 The profiles are the nodes' own (Control.Profile, cached on each node; fetched while the ring is idle, before
 any drift can be acted on). What the plan assumed of a node is the cost model's per-token time for its windows,
@@ -182,8 +183,9 @@ class Replanner:
         devices = self.devices(ring, infos)
         self.priced_epoch = -1  # the windows now are priced again with the new scale, applied or not
         old = self._price(ring, infos) and self.tpot_ms
-        result = await asyncio.to_thread(plan_for, devices, self.manifest, "halda",
-                                         must_stay=[d.name for d in devices])
+        # Every device keeps at least a layer (Halda without device selection): one without any would measure
+        # nothing, so the plan could not move back to it when its owner's load goes away.
+        result = await asyncio.to_thread(plan_for, devices, self.manifest, "halda-noselect")
         if "infeasible" in result or not old:
             node.log.warning("live re-plan: no plan", node=act.address, reason=act.reason,
                              why=result.get("infeasible", "the windows now cannot be priced"))
