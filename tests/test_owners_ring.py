@@ -26,6 +26,12 @@ def head_info(head: str):
     return ring.walk(head)[0][1]
 
 
+def drifts(head: str) -> list:
+    """The head's re-plans for drift. This machine's own memory pressure (shared with other work) may add re-plans
+    for memory (the nodes give memory back for real): those are not this test's event."""
+    return [r for r in head_info(head).replans if r.reason != "memory"]
+
+
 def wait_for(what, timeout: float, every: float = 1.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -76,11 +82,11 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
             time.sleep(16)  # calibrated: the plan's per-node times set beside what each node measures
             assert list(head_info(head).replans) == []  # nothing drifted yet
             with Slowed(local.processes[1].pid, 0.15, how):
-                first = wait_for(lambda: list(head_info(head).replans) or None, 90)
+                first = wait_for(lambda: drifts(head) or None, 90)
                 windows = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
                 time.sleep(8)  # still slow: no second re-plan for the same event
-                assert len(head_info(head).replans) == 1
-            back = wait_for(lambda: len(head_info(head).replans) >= 2 and list(head_info(head).replans), 120)
+                assert len(drifts(head)) == 1
+            back = wait_for(lambda: len(drifts(head)) >= 2 and drifts(head), 120)
             after = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
         assert first[0].node == slow and first[0].reason == "slower", first
         assert first[0].measured_ms > 2.5 * first[0].assumed_ms and first[0].predicted_gain > 0
@@ -110,7 +116,7 @@ def test_a_node_gives_memory_back_and_the_head_replans_with_no_request_lost(smol
         with Clients(head) as clients:
             time.sleep(6)
             trigger.touch()
-            record = wait_for(lambda: list(head_info(head).replans) or None, 60)[0]
+            record = wait_for(lambda: [r for r in head_info(head).replans if r.node == member] or None, 60)[0]
             trigger.unlink()
             time.sleep(4)
         after = dict(ring.walk(head))[member]

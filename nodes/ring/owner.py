@@ -23,6 +23,7 @@ RESERVE = 0.10  # where the OS has no PSI: give memory back when under 10 % of t
 SHRINK = 0.75  # each give-back keeps 3/4 of the node's memory budget
 MIN_BUDGET = 64 << 20  # and never below this (the node streams every layer by then)
 COOLDOWN_S = 10.0  # between two give-backs: the last one's re-plan has to land first
+CALM_S = 60.0  # memory given back is taken again after this long without the owner needing it
 
 
 @dataclass(frozen=True)
@@ -152,11 +153,12 @@ def smaller_budget(current: int, resident: int) -> int:
 
 class MemoryWatch:
     """On every node: each second, read the device's memory; when its owner needs memory, drop the prefix cache (at
-    once), lower this node's memory budget and ask the head to re-plan (the node's next load streams more layers)."""
+    once), lower this node's memory budget and ask the head to re-plan (the node's next load streams more layers).
+    After CALM_S without the owner needing it, the node lifts its cap and asks for a re-plan again."""
 
     def __init__(self, node):
         self.node = node
-        self.last = -COOLDOWN_S
+        self.last = -COOLDOWN_S  # the last give-back, or the last second the owner needed memory
 
     async def round(self) -> None:
         await asyncio.sleep(1.0)
@@ -164,6 +166,9 @@ class MemoryWatch:
         if node.shard is None or node.memory_low or time.monotonic() - self.last < COOLDOWN_S:
             return
         if not needs_memory(memory_pressure(), available_memory(), total_memory()):
+            if node.memory_cap and time.monotonic() - self.last > CALM_S:  # calm again: take the memory back
+                node.memory_cap, node.memory_low = 0, True
+                node.log.info("the device's owner no longer needs the memory: asking for a re-plan to use it")
             return
         self.last = time.monotonic()
         shard = node.shard
