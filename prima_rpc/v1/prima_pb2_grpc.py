@@ -5,7 +5,7 @@ import warnings
 
 from prima_rpc.v1 import prima_pb2 as prima__rpc_dot_v1_dot_prima__pb2
 
-GRPC_GENERATED_VERSION = '1.85.4'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
