@@ -1,4 +1,4 @@
-"""A device owner's limits and the memory watch's decisions (nodes/ring/owner.py), and prima-node's flags."""
+"""A device owner's limits and the memory watch's decisions (nodes/ring/owner.py); re-plans in status and metrics."""
 
 import os
 
@@ -6,7 +6,10 @@ import pytest
 
 from nodes.ring import owner
 from nodes.ring.main import parse_size
+from nodes.ring.metrics import owner_families
+from prima_rpc.app.status_rows import busy_words, ring_replans, status_row
 from prima_rpc.spec.profiles import DeviceProfile
+from prima_rpc.v1 import prima_pb2 as pb
 
 PSI = """some avg10=7.25 avg60=1.00 avg300=0.20 total=123
 full avg10=0.50 avg60=0.00 avg300=0.00 total=4
@@ -96,3 +99,37 @@ def test_lower_priority_says_what_it_did():
     os.waitpid(pid, 0)
     done, nice = os.read(r, 200).decode().split("|")
     assert "nice 19" in done and int(nice) == 19
+
+
+def head_info() -> pb.NodeInfo:
+    return pb.NodeInfo(role="head", name="n0", address="a:1", max_cpu=0.5, available_memory=1 << 30,
+                       memory_pressure=2.5, replans=[
+                           pb.Replan(at=1000.0, reason="slower", node="b:2", assumed_ms=10.0, measured_ms=41.0,
+                                     predicted_gain=0.4, seconds=3.2),
+                           pb.Replan(at=1100.0, reason="faster", node="b:2", assumed_ms=40.0, measured_ms=9.0,
+                                     predicted_gain=0.3, seconds=2.0)])
+
+
+def test_status_json_lists_the_replans_and_says_in_words_what_happened():
+    info = head_info()
+    replans = ring_replans([("a:1", "up", info), ("b:2", "lost", None)])
+    assert replans == [
+        {"at": 1000.0, "reason": "slower", "node": "b:2", "assumed_ms": 10.0, "measured_ms": 41.0,
+         "predicted_gain": 0.4, "seconds": 3.2},
+        {"at": 1100.0, "reason": "faster", "node": "b:2", "assumed_ms": 40.0, "measured_ms": 9.0,
+         "predicted_gain": 0.3, "seconds": 2.0}]
+    row = status_row("a:1", "up", info)
+    assert (row["max_cpu"], row["available_memory"], row["memory_pressure"]) == (0.5, 1 << 30, 2.5)
+    words = busy_words([row], replans[:1])
+    assert "b:2 got busy (41 ms a token, the plan assumed 10)" in words and "the ring adapted" in words
+    assert "is free again" in busy_words([row], replans)
+    assert busy_words([row], []) == ""
+
+
+def test_metrics_count_replans_by_reason():
+    families = {f.name: f for f in owner_families(head_info())}
+    counts = {s.labels["reason"]: s.value for s in families["prima_replans"].samples if s.name.endswith("_total")}
+    assert counts == {"slower": 1, "faster": 1, "memory": 0}
+    assert families["prima_last_replan_seconds"].samples[0].value == 2.0
+    assert families["prima_memory_pressure_percent"].samples[0].value == 2.5
+    assert "prima_replans" not in {f.name for f in owner_families(pb.NodeInfo(role="worker"))}
