@@ -13,6 +13,7 @@ import time
 import pytest
 
 from prima_rpc.app import ring
+from prima_rpc.app.live_plan import plan_live
 from prima_rpc.app.local_ring import wait_serving
 from tests.rings import greedy_reference, local_ring, stream
 from tools.bench.owner_load import CpuGroup, Slowed
@@ -24,6 +25,11 @@ TOKENS = 40
 
 def head_info(head: str):
     return ring.walk(head)[0][1]
+
+
+def held(head: str) -> list[int]:
+    """Each node's window per round, head first."""
+    return [i.windows[0].stop - i.windows[0].start if i.windows else 0 for _, i in ring.walk(head)]
 
 
 def drifts(head: str) -> list:
@@ -78,6 +84,8 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
     with local_ring(smol_store, 3, tmp_path, windows=[10, 10, 10]) as local:
         head, slow = local.addresses[0], local.addresses[1]
         wait_for(lambda: head_info(head).replan_state == "watching", 240)  # the nodes' profiles are in
+        # the plan for the devices as profiled (without their owners' load), every device computing
+        unloaded = [d["window"] for d in plan_live(head, None, "halda-noselect")["devices"]]
         with Clients(head) as clients:
             time.sleep(16)  # calibrated: the plan's per-node times set beside what each node measures
             assert list(head_info(head).replans) == []  # nothing drifted yet
@@ -86,14 +94,17 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
                 windows = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
                 time.sleep(8)  # still slow: no second re-plan for the same event
                 assert len(drifts(head)) == 1
-            back = wait_for(lambda: len(drifts(head)) >= 2 and drifts(head), 120)
-            after = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
+            # back: a re-plan for the node being faster, or the windows already the unloaded devices' plan (on one
+            # machine Halda may keep the shape it moved to: then moving back gains nothing and is not done)
+            wait_for(lambda: len(drifts(head)) >= 2 or held(head) == unloaded, 120)
+            back, after = drifts(head), held(head)
         assert first[0].node == slow and first[0].reason == "slower", first
         assert first[0].measured_ms > 2.5 * first[0].assumed_ms and first[0].predicted_gain > 0
         assert sum(b - a for a, b in windows[slow]) < 10  # layers moved off the slow node
-        assert back[1].node == slow and back[1].reason == "faster", back
-        assert sum(b - a for a, b in after[slow]) > sum(b - a for a, b in windows[slow])  # and back to it
-        assert len(back) == 2  # one re-plan per event
+        assert len(back) <= 2  # one re-plan per event
+        if len(back) == 2:
+            assert back[1].node == slow and back[1].reason == "faster", back
+        assert after == unloaded
     assert clients.failures == []
     assert len(clients.answers) >= 8
     for prompt, tokens in clients.answers:
