@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from nodes.ring.replan import MIN_GAIN
 from prima_rpc.app import ring
+from prima_rpc.app.applied_plan import predict
 from prima_rpc.app.live_plan import plan_live
 from prima_rpc.app.local_ring import wait_serving
 from tests.rings import greedy_reference, local_ring, stream
@@ -25,11 +27,6 @@ TOKENS = 40
 
 def head_info(head: str):
     return ring.walk(head)[0][1]
-
-
-def held(head: str) -> list[int]:
-    """Each node's window per round, head first."""
-    return [i.windows[0].stop - i.windows[0].start if i.windows else 0 for _, i in ring.walk(head)]
 
 
 def drifts(head: str) -> list:
@@ -85,7 +82,7 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
         head, slow = local.addresses[0], local.addresses[1]
         wait_for(lambda: head_info(head).replan_state == "watching", 240)  # the nodes' profiles are in
         # the plan for the devices as profiled (without their owners' load), every device computing
-        unloaded = [d["window"] for d in plan_live(head, None, "halda-noselect")["devices"]]
+        unloaded = plan_live(head, None, "halda-noselect")["predicted_tpot_ms"]
         with Clients(head) as clients:
             time.sleep(16)  # calibrated: the plan's per-node times set beside what each node measures
             assert list(head_info(head).replans) == []  # nothing drifted yet
@@ -94,17 +91,17 @@ def test_a_busy_device_is_replanned_once_and_back_with_no_request_lost(how, smol
                 windows = {a: [(r.start, r.stop) for r in i.windows] for a, i in ring.walk(head)}
                 time.sleep(8)  # still slow: no second re-plan for the same event
                 assert len(drifts(head)) == 1
-            # back: a re-plan for the node being faster, or the windows already the unloaded devices' plan (on one
-            # machine Halda may keep the shape it moved to: then moving back gains nothing and is not done)
-            wait_for(lambda: len(drifts(head)) >= 2 or held(head) == unloaded, 120)
-            back, after = drifts(head), held(head)
+            time.sleep(60)  # the load went away: past the interval and the hold, the head judged the move back
+            back = drifts(head)
         assert first[0].node == slow and first[0].reason == "slower", first
         assert first[0].measured_ms > 2.5 * first[0].assumed_ms and first[0].predicted_gain > 0
         assert sum(b - a for a, b in windows[slow]) < 10  # layers moved off the slow node
         assert len(back) <= 2  # one re-plan per event
         if len(back) == 2:
             assert back[1].node == slow and back[1].reason == "faster", back
-        assert after == unloaded
+        # back: the ring's windows are, within what a re-plan must gain, the best plan for the unloaded devices (a
+        # re-plan for the node being faster; none when Halda on one machine keeps the shape it moved to)
+        assert predict(head, None)["predicted_tpot_ms"] <= unloaded * (1 + MIN_GAIN) + 1e-6
     assert clients.failures == []
     assert len(clients.answers) >= 8
     for prompt, tokens in clients.answers:
