@@ -27,6 +27,10 @@ class NodeConfig:
     inline_s: float = INLINE_S  # compute jobs measured shorter run on the event loop (nodes/ring/compute_pool.py)
     prefix_dir: Path | None = None  # where cached prefixes are copied (nodes/engine/prefix_disk.py; None: nowhere)
     prefix_disk: int = 0  # bytes those copies may take (0: none are written)
+    replan: bool = True  # head: re-plan the ring live when a device drifts from the plan (nodes/ring/replanner.py)
+    max_cpu: float = 1.0  # the share of the device's cores it may use (nodes/ring/owner.py)
+    max_memory: int = 0  # bytes it may use (0: no cap beyond mem_budget)
+    nice: bool = False  # it runs at the lowest priority
 
 
 @dataclass

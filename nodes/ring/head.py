@@ -24,6 +24,7 @@ from nodes.ring.head_requests import HeadRequest, HeadRequests, RingChanged, Win
 from nodes.ring.inflight import ahead, decode_ahead, draft_for
 from nodes.ring.members import Members
 from nodes.ring.prefixes import COLD, HeadPrefixes, PrefixPlan
+from nodes.ring.replanner import Replanner
 from nodes.ring.steps import Stepper
 from nodes.ring.work import PREFILL_CHUNK
 
@@ -35,6 +36,7 @@ class Head:
         self.node = node
         self.requests = HeadRequests()
         self.members = Members(node, self.requests)
+        self.replanner = Replanner(node, self.members, self.requests)  # live re-plans when a device drifts
         self.draft_model: ReferenceModel | None = None
         self.vocab: str | None = None  # the target's tokenizer fingerprint, which a member's draft must share
         self.member_drafts = False  # a member was started with --draft (as of the latest Info of them all)
@@ -48,6 +50,8 @@ class Head:
         """ring: every member's address in ring order, the head's own first. fresh: from prima-ctl."""
         if ring:
             self.members.set_ring(ring[0], ring[1:], fresh)
+        if fresh:  # a plan from prima-ctl: what the live re-plan learnt starts over
+            self.replanner.reset()
 
     @property
     def address(self) -> str:

@@ -44,6 +44,9 @@ class NodePort(Protocol):
     @property
     def batching(self) -> tuple[int, int]: ...  # (max_batch, micro_batches) as assigned: a re-plan keeps them
 
+    def info(self) -> pb.NodeInfo:
+        """What the node reports of itself (Control.Info)."""
+
     def release(self, request_id: str) -> None:
         """Free the request's KV cache here."""
 

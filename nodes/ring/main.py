@@ -14,7 +14,7 @@ import typer
 
 from nodes.engine.kv_dtype import CHOICES as KV_CHOICES
 from nodes.errors import Rejected, RequestFailed
-from nodes.ring import discovery, handover, metrics
+from nodes.ring import discovery, handover, metrics, owner
 from nodes.ring.auth import TokenAuth
 from nodes.ring.compute_pool import INLINE_S
 from nodes.ring.config import NodeConfig
@@ -48,6 +48,16 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise typer.BadParameter("a size cannot be negative")
     return int(value)
+
+
+def _owner_limits(replan: str, max_cpu: float, max_memory: str, nice: bool) -> owner.Limits:
+    if replan not in ("on", "off"):
+        raise typer.BadParameter(f"--replan must be on or off, got {replan!r}")
+    try:
+        return owner.Limits(owner.check_max_cpu(max_cpu),
+                            owner.parse_max_memory(max_memory, owner.available_memory(), parse_size), nice)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 async def serve(cfg: NodeConfig, ready=lambda address: None, metrics_port: int = 0,
@@ -181,6 +191,15 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
          prefix_dir: Path = typer.Option(None, help="where those copies go (default: $PRIMA_HOME/prefixes)"),
          inline_ms: float = typer.Option(INLINE_S * 1e3, min=0, help="compute jobs last measured shorter run on "
                                          "the event loop, saving two thread hand-offs (0: always the thread)"),
+         replan: str = typer.Option("on", help="on: the head re-plans the ring live when a device gets busier or "
+                                               "short of memory; off: the plan stays until prima-ctl start"),
+         max_cpu: float = typer.Option(1.0, help="the share of this device's cores the node may use, e.g. 0.5 "
+                                                 "(its compute threads, and the planner's view of it)"),
+         max_memory: str = typer.Option("0", show_default=False,
+                                        help="memory the node may use: a size (2GiB) or a share of the memory "
+                                             "available at start (50%); the planner respects it (default: no cap)"),
+         nice: bool = typer.Option(False, "--nice", help="run at the lowest priority (nice 19, SCHED_IDLE): the "
+                                                         "owner's apps win every contest for the CPU"),
          log_level: str = typer.Option("info")):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
@@ -195,10 +214,14 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
         raise typer.BadParameter(f"--kv-dtype must be one of {', '.join(KV_CHOICES)}")
     from prima_rpc.spec.home import prima_home
 
+    limits = _owner_limits(replan, max_cpu, max_memory, nice)
     cfg = NodeConfig(port=port, host=host, peer=peer or join, model=model, cache=cache or prima_home() / "cache",
                      name=name, mem_budget=parse_size(mem_budget), token=token, dtype=dtype, draft=draft,
                      max_batch=max_batch, inline_s=inline_ms / 1e3, kv_dtype=kv_dtype, ctx=ctx,
-                     prefix_dir=prefix_dir or prima_home() / "prefixes", prefix_disk=parse_size(prefix_disk))
+                     prefix_dir=prefix_dir or prima_home() / "prefixes", prefix_disk=parse_size(prefix_disk),
+                     replan=replan == "on", max_cpu=limits.max_cpu, max_memory=limits.max_memory, nice=limits.nice)
+    if done := owner.apply_limits(limits):
+        print(f"prima-node: owner limits: {', '.join(done)}", file=sys.stderr)
     try:
         tls = server_tls(tls_cert, tls_key, tls_ca, tls_mutual)
     except ValueError as exc:

@@ -268,11 +268,25 @@ class Members:
             except REPLAN_ERRORS as exc:  # the ring stays as it was; the next round tries again
                 self.node.log.warning("rejoin failed", error=_why(exc))
 
-    async def _apply(self, members: dict[str, Probe]) -> None:
-        """Rewire and re-assign the ring [head, *members] under a new epoch."""
+    async def replan_to(self, plan: recovery.Replan, predicted: list[float], tpot_ms: float,
+                        buffers: list[float]) -> None:
+        """Move the ring's windows to `plan` (same members, same order) while requests are in flight: they replay
+        on the new windows (nodes/ring/replanner.py decides when). predicted, buffers: per node, the head first."""
+        async with self.lock:
+            self.generation += 1
+            with self.requests.replanning():
+                await self._apply({a: Probe(True, True) for a in self.members}, plan,
+                                  (predicted, tpot_ms), buffers)
+
+    async def _apply(self, members: dict[str, Probe], plan: recovery.Replan | None = None,
+                     predicted: tuple[list[float], float] | None = None, buffers: list[float] | None = None) -> None:
+        """Rewire and re-assign the ring [head, *members] under a new epoch: to `plan` with its predictions and
+        stream buffers, or (none) an even split over the model's holders."""
         node = self.node
         n_layers, model_id = node.store.config.n_layers, node.store.model_id
-        plan = recovery.replan(self.head, members, n_layers)
+        plan = plan or recovery.replan(self.head, members, n_layers)
+        per_node, tpot_ms = predicted or ([0.0] * (1 + len(members)), 0.0)
+        buffers = buffers or [0.0] * (1 + len(members))
         # newer than every ring before (prima-ctl start's are milliseconds too), and two heads of a split brain that
         # re-plan apart do not share one: recovery.newer_ring tells them apart
         epoch = max(node.epoch + 1, time.time_ns() // 1_000_000)
@@ -284,17 +298,18 @@ class Members:
         max_batch, micro_batches = node.batching  # the plan's batching survives the re-plan
         ring = [self.head, *members]
 
-        async def assign(address: str, ranges, standby: bool) -> None:
+        async def assign(i: int, address: str, ranges) -> None:
             req = assign_request(ranges, n_layers, model_id, epoch, replan=True, head_address=self.head, ring=ring,
                                  max_batch=max_batch, micro_batches=micro_batches, head_windows=plan.ranges[0],
-                                 standby=standby)
+                                 standby=i == 1, predicted_ms=per_node[i], predicted_tpot_ms=tpot_ms,
+                                 buffer_layers=buffers[i])
             async for _ in self._control(address).assign(req):
                 pass
 
-        remote = [assign(a, r, i == 0) for i, (a, r) in enumerate(zip(members, plan.ranges[1:]))]
+        remote = [assign(i, a, r) for i, (a, r) in enumerate(zip(members, plan.ranges[1:]), 1)]
         head = node.assign(Assignment(Windows(plan.ranges[0], n_layers, True), model_id, epoch, replan=True,
-                                      max_batch=max_batch, micro_batches=micro_batches), Place(tuple(ring)),
-                           lambda *a: None)
+                                      buffer_layers=buffers[0], max_batch=max_batch, micro_batches=micro_batches,
+                                      predicted=(per_node[0], tpot_ms)), Place(tuple(ring)), lambda *a: None)
         await asyncio.gather(head, *remote)
         node.log.info("ring re-planned", ranges=[list(r) for r in plan.ranges], epoch=epoch)
 

@@ -125,6 +125,33 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily("prima_epoch", "Ring epoch the node serves (changes on every re-plan)",
                                 value=info.epoch)
         yield from span_families(self.node.spans.snapshot())
+        yield from owner_families(info)
+
+
+def owner_families(info: pb.NodeInfo) -> Iterator[Metric]:
+    """What the device's owner left the node (nodes/ring/owner.py) and the head's live re-plans (replanner.py)."""
+    yield GaugeMetricFamily("prima_available_memory_bytes", "The device's available memory",
+                            value=info.available_memory)
+    if info.memory_pressure >= 0:
+        yield GaugeMetricFamily("prima_memory_pressure_percent", "PSI memory some avg10: share of the last 10 s some "
+                                "task stalled on memory", value=info.memory_pressure)
+    yield GaugeMetricFamily("prima_memory_low", "1 while the node gave memory back and waits for a re-plan",
+                            value=float(info.memory_low))
+    yield GaugeMetricFamily("prima_max_cpu", "The share of the device's cores the node may use", value=info.max_cpu)
+    if info.role != "head":
+        return
+    replans = CounterMetricFamily("prima_replans", "Live re-plans the head made, by reason (slower, faster, memory)",
+                                  labels=["reason"])
+    for reason in ("slower", "faster", "memory"):
+        replans.add_metric([reason], sum(r.reason == reason for r in info.replans))
+    yield replans
+    if info.replans:
+        last = info.replans[-1]
+        yield GaugeMetricFamily("prima_last_replan_timestamp_seconds", "When the last live re-plan was applied",
+                                value=last.at)
+        yield GaugeMetricFamily("prima_last_replan_seconds", "How long the last live re-plan took", value=last.seconds)
+        yield GaugeMetricFamily("prima_last_replan_gain", "The share of TPOT the last live re-plan was predicted to "
+                                "save", value=last.predicted_gain)
 
 
 def span_families(spans: dict[str, tuple[float, int]]) -> Iterator[Metric]:

@@ -20,17 +20,13 @@ import torch
 
 from nodes.engine import heap
 from nodes.engine.dtype_choice import compute_dtype
-from nodes.engine.formats import weight_format
-from nodes.engine.fused import layer_bytes
-from nodes.engine.kv_dtype import KVDtype, kv_dtype
 from nodes.engine.model import KVCache
-from nodes.engine.prefix_disk import PrefixDisk
 from nodes.engine.shard import Shard, check_assignment
 from nodes.engine.store import LayerStore
-from nodes.errors import LinkDown, Rejected, RequestFailed
+from nodes.errors import Rejected, RequestFailed
 from nodes.generation.text import TextCodec
 from nodes.jobs import run_job
-from nodes.ring import admit, batching, frames, node_info, weights
+from nodes.ring import admit, batching, frames, loops, node_info, owner, weights
 from nodes.ring.assignment import Assignment, Place
 from nodes.ring.compute_pool import ComputePool
 from nodes.ring.config import NodeConfig, Stats
@@ -39,6 +35,7 @@ from nodes.ring.head import Head
 from nodes.ring.head_watch import HeadWatch
 from nodes.ring.inbox import Inbox
 from nodes.ring.link import RingLink
+from nodes.ring.shard_load import new_shard
 from nodes.ring.spans import Spans
 from nodes.ring.standby import Standby
 from nodes.ring.work import CACHE_IDLE_S, MAX_CACHES, QUEUE, Work
@@ -81,6 +78,9 @@ class Node:
         self.standby = Standby(cfg.cache, cfg.token)  # the head's units on this disk, should the head be lost
         self.drafts = DraftServer(cfg.draft) if cfg.draft is not None else None  # --draft: drafts for the head
         self.head_watch = HeadWatch(self)
+        self.memory_cap = 0  # bytes: what this node kept after giving memory back to its owner (0: none given)
+        self.memory_low = False  # it gave memory back and waits for the head's re-plan (its next load is smaller)
+        self.memory_watch = owner.MemoryWatch(self)
 
     # ------------------------------------------------------------------ roles and loading
 
@@ -121,6 +121,7 @@ class Node:
         self.standby.set(list(place.ring), head_windows, job.model_id, place.standby and not windows.head)
         self.standby.keep(self.store, [a for a in [self.head_address, *place.ring] if a != self.address], self.log)
         self.predicted = job.predicted  # what this assignment was planned to cost (a re-plan's has none)
+        self.memory_low = False  # loaded within its memory cap: the owner's request is answered
         self.stats.decode_s, self.stats.decode_frames = 0.0, 0  # measured against it from now on
         self.log = self.log.bind(windows=[list(r) for r in windows.ranges], role=self.role)
         self.log.info("assigned")
@@ -148,41 +149,22 @@ class Node:
             await loop.run_in_executor(self.pool, old.close)
             del old
         if not windows.relay:
-            budget = self.cfg.mem_budget or None  # None: derived from the RAM available now
+            budget = self.mem_budget or None  # None: derived from the RAM available now
             log = self.log.bind(windows=[list(r) for r in windows.ranges])
-            fmt = weight_format(self.store.manifest)
             # the dtype's first use times kernels: on the compute thread
             dtype = await loop.run_in_executor(self.pool, lambda: getattr(torch, self.dtype_name))
-            buffer = int(buffer_layers * layer_bytes(self.store.config, dtype, fmt))
-            kv_dtype, ctx = self.kv_choice(*kv)
-            # the KV rows' dtype names the prefix files: float KV in float32 and bfloat16 differ too
-            kv_name = kv_dtype.name if kv_dtype.name != "float" else str(dtype).removeprefix("torch.")
-            disk = self._prefix_disk(kv_name, log)
-            self.shard = await loop.run_in_executor(self.pool, lambda: Shard(
-                self.store, windows, dtype, progress, budget=budget, buffer=buffer, log=log, kv_dtype=kv_dtype,
-                ctx=ctx, disk=disk))
+            self.shard = await loop.run_in_executor(self.pool, lambda: new_shard(
+                self.cfg, self.store, windows, dtype, progress, budget, buffer_layers, kv, log))
             if windows.head and self.text is None:
                 self.text = TextCodec(self.store.manifest, self.store.tokenizer_path())
         await loop.run_in_executor(self.pool, heap.give_back)  # the old windows' memory, freed on this thread
         self.windows = windows
 
-    def kv_choice(self, planned_dtype: str, planned_ctx: int) -> tuple[KVDtype, int]:
-        """The KV dtype and context this node loads with: its own flags where given, else the plan's (float and the
-        default context where neither says)."""
-        name = self.cfg.kv_dtype if self.cfg.kv_dtype != "auto" else planned_dtype or "float"
-        return kv_dtype(name), self.cfg.ctx or planned_ctx
-
-    def _prefix_disk(self, kv_name: str, log) -> PrefixDisk | None:
-        """Where the new shard copies its cached prefixes (prima-node --prefix-disk; None: off); kv_name: how its KV
-        caches store rows (files of another are not used)."""
-        cfg = self.cfg
-        if cfg.prefix_dir is None or cfg.prefix_disk <= 0:
-            return None
-        try:
-            return PrefixDisk(cfg.prefix_dir, cfg.prefix_disk, self.store.model_id, kv_name, log)
-        except OSError as exc:  # an unwritable folder costs the copies, not the node
-            log.warning("prefixes are not copied to disk", directory=str(cfg.prefix_dir), error=str(exc))
-            return None
+    @property
+    def mem_budget(self) -> int:
+        """Bytes this node may use: the tightest of --mem-budget, --max-memory and what it kept after giving memory
+        back to its owner (0: none set)."""
+        return owner.budget(self.cfg.mem_budget, self.cfg.max_memory, self.memory_cap)
 
     @property
     def dtype_name(self) -> str:
@@ -275,8 +257,10 @@ class Node:
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._compute_loop(), name="compute")
-                tasks.create_task(self._send_loop(), name="send")
-                tasks.create_task(self._watch_loop(), name="watch")
+                tasks.create_task(loops.send(self), name="send")
+                tasks.create_task(loops.watch(self), name="watch")
+                tasks.create_task(loops.owner(self), name="owner")
+                tasks.create_task(loops.replan(self), name="replan")
         finally:
             if self.head is not None:
                 await self.head.close()
@@ -401,29 +385,6 @@ class Node:
             self.head.requests.fail(request_id, RequestFailed(code, message))
         elif self.windows is not None:
             await self.outbox.put(frames.error(request_id, code, message, self.epoch))
-
-    async def _send_loop(self) -> None:
-        while True:
-            frame = await self.outbox.get()
-            start = time.perf_counter()
-            try:
-                await self.link.send(frame)
-            except LinkDown as exc:
-                self.last_error = str(exc)
-                self.log.warning("link down", error=str(exc))
-                if self.head is not None and self.head.requests.known(frame.request_id):
-                    self.head.members.link_down(frame.request_id, str(exc))
-            self.stats.link_s += (took := time.perf_counter() - start)
-            self.spans.add("send", took)
-
-    async def _watch_loop(self) -> None:
-        """The head probes its members every second (members.py); members probe the head (head_watch.py)."""
-        while True:
-            head = self.head
-            if head is None:
-                await self.head_watch.round()
-            else:
-                await head.members.round()
 
     async def set_peer(self, peer: str, drain: float = 0.0) -> None:
         """drain: seconds the old link has to deliver the frames already written (a join replays none)."""

@@ -2,7 +2,7 @@
 
 import psutil
 
-from nodes.ring import frames
+from nodes.ring import frames, owner
 from prima_rpc.v1 import prima_pb2 as pb
 
 
@@ -32,13 +32,24 @@ def info(node) -> pb.NodeInfo:
         loaded=node.windows is not None, n_layers=node.store.config.n_layers if node.store else 0,
         model_id=node.store.model_id if node.store else "",
         model_name=node.store.manifest.name if node.store else "",
-        mem_budget=node.shard.plan.budget if node.shard else node.cfg.mem_budget,
-        node_id=node.node_id, error=node.last_error, epoch=node.epoch, state="fetching" if node.fetching else "up",
-        head=node.head_address,
+        mem_budget=node.shard.plan.budget if node.shard else node.mem_budget,
+        node_id=node.node_id, error=node.last_error, epoch=node.epoch, state=node.state, head=node.head_address,
         cached_units=node.cached_units, fetched_bytes=node.fetched_bytes,
         predicted_ms=node.predicted[0], predicted_tpot_ms=node.predicted[1], standby=node.standby.asked,
         compute_dtype=str(node.shard.dtype).removeprefix("torch.") if node.shard else "",
         head_copy=node.holds_head_copy(), ring=node.standby.ring,
         kv_positions=node.shard.kv_positions() if node.shard else 0,
         kv_dtype=node.shard.kv_dtype.name if node.shard else "",
-        kv_bytes_per_token=node.shard.kv_bytes_per_token() if node.shard else 0, draft=node.drafts is not None)
+        kv_bytes_per_token=node.shard.kv_bytes_per_token() if node.shard else 0, draft=node.drafts is not None,
+        **owner_fields(node))
+
+
+def owner_fields(node) -> dict:
+    """The owner's limits, what the device has left, and (the head) the live re-plans."""
+    pressure = owner.memory_pressure()
+    replanner = node.head.replanner if node.head is not None else None
+    return {"max_cpu": node.cfg.max_cpu, "max_memory": owner.budget(node.cfg.max_memory, node.memory_cap),
+            "nice": node.cfg.nice, "replan": bool(node.cfg.replan and replanner),
+            "available_memory": owner.available_memory(), "memory_pressure": -1.0 if pressure is None else pressure,
+            "memory_low": node.memory_low, "replan_state": replanner.state if replanner else "",
+            "replans": replanner.records if replanner else ()}

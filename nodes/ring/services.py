@@ -17,7 +17,7 @@ from nodes.generation.state import Generation, Prefilled, generate_params
 from nodes.generation.text import PromptError
 from nodes.jobs import run_job
 from nodes.profiling.profiler import profile_device
-from nodes.ring import fetch, frames, handover, metrics
+from nodes.ring import fetch, frames, handover, metrics, owner
 from nodes.ring.assignment import Assignment, Place
 from nodes.ring.inflight import ahead
 from nodes.ring.members import DRAIN
@@ -141,7 +141,10 @@ class ControlService(rpc.ControlServicer):
             prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
                                         node.link if node.peer else None, dtype=dtype,
                                         refresh=request.refresh, is_head=node.role == "head",
-                                        mem_budget=node.cfg.mem_budget, compute=node.pool)  # idle, as checked above
+                                        mem_budget=node.mem_budget, compute=node.pool,  # idle, as checked above
+                                        cache_path=owner.profile_cache(node.cfg.name or node.address,
+                                                                       node.cfg.max_cpu))
+            prof = owner.limited(prof, node.cfg.max_cpu)
         except LinkDown as exc:
             await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:

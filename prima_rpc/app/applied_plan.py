@@ -31,20 +31,26 @@ def predict(head: str, token: str | None) -> dict:
 
     Profiles every node (cached per node; the first time they are measured, which takes a while);
     raises ring.RingError when a node cannot be reached or profiled, NoPlan when nothing is assigned."""
-    from nodes.engine.prefetch import KV_RESERVE_TOKENS  # torch and the solver: only when a prediction is asked for
     from prima_rpc.app import ring
     from prima_rpc.app.live_plan import profile_ring
     from prima_rpc.spec.profiles import devices_from_json
-    from solver.cost_model import Instance, evaluate
-    from solver.model_profile import ModelProfile
-    from solver.plan import build_plan
-    from solver.strategies import plan_to_json
 
     k, windows = assignment(ring.walk(head, token))
     profiles, manifest = profile_ring(head, token)
     if len(profiles["devices"]) != len(windows):
         raise NoPlan("The ring changed while it was profiled; ask again.")
-    inst = Instance(devices_from_json(profiles), ModelProfile.from_json(manifest), n_ctx=KV_RESERVE_TOKENS)
+    return priced(devices_from_json(profiles), manifest, k, windows)
+
+
+def priced(devices: tuple, manifest: dict, k: int, windows: list[int]) -> dict:
+    """The plan JSON of the assignment (k rounds, each device's window per round) on these profiles."""
+    from nodes.engine.prefetch import KV_RESERVE_TOKENS  # torch and the solver: only when a prediction is asked for
+    from solver.cost_model import Instance, evaluate
+    from solver.model_profile import ModelProfile
+    from solver.plan import build_plan
+    from solver.strategies import plan_to_json
+
+    inst = Instance(devices, ModelProfile.from_json(manifest), n_ctx=KV_RESERVE_TOKENS)
     gpu, members = [0] * len(windows), [True] * len(windows)  # nodes run their layers on CPU; the walk finds members
     plan = build_plan(inst, k, windows, gpu, members, 0.0, "applied")
     return plan_to_json(plan, inst.model.n_layers, evaluate(inst, k, windows, gpu, members))

@@ -11,7 +11,7 @@ from rich.table import Table
 from prima_rpc.app import ring, tables
 from prima_rpc.app.cli_args import Target
 from prima_rpc.app.cli_errors import fail
-from prima_rpc.app.status_rows import ring_prediction, status_row
+from prima_rpc.app.status_rows import busy_words, ring_prediction, ring_replans, status_row
 from prima_rpc.retry import RETRIABLE
 
 
@@ -23,13 +23,14 @@ def status(ctx: typer.Context,
     target: Target = ctx.obj
     if watch is None:
         try:
-            rows = [status_row(*member) for member in ring.status(target.node, target.token)]
+            members = ring.status(target.node, target.token)
         except ring.RingError as exc:
             fail(str(exc), retriable=exc.code in RETRIABLE)
+        rows, replans = [status_row(*member) for member in members], ring_replans(members)
         if json_out:
-            print(json.dumps({"nodes": rows, **ring_prediction(rows)}, indent=1))
+            print(json.dumps({"nodes": rows, **ring_prediction(rows), "replans": replans}, indent=1))
         else:
-            tables.show(_status_table(target.node, rows))
+            tables.show(_status_table(target.node, rows, busy_words(rows, replans)))
         return
     if watch < 0.1:
         fail(f"--watch needs at least 0.1 seconds, got {watch}")
@@ -95,22 +96,25 @@ def _watch(target: Target, seconds: float, json_out: bool) -> None:
 
     def snapshot():
         try:
-            return [status_row(*member) for member in ring.status(target.node, target.token)], ""
+            members = ring.status(target.node, target.token)
         except ring.RingError as exc:
-            return None, str(exc)
+            return None, [], str(exc)
+        return [status_row(*member) for member in members], ring_replans(members), ""
 
     try:
         if json_out:
             while True:
-                rows, error = snapshot()
-                print(json.dumps({"time": time.time(), "nodes": rows, **ring_prediction(rows)} if rows is not None
-                                 else {"time": time.time(), "error": error}), flush=True)
+                rows, replans, error = snapshot()
+                print(json.dumps({"time": time.time(), "nodes": rows, **ring_prediction(rows), "replans": replans}
+                                 if rows is not None else {"time": time.time(), "error": error}), flush=True)
                 time.sleep(seconds)
         with Live(Text("walking the ring..."), auto_refresh=False) as live:
             while True:
-                rows, error = snapshot()
+                rows, replans, error = snapshot()
                 when = time.strftime("%H:%M:%S")
-                live.update(_status_table(target.node, rows, f"{when}, every {seconds:g} s; Ctrl-C stops")
+                words = busy_words(rows, replans) if rows is not None else ""
+                live.update(_status_table(target.node, rows, f"{when}, every {seconds:g} s; Ctrl-C stops"
+                                          + (f"\n{words}" if words else ""))
                             if rows is not None else Text(f"{when}: {error}", style="red"), refresh=True)
                 time.sleep(seconds)
     except KeyboardInterrupt:

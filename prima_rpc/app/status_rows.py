@@ -26,7 +26,34 @@ def status_row(address: str, member_state: str, info) -> dict:
             # one-token frames, k = its windows a token); None: no plan's prediction / no decode yet.
             "predicted_ms": round(info.predicted_ms, 3) or None,  # float32 on the wire
             "predicted_tpot_ms": round(info.predicted_tpot_ms, 3) or None,
-            "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None}
+            "measured_ms": s.decode_s / s.decode_frames * len(info.windows) * 1e3 if s.decode_frames else None,
+            # its owner's limits and what the device has left (nodes/ring/owner.py); pressure: PSI "some" avg10 %
+            "max_cpu": round(info.max_cpu, 3) or 1.0, "max_memory": info.max_memory or None, "nice": info.nice,
+            "available_memory": info.available_memory or None,
+            "memory_pressure": None if info.memory_pressure < 0 else round(info.memory_pressure, 2),
+            "memory_low": info.memory_low, "replan": info.replan, "replan_state": info.replan_state or None}
+
+
+def ring_replans(members: list[tuple[str, str, object]]) -> list[dict]:
+    """The head's live re-plans, oldest first (`prima-ctl status --json`'s top-level `replans`)."""
+    head = next((info for _, _, info in members if info is not None and info.role == "head"), None)
+    return [{"at": r.at, "reason": r.reason, "node": r.node, "assumed_ms": round(r.assumed_ms, 3),
+             "measured_ms": round(r.measured_ms, 3), "predicted_gain": round(r.predicted_gain, 4),
+             "seconds": round(r.seconds, 3)} for r in (head.replans if head is not None else ())]
+
+
+def busy_words(rows: list[dict], replans: list[dict]) -> str:
+    """In words, for people: which device is busy or short of memory, and whether the ring adapted."""
+    from datetime import datetime
+
+    said = [f"{r['name'] or r['address']} gives memory back to its owner" for r in rows if r.get("memory_low")]
+    if replans:
+        r = replans[-1]
+        why = {"slower": f"got busy ({r['measured_ms']:.0f} ms a token, the plan assumed {r['assumed_ms']:.0f})",
+               "faster": "is free again", "memory": "needed memory back"}.get(r["reason"], r["reason"])
+        said.append(f"{r['node']} {why}: the ring adapted at {datetime.fromtimestamp(r['at']).strftime('%H:%M:%S')}"
+                    f" (predicted {r['predicted_gain'] * 100:.0f} % faster, moved in {r['seconds']:.1f} s)")
+    return "; ".join(said)
 
 
 def ring_prediction(rows: list[dict]) -> dict:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from prima_rpc.app import ring
 from prima_rpc.app.applied_plan import NOT_ASSIGNED, NoPlan, predict
-from prima_rpc.app.status_rows import status_row
+from prima_rpc.app.status_rows import busy_words, ring_replans, status_row
 
 STATIC = Path(__file__).parent / "static"
 
@@ -31,12 +31,15 @@ def is_public(request: web.Request) -> bool:
 
 
 def walk_rows(head: str, token: str | None) -> dict:
-    """{"nodes": [...], "error": str | None}: every member in ring order with its state (lost ones marked);
+    """{"nodes": [...], "replans": [...], "busy": str, "error": str | None}: every member in ring order with its
+    state (lost ones marked), the live re-plans and, in words, which device is busy and whether the ring adapted;
     only when the asked node itself does not answer, no nodes and the error."""
     try:
-        return {"nodes": [status_row(*member) for member in ring.status(head, token)], "error": None}
+        members = ring.status(head, token)
     except ring.RingError as exc:
-        return {"nodes": [], "error": str(exc)}
+        return {"nodes": [], "replans": [], "busy": "", "error": str(exc)}
+    rows, replans = [status_row(*member) for member in members], ring_replans(members)
+    return {"nodes": rows, "replans": replans, "busy": busy_words(rows, replans), "error": None}
 
 
 def timeline_png(plan: dict) -> str:

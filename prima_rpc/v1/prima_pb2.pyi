@@ -174,7 +174,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions", "kv_dtype", "kv_bytes_per_token", "draft")
+    __slots__ = ("name", "address", "peer", "role", "windows", "loaded", "n_layers", "model_id", "model_name", "mem_budget", "stats", "node_id", "error", "epoch", "state", "members", "head", "cached_units", "fetched_bytes", "predicted_ms", "predicted_tpot_ms", "compute_dtype", "standby", "head_copy", "ring", "kv_positions", "kv_dtype", "kv_bytes_per_token", "draft", "max_cpu", "max_memory", "nice", "replan", "available_memory", "memory_pressure", "memory_low", "replan_state", "replans")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,15 @@ class NodeInfo(_message.Message):
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    NICE_FIELD_NUMBER: _ClassVar[int]
+    REPLAN_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LOW_FIELD_NUMBER: _ClassVar[int]
+    REPLAN_STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLANS_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     peer: str
@@ -233,7 +242,34 @@ class NodeInfo(_message.Message):
     kv_dtype: str
     kv_bytes_per_token: int
     draft: bool
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., draft: _Optional[bool] = ...) -> None: ...
+    max_cpu: float
+    max_memory: int
+    nice: bool
+    replan: bool
+    available_memory: int
+    memory_pressure: float
+    memory_low: bool
+    replan_state: str
+    replans: _containers.RepeatedCompositeFieldContainer[Replan]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., peer: _Optional[str] = ..., role: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., loaded: _Optional[bool] = ..., n_layers: _Optional[int] = ..., model_id: _Optional[str] = ..., model_name: _Optional[str] = ..., mem_budget: _Optional[int] = ..., stats: _Optional[_Union[NodeStats, _Mapping]] = ..., node_id: _Optional[str] = ..., error: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., head: _Optional[str] = ..., cached_units: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., predicted_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., compute_dtype: _Optional[str] = ..., standby: _Optional[bool] = ..., head_copy: _Optional[bool] = ..., ring: _Optional[_Iterable[str]] = ..., kv_positions: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., draft: _Optional[bool] = ..., max_cpu: _Optional[float] = ..., max_memory: _Optional[int] = ..., nice: _Optional[bool] = ..., replan: _Optional[bool] = ..., available_memory: _Optional[int] = ..., memory_pressure: _Optional[float] = ..., memory_low: _Optional[bool] = ..., replan_state: _Optional[str] = ..., replans: _Optional[_Iterable[_Union[Replan, _Mapping]]] = ...) -> None: ...
+
+class Replan(_message.Message):
+    __slots__ = ("at", "reason", "node", "assumed_ms", "measured_ms", "predicted_gain", "seconds")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ASSUMED_MS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    reason: str
+    node: str
+    assumed_ms: float
+    measured_ms: float
+    predicted_gain: float
+    seconds: float
+    def __init__(self, at: _Optional[float] = ..., reason: _Optional[str] = ..., node: _Optional[str] = ..., assumed_ms: _Optional[float] = ..., measured_ms: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("address", "state")

@@ -278,7 +278,8 @@ async function pollRing() {
   const ms = head && head.role === "head" && head.last_token_ms > 0 ? head.last_token_ms : null;
   const helping = ring.nodes.filter((n) => n.windows.length && n.state !== "lost").length;
   $("speed").textContent = (ms === null ? "No answer yet: ask something. " : `Answers come at ${wordsASecond(ms)}. `) +
-    `${helping} of ${ring.nodes.length} device${ring.nodes.length === 1 ? "" : "s"} work on each answer.`;
+    `${helping} of ${ring.nodes.length} device${ring.nodes.length === 1 ? "" : "s"} work on each answer.` +
+    (ring.busy ? ` ${ring.busy[0].toUpperCase()}${ring.busy.slice(1)}.` : "");
   measured(ms);
 }
 
