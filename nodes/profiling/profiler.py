@@ -182,15 +182,21 @@ async def measure_link(link: Link, *, pings: int = PINGS, pad_bytes: int = PAD_B
 # ------------------------------------------------------------------ this machine
 
 
+def freed(probe, *args):
+    """probe(*args), and what it held given back to the OS (nodes/engine/memory_room.give_back)."""
+    try:
+        return probe(*args)
+    finally:
+        give_back()
+
+
 def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     """The DeviceProfile fields of this machine but the link ones, and the probes' raw results."""
     start = time.perf_counter()
     kind = os_kind()
     gpu = gpu_info()  # before the probes allocate anything on it
-    cpu = measure_matmul_flops(dtype, "cpu")
-    give_back()  # each probe's buffers back to the OS before the next: a memory group counts what the heap keeps
-    ram_bandwidth = measure_memory_bandwidth("cpu")
-    give_back()
+    cpu = freed(measure_matmul_flops, dtype, "cpu")
+    ram_bandwidth = freed(measure_memory_bandwidth, "cpu")
     gpu_rates, vram_bandwidth, gpu_error = None, 0.0, None
     if gpu.device is not None:
         try:
@@ -207,14 +213,9 @@ def measure_local(dtype: str, store_dir: Path | None) -> tuple[dict, dict]:
     ram = available_ram(kind)
     has_gpu = gpu_rates is not None
     # With a store, the CPU rates are calibrated on the node's own compute path (see profile_compute).
-    decode = measure_node_layers(store_dir, dtype) if store_dir else None
-    give_back()
-    batch = measure_batch_cost(store_dir, dtype) if store_dir else None
-    give_back()
-    streaming = measure_streaming(store_dir, dtype) if store_dir else None
-    give_back()
-    loss = measure_read_loss(store_dir, dtype) if store_dir else None
-    give_back()
+    # each probe's buffers back to the OS before the next: a memory group counts what the heap keeps
+    decode, batch, streaming, loss = (freed(f, store_dir, dtype) if store_dir else None for f in (
+        measure_node_layers, measure_batch_cost, measure_streaming, measure_read_loss))
     store = LayerStore(store_dir) if store_dir else None
     hidden = store.config.hidden if store else DEFAULT_HIDDEN
     vocab = store.config.vocab if store else DEFAULT_VOCAB

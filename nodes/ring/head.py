@@ -118,18 +118,22 @@ class Head:
                     yield out
             yield gen
         finally:
-            self._settle(plan, prompt_ids, False)
-            self.requests.remove(request_id)
-            self.kv.release(request_id)
-            self.steps.leave(request_id)
-            # Free every node's KV cache: the RELEASE frame goes once round the ring. No await here:
-            # this also runs when the client's call is cancelled.
-            if node.shard is not None:
-                node.release(request_id)
-            try:
-                node.outbox.put_nowait(frames.release(request_id, node.epoch))
-            except asyncio.QueueFull:
-                node.log.warning("release not sent: outbox full", request_id=request_id)
+            self._end(plan, prompt_ids, request_id)
+
+    def _end(self, plan, prompt_ids: list[int], request_id: str) -> None:
+        """A request is over (done, failed or cancelled): its records here go, and every node's KV cache with the
+        RELEASE frame, once round the ring. No await: this also runs when the client's call is cancelled."""
+        node = self.node
+        self._settle(plan, prompt_ids, False)
+        self.requests.remove(request_id)
+        self.kv.release(request_id)
+        self.steps.leave(request_id)
+        if node.shard is not None:
+            node.release(request_id)
+        try:
+            node.outbox.put_nowait(frames.release(request_id, node.epoch))
+        except asyncio.QueueFull:
+            node.log.warning("release not sent: outbox full", request_id=request_id)
 
     async def _kv_rooms(self) -> None:
         """Each node's KV room, asked once an epoch (a member that does not answer: no limit known there)."""

@@ -14,26 +14,17 @@ import typer
 
 from nodes.engine.kv_dtype import CHOICES as KV_CHOICES
 from nodes.errors import Rejected, RequestFailed
-from nodes.ring import discovery, handover, metrics, owner
+from nodes.ring import discovery, handover, metrics, options, owner
 from nodes.ring.auth import TokenAuth
-from nodes.ring.compute_pool import INLINE_S
 from nodes.ring.config import NodeConfig
 from nodes.ring.join import JoinError, join_ring
 from nodes.ring.node import Node
 from nodes.ring.services import ControlService, InferenceService, RingService
-from nodes.ring.work import MAX_BATCH, MAX_REQUESTS
-from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem, read_token
+from prima_rpc.channel import SERVER_OPTIONS, Tls, configure_tls, read_pem
 from prima_rpc.spec.manifest import StoreError
 from prima_rpc.v1 import prima_pb2_grpc as rpc
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-
-def token_from(path: str | None) -> str | None:
-    try:
-        return read_token(path)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_size(text: str) -> int:
@@ -149,69 +140,39 @@ def server_tls(cert: Path | None, key: Path | None, ca: Path | None, mutual: boo
 
 
 @app.command()
-def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ring (or --join)"),
-         join: str = typer.Option("", help="HOST:PORT of any member of a running ring: join it (inserted before "
-                                           "its head; it takes layers at the next re-plan)"),
-         discover: bool = typer.Option(False, help="announce this node on the LAN over mDNS (_prima._tcp); with "
-                                                   "neither --peer nor --join, find a running ring and join it"),
-         port: int = typer.Option(7000, help="port to serve on (0: any free port)"),
-         host: str = typer.Option("0.0.0.0", help="address to bind"),
-         model: Path = typer.Option(None, help="layer store directory (none: fetch the assigned layers from the "
-                                               "ring's head into --cache; a relay loads nothing)"),
-         cache: Path = typer.Option(None, help="where weights fetched from other nodes are kept "
-                                               "(default: $PRIMA_HOME/cache)"),
-         name: str = typer.Option("", help="a name for status tables"),
-         mem_budget: str = typer.Option("0", show_default=False,
-                                        help="memory for weights, KV caches and the stream buffer, e.g. 2GiB "
-                                             "(default, or 0: 80 % of the RAM available when windows are assigned)"),
-         token: str = typer.Option(None, "--token-file", metavar="PATH", callback=token_from, show_default=False,
-                                   help="a file holding the cluster secret (default: $PRIMA_TOKEN); never on the "
-                                        "command line, where ps shows it"),
-         dtype: str = typer.Option(None, help="compute dtype: float32 or bfloat16 (default: float32 for float "
-                                               "stores; for int8/int4 the fastest this machine measures)"),
-         kv_dtype: str = typer.Option("auto", help="how KV caches store rows: auto | float | int8 | int4 (int8, "
-                                                   "int4: llama.cpp's q8_0, q4_0; auto: the plan's choice, else "
-                                                   "float)"),
-         ctx: int = typer.Option(0, min=0, help="KV positions (the context, all requests together) the memory "
-                                                "budget keeps room for (0: the plan's, else the model's whole "
-                                                "context under the default budget, 2048 under --mem-budget)"),
-         metrics_port: int = typer.Option(0, help="serve Prometheus metrics on this port at /metrics (0: off)"),
-         tls_cert: Path = typer.Option(None, help="serve TLS with this PEM certificate (needs --tls-key, --tls-ca)"),
-         tls_key: Path = typer.Option(None, help="the certificate's PEM private key"),
-         tls_ca: Path = typer.Option(None, help="PEM roots to trust when dialling the successor and ring members"),
-         tls_mutual: bool = typer.Option(False, help="require client certificates signed by --tls-ca"),
-         draft: Path = typer.Option(None, help="a draft model store (same tokenizer) the head runs for "
-                                                "speculative decoding with speculate=draft"),
-         max_batch: int = typer.Option(MAX_BATCH, min=1, max=MAX_REQUESTS,
-                                       help="frames of different requests one compute takes at most (a plan "
-                                            "may set another)"),
-         prefix_disk: str = typer.Option("1GiB", help="disk for copies of cached prompt prefixes, which a restart "
-                                                     "or a re-plan keeping a window loads instead of prefilling "
-                                                     "(0: off)"),
-         prefix_dir: Path = typer.Option(None, help="where those copies go (default: $PRIMA_HOME/prefixes)"),
-         inline_ms: float = typer.Option(INLINE_S * 1e3, min=0, help="compute jobs last measured shorter run on "
-                                         "the event loop, saving two thread hand-offs (0: always the thread)"),
-         replan: str = typer.Option("on", help="on: the head re-plans the ring live when a device gets busier or "
-                                               "short of memory; off: the plan stays until prima-ctl start"),
-         max_cpu: float = typer.Option(1.0, help="the share of this device's cores the node may use, e.g. 0.5 "
-                                                 "(its compute threads, and the planner's view of it)"),
-         max_memory: str = typer.Option("0", show_default=False,
-                                        help="memory the node may use: a size (2GiB) or a share of the memory "
-                                             "available at start (50%); the planner respects it (default: no cap)"),
-         nice: bool = typer.Option(False, "--nice", help="run at the lowest priority (nice 19, SCHED_IDLE): the "
-                                                         "owner's apps win every contest for the CPU"),
-         log_level: str = typer.Option("info")):
+def main(peer: str = options.PEER,
+         join: str = options.JOIN,
+         discover: bool = options.DISCOVER,
+         port: int = options.PORT,
+         host: str = options.HOST,
+         model: Path = options.MODEL,
+         cache: Path = options.CACHE,
+         name: str = options.NAME,
+         mem_budget: str = options.MEM_BUDGET,
+         token: str = options.TOKEN,
+         dtype: str = options.DTYPE,
+         kv_dtype: str = options.KV_DTYPE,
+         ctx: int = options.CTX,
+         metrics_port: int = options.METRICS_PORT,
+         tls_cert: Path = options.TLS_CERT,
+         tls_key: Path = options.TLS_KEY,
+         tls_ca: Path = options.TLS_CA,
+         tls_mutual: bool = options.TLS_MUTUAL,
+         draft: Path = options.DRAFT,
+         max_batch: int = options.MAX_BATCH,
+         prefix_disk: str = options.PREFIX_DISK,
+         prefix_dir: Path = options.PREFIX_DIR,
+         inline_ms: float = options.INLINE_MS,
+         replan: str = options.REPLAN,
+         max_cpu: float = options.MAX_CPU,
+         max_memory: str = options.MAX_MEMORY,
+         nice: bool = options.NICE,
+         log_level: str = options.LOG_LEVEL):
     """Run one node of a prima-rpc ring."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(message)s")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(log_level.upper())),
                         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
-    if (bool(peer) == bool(join)) and (peer or not discover):
-        raise typer.BadParameter("give --peer (a ring being built) or --join (a running ring), one of them "
-                                 "(or --discover alone: join a ring found on the LAN)")
-    if dtype not in (None, "float32", "bfloat16"):
-        raise typer.BadParameter("--dtype must be float32 or bfloat16")
-    if kv_dtype not in KV_CHOICES:
-        raise typer.BadParameter(f"--kv-dtype must be one of {', '.join(KV_CHOICES)}")
+    _check(peer, join, discover, dtype, kv_dtype)
     from prima_rpc.spec.home import prima_home
 
     limits = _owner_limits(replan, max_cpu, max_memory, nice)
@@ -235,6 +196,16 @@ def main(peer: str = typer.Option("", help="HOST:PORT of the next node in the ri
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
 
+
+def _check(peer: str, join: str, discover: bool, dtype: str | None, kv_dtype: str) -> None:
+    """The options that exclude or name one another, checked before anything starts."""
+    if (bool(peer) == bool(join)) and (peer or not discover):
+        raise typer.BadParameter("give --peer (a ring being built) or --join (a running ring), one of them "
+                                 "(or --discover alone: join a ring found on the LAN)")
+    if dtype not in (None, "float32", "bfloat16"):
+        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    if kv_dtype not in KV_CHOICES:
+        raise typer.BadParameter(f"--kv-dtype must be one of {', '.join(KV_CHOICES)}")
 
 
 def _runner():

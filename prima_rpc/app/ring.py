@@ -148,8 +148,7 @@ def start(head: str, windows: list[int], token: str | None = None,
                              ring=[ring[-1][1].peer] + [a for a, _ in ring[1:]],
                              head_address=ring[-1][1].peer, buffer_layers=buffers[i], predicted_ms=predicted[i],
                              predicted_tpot_ms=predicted_tpot_ms, max_batch=batching[0], micro_batches=batching[1],
-                             kv_dtype=kv_dtypes[i], ctx=ctx,
-                             head_windows=ranges[0], standby=(i == 1))  # the head's successor keeps its units
+                             kv_dtype=kv_dtypes[i], ctx=ctx, head_windows=ranges[0], standby=(i == 1))
         try:
             with Control(address, token) as peer:
                 for update in peer.assign(req):

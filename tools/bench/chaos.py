@@ -129,23 +129,7 @@ def run(minutes: float, seed: int, every: tuple[float, float], max_faults: int |
         started = time.monotonic()
         end = started + minutes * 60
         load.start(end)
-        done: dict[str, int] = {}
-        log: list[str] = []
-        next_at = started + rng.uniform(*every)
-        while time.monotonic() < end:
-            chaos.continue_due()
-            if time.monotonic() >= next_at and (max_faults is None or sum(done.values()) < max_faults):
-                next_at += rng.uniform(*every)  # from this fault's start: a slow fault does not thin the schedule
-                try:
-                    kind, what = choose(faults, chaos, rng, every[1])
-                except Exception as exc:  # the ring mid-change refused a look at it: the fault is not done
-                    kind, what = "", f"{type(exc).__name__}: {exc}"
-                line = f"{time.monotonic() - started:6.1f} s  {kind or 'no fault'}: {what}"
-                say(line)
-                log.append(line)
-                if kind:
-                    done[kind] = done.get(kind, 0) + 1
-            time.sleep(0.2)
+        done, log = _faults_until(end, started, rng, every, max_faults, faults, chaos, say)
         chaos.continue_due(float("inf"))
         load.join(end + 300 - time.monotonic())
         health = chaos_checks.healthy(chaos, root, expected)
@@ -166,6 +150,29 @@ def run(minutes: float, seed: int, every: tuple[float, float], max_faults: int |
                         "tpot_ms": [round(chaos_checks.percentile(load.tpot_s, q) * 1000, 1) for q in (50, 99)],
                         "longest_stall_s": round(load.longest_stall_s, 2), "before": before, "after": after,
                         "disk": [disk_before, disk_after], "minutes": minutes, "seed": seed}}
+
+
+def _faults_until(end: float, started: float, rng: random.Random, every: tuple[float, float],
+                  max_faults: int | None, faults: list, chaos: ChaosRing, say) -> tuple[dict[str, int], list[str]]:
+    """The seeded schedule: a fault every A-B s until `end` (or max_faults); (faults done by kind, their lines)."""
+    done: dict[str, int] = {}
+    log: list[str] = []
+    next_at = started + rng.uniform(*every)
+    while time.monotonic() < end:
+        chaos.continue_due()
+        if time.monotonic() >= next_at and (max_faults is None or sum(done.values()) < max_faults):
+            next_at += rng.uniform(*every)  # from this fault's start: a slow fault does not thin the schedule
+            try:
+                kind, what = choose(faults, chaos, rng, every[1])
+            except Exception as exc:  # the ring mid-change refused a look at it: the fault is not done
+                kind, what = "", f"{type(exc).__name__}: {exc}"
+            line = f"{time.monotonic() - started:6.1f} s  {kind or 'no fault'}: {what}"
+            say(line)
+            log.append(line)
+            if kind:
+                done[kind] = done.get(kind, 0) + 1
+        time.sleep(0.2)
+    return done, log
 
 
 def passed(result: dict) -> bool:
