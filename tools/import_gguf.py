@@ -19,6 +19,7 @@ from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes, matrix_shapes
 from tools import gguf_moe
+from tools.chat_templates import family_template
 from tools.gguf_config import field, read_config
 from tools.gguf_names import tensor_name
 from tools.gguf_tokenizer import build_tokenizer
@@ -226,7 +227,7 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
     bos = reader.fields.get(Keys.Tokenizer.BOS_ID)
     return dict(
         config=cfg, dtype=dtype,
-        tokenizer="tokenizer.json", chat_template=field(reader, Keys.Tokenizer.CHAT_TEMPLATE, ""),
+        tokenizer="tokenizer.json", chat_template=gguf_chat_template(reader, src),
         bos_token_id=int(bos.contents()) if bos else None,
         # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
         eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
@@ -234,6 +235,17 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
         quant=fmt.manifest() if fmt else {},
         bits_per_weight=layer_bits(cfg, fmt) if fmt else None,
     )
+
+
+def gguf_chat_template(reader: GGUFReader, src: Path) -> str:
+    """The file's chat template, else its family's where that is certain (tools/chat_templates.py), else "" (a
+    base model)."""
+    own = field(reader, Keys.Tokenizer.CHAT_TEMPLATE, "")
+    if own:
+        return own
+    names = [str(field(reader, k, "")) for k in (Keys.General.NAME, Keys.General.FINETUNE)] + [src.stem]
+    return family_template(str(field(reader, Keys.General.ARCHITECTURE)), names,
+                           set(field(reader, Keys.Tokenizer.LIST, []))) or ""
 
 
 def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
@@ -246,9 +258,9 @@ def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
 
 def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,
                 progress: Callable[[int, int], None] = lambda done, total: None,
-                log: Callable[[str], None] = lambda line: None) -> Path:
+                log: Callable[[str], None] = lambda line: None, chat_template: str | None = None) -> Path:
     """dtype None: keep the file's types (file_dtype); name: the store's (None: the directory's); log: one line per
-    GGUF type, what it became."""
+    GGUF type, what it became; chat_template: the store's (None: the file's, else its family's, gguf_chat_template)."""
     if dtype is not None and dtype not in DTYPES:
         raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
     reader = open_gguf(src)
@@ -269,7 +281,9 @@ def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | N
             progress(i + 1, cfg.n_layers)
         w.write_unit("head", *head_unit(g))
         w.add_file("tokenizer.json", tokenizer_json(reader))
-        w.finish(name=name or Path(out).resolve().name, **manifest_fields(reader, src, cfg, dtype, fmt))
+        fields = manifest_fields(reader, src, cfg, dtype, fmt)
+        w.finish(name=name or Path(out).resolve().name, **{**fields, "chat_template": chat_template or
+                                                            fields["chat_template"]})
     for line in g.report.lines():
         log(line)
     return out

@@ -86,6 +86,7 @@ def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: f
     history = cli_args.request(max_tokens=max_tokens, temperature=temperature,  # the chat so far
                                chat_template_kwargs=cli_args.template_vars(template_var))
     reach(ctx.obj)
+    _say_if_plain(ctx.obj)
     failed = False
     while (line := _read_line()) is not None:
         try:
@@ -107,6 +108,20 @@ def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: f
             print(" [stopped]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+PLAIN_NOTE = ("note: this model has no chat template: it is a base model, so it does not answer questions; it "
+              "continues the text you write (plain completion), each turn after the text so far")
+
+
+def _say_if_plain(target: Target) -> None:
+    """Say on stderr when the chat is plain completion (a model without a chat template)."""
+    try:
+        plain = ring.plain_chat(target.node, target.token)
+    except ring.RingError:
+        return  # the chat's first turn says what is wrong with the node
+    if plain:
+        print(PLAIN_NOTE, file=sys.stderr, flush=True)
 
 
 def _read_line() -> str | None:
