@@ -17,7 +17,8 @@ from tests.ctl import assert_one_line_error, ctl, ctl_here
 
 @pytest.mark.slow  # SmolLM2 in a process of its own
 def test_run_json_equals_the_reference(smol_store):
-    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--json", "Name a color.", timeout=300)
+    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--temperature", "0", "--json", "Name a color.",
+              timeout=300)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     ref = ReferenceModel(smol_store)
@@ -34,6 +35,13 @@ def test_run_raw_and_seeded_sampling_is_reproducible(tiny_store):
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["tokens"] == json.loads(second.stdout)["tokens"]
     assert len(json.loads(first.stdout)["tokens"]) == 8
+
+
+def test_run_says_an_answer_was_cut(tiny_store):
+    args = ("run", "--model", str(tiny_store), "--raw", "--max-tokens", "3", "--temperature", "0", "hello")
+    said = ctl(*args)
+    assert said.returncode == 0 and "[cut: the answer reached --max-tokens 3 (finish_reason: length)" in said.stderr
+    assert json.loads(ctl(*args, "--json").stdout)["finish_reason"] == "length"
 
 
 @pytest.mark.slow
@@ -227,7 +235,8 @@ def test_import_default_int4_prints_its_own_store_and_runs(smol_store):
     store = res.stdout.strip().splitlines()[-1]
     assert store.endswith("SmolLM2-135M-Instruct-int4") and store != str(smol_store)
     assert json.loads(open(f"{store}/manifest.json").read())["dtype"] == "int4"
-    out = ctl("run", "--model", store, "--max-tokens", "12", "--json", "What is the capital of France?", timeout=300)
+    out = ctl("run", "--model", store, "--max-tokens", "12", "--temperature", "0", "--json",
+              "What is the capital of France?", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Paris" in json.loads(out.stdout)["text"]
 

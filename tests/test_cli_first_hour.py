@@ -129,8 +129,17 @@ def test_a_long_prompt_reports_its_prefill_and_max_tokens_is_capped(tiny_head, t
 
 
 @pytest.mark.slow
+def test_generate_and_chat_say_an_answer_was_cut(tiny_head):
+    res = ctl("--node", tiny_head, "generate", "--raw", "--max-tokens", "3", "--temperature", "0", "hello")
+    assert res.returncode == 0 and "(finish_reason: length)" in res.stderr, res.stderr
+    chat = ctl("--node", tiny_head, "chat", "--max-tokens", "3", "--temperature", "0", stdin=b"hello\n")
+    assert chat.returncode == 0 and "[cut: the answer reached --max-tokens 3" in chat.stderr, chat.stderr
+
+
+@pytest.mark.slow
 def test_the_cli_says_max_tokens_was_capped(tiny_head):
-    res = ctl("--node", tiny_head, "generate", "--raw", "--json", "--max-tokens", "100000", PROMPT)
+    res = ctl("--node", tiny_head, "generate", "--raw", "--json", "--max-tokens", "100000", "--temperature", "0",
+              PROMPT)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["finish_reason"] == "length" and out["max_tokens"] == len(out["tokens"]) == 112

@@ -234,7 +234,20 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
         add_bos=bool(field(reader, Keys.Tokenizer.ADD_BOS, False)),
         quant=fmt.manifest() if fmt else {},
         bits_per_weight=layer_bits(cfg, fmt) if fmt else None,
+        sampling=gguf_sampling(reader),
     )
+
+
+# llama.cpp's general.sampling.* keys -> the manifest's sampling names (nodes/generation/sampling.py's DEFAULTS)
+SAMPLING_KEYS = {Keys.General.SAMPLING_TEMP: "temperature", Keys.General.SAMPLING_TOP_K: "top_k",
+                 Keys.General.SAMPLING_TOP_P: "top_p", Keys.General.SAMPLING_MIN_P: "min_p",
+                 Keys.General.SAMPLING_PENALTY_REPEAT: "repeat_penalty",
+                 Keys.General.SAMPLING_PENALTY_LAST_N: "repeat_last_n"}
+
+
+def gguf_sampling(reader: GGUFReader) -> dict:
+    """The sampling settings the file's maker recommends, where it names any."""
+    return {name: field(reader, key) for key, name in SAMPLING_KEYS.items() if key in reader.fields}
 
 
 def gguf_chat_template(reader: GGUFReader, src: Path) -> str:

@@ -224,6 +224,22 @@ def adds_bos(tok_json: dict, bos: str | None) -> bool:
     return False
 
 
+# generation_config.json's names -> the manifest's sampling names (nodes/generation/sampling.py's DEFAULTS)
+SAMPLING_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "repetition_penalty": "repeat_penalty"}
+
+
+def generation_sampling(src: Path) -> dict:
+    """The sampling the model's makers recommend (generation_config.json with do_sample set), else none."""
+    try:
+        cfg = json.loads((src / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cfg, dict) or not cfg.get("do_sample"):
+        return {}
+    return {ours: cfg[theirs] for theirs, ours in SAMPLING_NAMES.items() if theirs in cfg}
+
+
 def model_template(src: Path, tok_cfg: dict) -> str | None:
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
@@ -341,5 +357,5 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, name: str | Non
             w.add_file("tokenizer.json", tok_bytes)
             w.finish(name=name or out.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
                      chat_template=chat_template or model_template(src, tok_cfg),
-                     quant=fmt.manifest() if fmt else {}, **special)
+                     quant=fmt.manifest() if fmt else {}, sampling=generation_sampling(src), **special)
     return out

@@ -23,6 +23,13 @@ def fail(message: str, status: int = 2) -> NoReturn:
     raise typer.Exit(status)
 
 
+def cut(finish_reason: str | None, max_tokens: int) -> None:
+    """Say on stderr that an answer was cut at its token limit (finish_reason length), and how to get more."""
+    if finish_reason == "length":
+        print(f"\n[cut: the answer reached --max-tokens {max_tokens:,} (finish_reason: length); a larger "
+              "--max-tokens lets it go on]", file=sys.stderr, flush=True)
+
+
 def guarded(fn):
     """Turn the errors a user can cause into `fail` messages."""
 

@@ -51,7 +51,8 @@ def up(ctx: typer.Context, local: int = typer.Option(3, "--local", help="nodes t
     if prompt:
         print(f"you> {prompt}", flush=True)
         try:
-            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True, prefix="model> "))
+            first = GenerateRequest(prompt, max_tokens=64, temperature=None)  # the model's sampling, as chat's
+            asyncio.run(stream(target, first, echo=True, prefix="model> "))
         except PrimaError as exc:
             failed = f"{rpc_message(exc.code, exc.message)} (logs in {directory})"
         print()
