@@ -13,6 +13,7 @@ from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
 from prima_rpc.app.local_ring import free_ports
 from tests.ctl import assert_one_line_error, ctl, ctl_here
+from tests.gguf_files import small_gguf
 
 
 @pytest.mark.slow  # SmolLM2 in a process of its own
@@ -109,6 +110,16 @@ def test_not_a_gguf_file_is_a_clean_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 40)
     res = ctl_here("import", str(bad), str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error:")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", [1000, 9_000_000], ids=["in-the-header", "in-the-tensors"])
+def test_a_gguf_cut_short_says_truncated(tmp_path, keep):
+    whole = small_gguf(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:keep])
+    res = ctl_here("import", str(tmp_path / "cut.gguf"), str(tmp_path / "out"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert f"the file is truncated: it ends at byte {keep:,}" in res.stderr and "download it again" in res.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -118,9 +118,26 @@ class GgufTensors:
         return self.fmt
 
 
+class Truncated(ValueError):
+    """A read past the end of the file: it was cut short."""
+
+
+class CheckedReader(GGUFReader):
+    """GGUFReader that names a read past the end of the file (a download cut short) instead of failing later
+    with numpy's reshape message."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        if offset + np.dtype(dtype).itemsize * int(count) > len(self.data):
+            raise Truncated(f"the file is truncated: it ends at byte {len(self.data):,}, before the data its "
+                            "header describes")
+        return super()._get(offset, dtype, count, override_order)
+
+
 def open_gguf(src: Path) -> GGUFReader:
     try:
-        return GGUFReader(src)
+        return CheckedReader(src)
+    except Truncated as exc:
+        raise StoreError(f"{src}: {exc} (download it again, or join all of its parts)") from None
     except (ValueError, OSError, IndexError, KeyError) as exc:
         unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(exc))
         if unknown:  # a newer llama.cpp's type: the reader fails before naming the tensor

@@ -149,7 +149,7 @@ class Generation:
                 self.seen[torch.tensor(self.prompt_ids + self.tokens)] = True
             logits = penalize(logits, self.counts, self._recent() if p.penalties.window else self.seen, p.penalties)
         if self.constraint is not None:
-            logits = self.constraint.mask(logits)
+            logits = self.constraint.mask(logits, self.max_tokens - len(self.tokens))
         token = self.sampler(logits)
         if self.constraint is not None and token not in self.eos_ids:
             self.constraint.advance(token)
