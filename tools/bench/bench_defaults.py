@@ -62,7 +62,14 @@ def main() -> None:
     args = p.parse_args()
     model = ReferenceModel(ensure_default_store(dtype=DEFAULT_DTYPE))
     temperature = 0.0 if args.greedy else None
-    answers = [ask(model, q, args.max_tokens, temperature, args.seed + i) for i, q in enumerate(QUESTIONS)]
+    if not args.json:
+        print(f"SmolLM2 ({DEFAULT_DTYPE}), {'greedy' if args.greedy else 'default'} sampling, {args.max_tokens} "
+              "tokens at most an answer", flush=True)
+    answers = []
+    for i, q in enumerate(QUESTIONS):
+        answers.append(a := ask(model, q, args.max_tokens, temperature, args.seed + i))
+        if not args.json:
+            print(f"{a['repeats']:3d}x {a['most_repeated_4gram']!r:40.40} {a['tokens']:4d} tokens  {q}", flush=True)
     worst = max(a["repeats"] for a in answers)
     result = {"sampling": "greedy" if args.greedy else "defaults", "max_tokens": args.max_tokens,
               "worst_repeats": worst, "goal": GOAL, "met": worst <= GOAL,
@@ -70,9 +77,6 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"SmolLM2 ({DEFAULT_DTYPE}), {result['sampling']} sampling, {args.max_tokens} tokens at most an answer")
-    for a in answers:
-        print(f"{a['repeats']:3d}x {a['most_repeated_4gram']!r:40.40} {a['tokens']:4d} tokens  {a['question']}")
     print(f"worst: {worst} repeats of one 4-gram (goal <= {GOAL}: {'met' if result['met'] else 'missed'}); "
           f"{result['looping_answers']} of {len(answers)} answers past it")
 
