@@ -147,12 +147,17 @@ def test_the_cli_says_max_tokens_was_capped(tiny_head):
 
 
 @pytest.mark.slow
-def test_the_http_api_caps_max_tokens_and_samples_greedily_by_default(tiny_head):
+def test_the_http_api_caps_max_tokens_and_samples_with_the_models_settings_by_default(tiny_head):
     from tests.test_openai_api import api_server, post
 
     with api_server(tiny_head) as url:
-        status, body = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 100000}).encode())
+        status, body = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 100000,
+                                                              "temperature": 0}).encode())
+        _, sampled = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 16, "seed": 5}).encode())
     assert status == 200, body
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 112
     greedy = asyncio.run(events(tiny_head, GenerateRequest(PROMPT, raw=True, max_tokens=112), prefill=False))
     assert body["choices"][0]["text"] == "".join(e.text for e in greedy if isinstance(e, Token))  # temperature 0
+    model = asyncio.run(events(tiny_head, GenerateRequest(PROMPT, raw=True, max_tokens=16, temperature=None, seed=5),
+                               prefill=False))  # no temperature: the model's sampling, seeded alike
+    assert sampled["choices"][0]["text"] == "".join(e.text for e in model if isinstance(e, Token))
