@@ -74,6 +74,11 @@ class _Peer:
         return self._stub.Profile(pb.ProfileRequest(refresh=refresh), metadata=self._metadata,
                                   timeout=self.deadlines.profile)
 
+    def fetch(self, model_id: str, name: str):
+        """The chunks (FileChunk) of a file of the node's store: "manifest", "tokenizer" or a unit's name."""
+        return self._stub.Fetch(pb.FetchRequest(model_id=model_id, name=name), metadata=self._metadata,
+                                timeout=self.deadlines.info)
+
     def leave(self, address: str):
         """(The head) take member `address` out of the ring: re-plan without it, then stop it."""
         return self._stub.Leave(pb.LeaveRequest(address=address), metadata=self._metadata,

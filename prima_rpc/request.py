@@ -100,7 +100,7 @@ class GenerateRequest:
     messages: tuple[Message, ...] = ()  # a whole chat instead of prompt
     raw: bool = False  # no chat template
     max_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
+    temperature: float | None = 0.0  # 0: greedy; None: the model's sampling (its own settings, else the head's)
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off (0 on the wire, too)
     seed: int | None = None
@@ -128,7 +128,8 @@ class GenerateRequest:
         for i, m in enumerate(self.messages):
             _check_text(f"messages[{i}]", m.content, "a message")
         _check_range("max_tokens", self.max_tokens, MAX_TOKENS)
-        _check_range("temperature", self.temperature, TEMPERATURE)
+        if self.temperature is not None:
+            _check_range("temperature", self.temperature, TEMPERATURE)
         _check_range("top_k", self.top_k, TOP_K)
         _check_range("top_p", self.top_p, TOP_P)
         if self.seed is not None and not (_is_int(self.seed) and SEED[0] <= self.seed <= SEED[1]):
@@ -217,7 +218,8 @@ class GenerateRequest:
     def from_wire(cls, msg: pb.GenerateRequest) -> "GenerateRequest":
         """The request a peer sent; RequestError for what is out of range."""
         return cls(prompt=msg.prompt, messages=tuple(_message_from_wire(m) for m in msg.messages), raw=msg.raw,
-                   max_tokens=msg.max_tokens, temperature=msg.temperature, top_k=msg.top_k,
+                   max_tokens=msg.max_tokens, temperature=msg.temperature if msg.HasField("temperature") else None,
+                   top_k=msg.top_k,
                    top_p=msg.top_p or 1.0,  # on the wire 0 means off
                    seed=msg.seed if msg.HasField("seed") else None, stop=tuple(msg.stop),
                    speculate=msg.speculate, draft_tokens=msg.draft_tokens, depth=msg.depth,

@@ -97,7 +97,8 @@ def client(head):
 
 @pytest.mark.slow
 def test_streamed_message_equals_whole_and_the_grpc_client(client, head):
-    kw = dict(model="m", max_tokens=10, system=SYSTEM, messages=[{"role": "user", "content": ASK}])
+    kw = dict(model="m", max_tokens=10, system=SYSTEM, messages=[{"role": "user", "content": ASK}],
+              extra_body={"temperature": 0})  # greedy (this client takes no temperature of its own)
     whole = client.messages.create(**kw)
     with client.messages.stream(**kw) as s:
         kinds = [e.type for e in s]
@@ -114,7 +115,7 @@ def test_streamed_message_equals_whole_and_the_grpc_client(client, head):
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_use_round_trip(client, stream):
     turns = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kw = dict(model="m", max_tokens=48, tools=[WEATHER], tool_choice={"type": "any"})
+    kw = dict(model="m", max_tokens=48, tools=[WEATHER], tool_choice={"type": "any"}, extra_body={"temperature": 0})
     if stream:
         with client.messages.stream(messages=turns, **kw) as s:
             events = list(s)
@@ -134,6 +135,7 @@ def test_tool_use_round_trip(client, stream):
     jsonschema.validate(use.input, WEATHER["input_schema"])
     turns += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C."}]}]
-    answer = client.messages.create(messages=turns, model="m", max_tokens=16, tools=[WEATHER])
+    answer = client.messages.create(messages=turns, model="m", max_tokens=16, tools=[WEATHER],
+                                    extra_body={"temperature": 0})
     assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
     assert answer.content[0].text

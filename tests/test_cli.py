@@ -13,11 +13,13 @@ from nodes.generation.reference import ReferenceModel
 from nodes.generation.state import GenerateParams
 from prima_rpc.app.local_ring import free_ports
 from tests.ctl import assert_one_line_error, ctl, ctl_here
+from tests.gguf_files import small_gguf
 
 
 @pytest.mark.slow  # SmolLM2 in a process of its own
 def test_run_json_equals_the_reference(smol_store):
-    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--json", "Name a color.", timeout=300)
+    res = ctl("run", "--model", str(smol_store), "--max-tokens", "12", "--temperature", "0", "--json", "Name a color.",
+              timeout=300)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     ref = ReferenceModel(smol_store)
@@ -35,6 +37,13 @@ def test_run_raw_and_seeded_sampling_is_reproducible(tiny_store):
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["tokens"] == json.loads(second.stdout)["tokens"]
     assert len(json.loads(first.stdout)["tokens"]) == 8
+
+
+def test_run_says_an_answer_was_cut(tiny_store):
+    args = ("run", "--model", str(tiny_store), "--raw", "--max-tokens", "3", "--temperature", "0", "hello")
+    said = ctl(*args)
+    assert said.returncode == 0 and "[cut: the answer reached --max-tokens 3 (finish_reason: length)" in said.stderr
+    assert json.loads(ctl(*args, "--json").stdout)["finish_reason"] == "length"
 
 
 @pytest.mark.slow
@@ -104,6 +113,16 @@ def test_not_a_gguf_file_is_a_clean_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 40)
     res = ctl_here("import", str(bad), str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.startswith("error:")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", [1000, 9_000_000], ids=["in-the-header", "in-the-tensors"])
+def test_a_gguf_cut_short_says_truncated(tmp_path, keep):
+    whole = small_gguf(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:keep])
+    res = ctl_here("import", str(tmp_path / "cut.gguf"), str(tmp_path / "out"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert f"the file is truncated: it ends at byte {keep:,}" in res.stderr and "download it again" in res.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -231,7 +250,8 @@ def test_import_default_int4_prints_its_own_store_and_runs(smol_store):
     store = res.stdout.strip().splitlines()[-1]
     assert store.endswith("SmolLM2-135M-Instruct-int4") and store != str(smol_store)
     assert json.loads(open(f"{store}/manifest.json").read())["dtype"] == "int4"
-    out = ctl("run", "--model", store, "--max-tokens", "12", "--json", "What is the capital of France?", timeout=300)
+    out = ctl("run", "--model", store, "--max-tokens", "12", "--temperature", "0", "--json",
+              "What is the capital of France?", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "Paris" in json.loads(out.stdout)["text"]
 

@@ -128,8 +128,17 @@ def test_a_long_prompt_reports_its_prefill_and_max_tokens_is_capped(tiny_head, t
 
 
 @pytest.mark.slow
+def test_generate_and_chat_say_an_answer_was_cut(tiny_head):
+    res = ctl("--node", tiny_head, "generate", "--raw", "--max-tokens", "3", "--temperature", "0", "hello")
+    assert res.returncode == 0 and "(finish_reason: length)" in res.stderr, res.stderr
+    chat = ctl("--node", tiny_head, "chat", "--max-tokens", "3", "--temperature", "0", stdin=b"hello\n")
+    assert chat.returncode == 0 and "[cut: the answer reached --max-tokens 3" in chat.stderr, chat.stderr
+
+
+@pytest.mark.slow
 def test_the_cli_says_max_tokens_was_capped(tiny_head):
-    res = ctl("--node", tiny_head, "generate", "--raw", "--json", "--max-tokens", "100000", PROMPT)
+    res = ctl("--node", tiny_head, "generate", "--raw", "--json", "--max-tokens", "100000", "--temperature", "0",
+              PROMPT)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["finish_reason"] == "length" and out["max_tokens"] == len(out["tokens"]) == 112
@@ -137,12 +146,17 @@ def test_the_cli_says_max_tokens_was_capped(tiny_head):
 
 
 @pytest.mark.slow
-def test_the_http_api_caps_max_tokens_and_samples_greedily_by_default(tiny_head):
+def test_the_http_api_caps_max_tokens_and_samples_with_the_models_settings_by_default(tiny_head):
     from tests.test_openai_api import api_server, post
 
     with api_server(tiny_head) as url:
-        status, body = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 100000}).encode())
+        status, body = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 100000,
+                                                              "temperature": 0}).encode())
+        _, sampled = post(url + "/completions", json.dumps({"prompt": PROMPT, "max_tokens": 16, "seed": 5}).encode())
     assert status == 200, body
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 112
     greedy = asyncio.run(events(tiny_head, GenerateRequest(PROMPT, raw=True, max_tokens=112), prefill=False))
     assert body["choices"][0]["text"] == "".join(e.text for e in greedy if isinstance(e, Token))  # temperature 0
+    model = asyncio.run(events(tiny_head, GenerateRequest(PROMPT, raw=True, max_tokens=16, temperature=None, seed=5),
+                               prefill=False))  # no temperature: the model's sampling, seeded alike
+    assert sampled["choices"][0]["text"] == "".join(e.text for e in model if isinstance(e, Token))

@@ -68,7 +68,8 @@ def test_the_head_killed_mid_generation_fails_over_and_the_stream_completes(smol
         nodes = wait_for(lambda: status(standby), lambda n: [x["state"] for x in n] == ["up"] * 3
                          and all(x["loaded"] for x in n), 20, "the old head back in the ring")
         assert [(n["address"], n["role"]) for n in nodes] == [(standby, "head"), (worker, "worker"), (head, "worker")]
-        res = ctl("--node", f"{head},{standby}", "generate", PROMPT, "--max-tokens", "12", "--json", timeout=60)
+        res = ctl("--node", f"{head},{standby}", "generate", PROMPT, "--max-tokens", "12", "--temperature", "0",
+                  "--json", timeout=60)
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout.strip().splitlines()[-1])["tokens"] == expected[:12]
 
@@ -79,8 +80,8 @@ def test_the_head_killed_while_idle_the_next_generate_to_the_members_answers(smo
         local.processes[0].kill()
         local.processes[0].wait()
         killed = time.monotonic()
-        res = ctl("--node", ",".join(local.addresses), "generate", PROMPT, "--max-tokens", "12", "--json",
-                  timeout=60)
+        res = ctl("--node", ",".join(local.addresses), "generate", PROMPT, "--max-tokens", "12", "--temperature",
+                  "0", "--json", timeout=60)
         assert res.returncode == 0, res.stderr
         assert time.monotonic() - killed < 10, "no answer within 10 s of the head's loss"
         assert json.loads(res.stdout.strip().splitlines()[-1])["tokens"] == expected

@@ -116,9 +116,10 @@ def test_chat_streamed_and_whole_equal_the_grpc_client(client, head):
 
 @pytest.mark.slow
 def test_generate_raw_and_templated(client, head):
-    raw = client.generate(model="m", prompt=RAW, raw=True, options={"num_predict": TOKENS})
+    greedy = {"num_predict": TOKENS, "temperature": 0}
+    raw = client.generate(model="m", prompt=RAW, raw=True, options=greedy)
     assert raw.response == asyncio.run(grpc_text(head, RAW, raw=True))[0] and raw.done
-    parts = list(client.generate(model="m", prompt=ASK, system=SYSTEM, stream=True, options={"num_predict": TOKENS}))
+    parts = list(client.generate(model="m", prompt=ASK, system=SYSTEM, stream=True, options=greedy))
     assert "".join(p.response for p in parts) == asyncio.run(grpc_text(head, messages=CHAT))[0]
     assert client.generate(model="m", prompt="").done_reason == "load"
 

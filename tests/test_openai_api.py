@@ -149,7 +149,7 @@ def test_good_bodies_become_generate_arguments():
     plain = parse_request({"prompt": ["hi"], "top_p": 0}, chat=False, default_max_tokens=64).request
     assert plain.raw and plain.max_tokens == 64 and plain.prompt == "hi"
     assert plain.temperature == 0.0  # top_p 0 keeps only the likeliest token: greedy
-    assert parse_request({"prompt": "hi"}, chat=False, default_max_tokens=64).request.temperature == 0.0  # greedy
+    assert parse_request({"prompt": "hi"}, chat=False, default_max_tokens=64).request.temperature is None  # the model's
     assert parse_request({"prompt": "hi"}, False, 64, default_temperature=0.7).request.temperature == 0.7  # serve's
 
 

@@ -21,7 +21,8 @@ TOKENS = 12
 
 
 def generate(node: str) -> list[int]:
-    res = ctl("--node", node, "generate", PROMPT, "--max-tokens", str(TOKENS), "--json", timeout=60)
+    res = ctl("--node", node, "generate", PROMPT, "--max-tokens", str(TOKENS), "--temperature", "0", "--json",
+              timeout=60)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])["tokens"]
 

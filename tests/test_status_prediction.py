@@ -40,7 +40,7 @@ def test_status_shows_the_plans_prediction_beside_the_measured(ring2, tmp_path):
     path.write_text(json.dumps(plan))
     res = at_head("start", "--plan", str(path))
     assert res.returncode == 0, res.stderr
-    res = at_head("generate", "hello", "--max-tokens", "6", "--json")
+    res = at_head("generate", "hello", "--max-tokens", "6", "--temperature", "0", "--json")
     assert res.returncode == 0, res.stderr
     after = status(head)
     assert [n["predicted_ms"] for n in after["nodes"]] == [3.25, 4.5]

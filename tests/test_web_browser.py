@@ -115,7 +115,7 @@ def test_asks_for_the_token_shows_three_nodes_and_streams_paris(page, rings):
     assert len(seen) >= 3 and seen[-1] == answer.text_content(), seen  # it grew token by token
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), seen
     assert sent == [{"messages": [{"role": "user", "content": QUESTION}], "stream": True,
-                     "stream_options": {"include_usage": True}, "temperature": 0, "max_tokens": 256}]
+                     "stream_options": {"include_usage": True}, "max_tokens": 256}]
 
 
 def test_history_goes_with_the_next_question_and_stop_ends_an_answer(page, rings):

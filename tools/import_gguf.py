@@ -19,6 +19,7 @@ from prima_rpc.spec.manifest import DTYPES, ModelConfig, StoreError, expert_unit
 from prima_rpc.spec.shapes import FUSED as SHAPES_FUSED
 from prima_rpc.spec.shapes import layer_shapes, matrix_shapes
 from tools import gguf_moe
+from tools.chat_templates import family_template
 from tools.gguf_config import field, read_config
 from tools.gguf_names import tensor_name
 from tools.gguf_tokenizer import build_tokenizer
@@ -117,9 +118,26 @@ class GgufTensors:
         return self.fmt
 
 
+class Truncated(ValueError):
+    """A read past the end of the file: it was cut short."""
+
+
+class CheckedReader(GGUFReader):
+    """GGUFReader that names a read past the end of the file (a download cut short) instead of failing later
+    with numpy's reshape message."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        if offset + np.dtype(dtype).itemsize * int(count) > len(self.data):
+            raise Truncated(f"the file is truncated: it ends at byte {len(self.data):,}, before the data its "
+                            "header describes")
+        return super()._get(offset, dtype, count, override_order)
+
+
 def open_gguf(src: Path) -> GGUFReader:
     try:
-        return GGUFReader(src)
+        return CheckedReader(src)
+    except Truncated as exc:
+        raise StoreError(f"{src}: {exc} (download it again, or join all of its parts)") from None
     except (ValueError, OSError, IndexError, KeyError) as exc:
         unknown = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(exc))
         if unknown:  # a newer llama.cpp's type: the reader fails before naming the tensor
@@ -226,14 +244,38 @@ def manifest_fields(reader: GGUFReader, src: Path, cfg: ModelConfig, dtype: str,
     bos = reader.fields.get(Keys.Tokenizer.BOS_ID)
     return dict(
         config=cfg, dtype=dtype,
-        tokenizer="tokenizer.json", chat_template=field(reader, Keys.Tokenizer.CHAT_TEMPLATE, ""),
+        tokenizer="tokenizer.json", chat_template=gguf_chat_template(reader, src),
         bos_token_id=int(bos.contents()) if bos else None,
         # The model's EOS first: the chat template renders eos_ids[0] as {{ eos_token }}.
         eos_token_ids=(eos,) + ((int(eot.contents()),) if eot and int(eot.contents()) != eos else ()),
         add_bos=bool(field(reader, Keys.Tokenizer.ADD_BOS, False)),
         quant=fmt.manifest() if fmt else {},
         bits_per_weight=layer_bits(cfg, fmt) if fmt else None,
+        sampling=gguf_sampling(reader),
     )
+
+
+# llama.cpp's general.sampling.* keys -> the manifest's sampling names (nodes/generation/sampling.py's DEFAULTS)
+SAMPLING_KEYS = {Keys.General.SAMPLING_TEMP: "temperature", Keys.General.SAMPLING_TOP_K: "top_k",
+                 Keys.General.SAMPLING_TOP_P: "top_p", Keys.General.SAMPLING_MIN_P: "min_p",
+                 Keys.General.SAMPLING_PENALTY_REPEAT: "repeat_penalty",
+                 Keys.General.SAMPLING_PENALTY_LAST_N: "repeat_last_n"}
+
+
+def gguf_sampling(reader: GGUFReader) -> dict:
+    """The sampling settings the file's maker recommends, where it names any."""
+    return {name: field(reader, key) for key, name in SAMPLING_KEYS.items() if key in reader.fields}
+
+
+def gguf_chat_template(reader: GGUFReader, src: Path) -> str:
+    """The file's chat template, else its family's where that is certain (tools/chat_templates.py), else "" (a
+    base model)."""
+    own = field(reader, Keys.Tokenizer.CHAT_TEMPLATE, "")
+    if own:
+        return own
+    names = [str(field(reader, k, "")) for k in (Keys.General.NAME, Keys.General.FINETUNE)] + [src.stem]
+    return family_template(str(field(reader, Keys.General.ARCHITECTURE)), names,
+                           set(field(reader, Keys.Tokenizer.LIST, []))) or ""
 
 
 def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
@@ -246,9 +288,9 @@ def layer_bits(cfg: ModelConfig, fmt: Format) -> float:
 
 def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,
                 progress: Callable[[int, int], None] = lambda done, total: None,
-                log: Callable[[str], None] = lambda line: None) -> Path:
+                log: Callable[[str], None] = lambda line: None, chat_template: str | None = None) -> Path:
     """dtype None: keep the file's types (file_dtype); name: the store's (None: the directory's); log: one line per
-    GGUF type, what it became."""
+    GGUF type, what it became; chat_template: the store's (None: the file's, else its family's, gguf_chat_template)."""
     if dtype is not None and dtype not in DTYPES:
         raise StoreError(f"unknown dtype {dtype!r}; stores hold {', '.join(DTYPES)}")
     reader = open_gguf(src)
@@ -269,7 +311,9 @@ def import_gguf(src: Path, out: Path, *, dtype: str | None = None, name: str | N
             progress(i + 1, cfg.n_layers)
         w.write_unit("head", *head_unit(g))
         w.add_file("tokenizer.json", tokenizer_json(reader))
-        w.finish(name=name or Path(out).resolve().name, **manifest_fields(reader, src, cfg, dtype, fmt))
+        fields = manifest_fields(reader, src, cfg, dtype, fmt)
+        w.finish(name=name or Path(out).resolve().name, **{**fields, "chat_template": chat_template or
+                                                            fields["chat_template"]})
     for line in g.report.lines():
         log(line)
     return out

@@ -224,7 +224,23 @@ def adds_bos(tok_json: dict, bos: str | None) -> bool:
     return False
 
 
-def chat_template(src: Path, tok_cfg: dict) -> str | None:
+# generation_config.json's names -> the manifest's sampling names (nodes/generation/sampling.py's DEFAULTS)
+SAMPLING_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "repetition_penalty": "repeat_penalty"}
+
+
+def generation_sampling(src: Path) -> dict:
+    """The sampling the model's makers recommend (generation_config.json with do_sample set), else none."""
+    try:
+        cfg = json.loads((src / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cfg, dict) or not cfg.get("do_sample"):
+        return {}
+    return {ours: cfg[theirs] for theirs, ours in SAMPLING_NAMES.items() if theirs in cfg}
+
+
+def model_template(src: Path, tok_cfg: dict) -> str | None:
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
@@ -318,8 +334,9 @@ def write_units(w: StoreWriter, shards: Shards, cfg: ModelConfig, names: dict[st
 
 
 def import_hf(src: Path, out: Path, *, dtype: str | None = None, name: str | None = None, overwrite: bool = False,
-              progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
-    """name: the store's (None: the directory's)."""
+              progress: Callable[[int, int], None] = lambda done, total: None, chat_template: str | None = None
+              ) -> Path:
+    """name: the store's (None: the directory's); chat_template: the store's (None: the model's own)."""
     src, out = Path(src), Path(out)
     if not (src / "config.json").is_file():
         raise StoreError(f"{src}: config.json is missing (not a Hugging Face model directory)")
@@ -339,5 +356,6 @@ def import_hf(src: Path, out: Path, *, dtype: str | None = None, name: str | Non
             write_units(w, shards, cfg, names, fmt, torch.float32 if fmt else getattr(torch, dtype), progress)
             w.add_file("tokenizer.json", tok_bytes)
             w.finish(name=name or out.resolve().name, config=cfg, dtype=dtype, tokenizer="tokenizer.json",
-                     chat_template=chat_template(src, tok_cfg), quant=fmt.manifest() if fmt else {}, **special)
+                     chat_template=chat_template or model_template(src, tok_cfg),
+                     quant=fmt.manifest() if fmt else {}, sampling=generation_sampling(src), **special)
     return out

@@ -19,18 +19,19 @@ class Imported:
 
 
 def import_model(src: Path, out: Path, *, dtype: str | None, overwrite: bool, progress,
-                 name: str | None = None) -> Imported:
+                 name: str | None = None, chat_template: str | None = None) -> Imported:
     """Import `src` (a directory: Hugging Face safetensors; a file: GGUF, kept quantized unless `dtype` says) into
-    the store `out`, named `name` (None: out's directory name)."""
+    the store `out`, named `name` (None: out's directory name), with `chat_template` (None: the model's own)."""
     start, types = time.perf_counter(), []
     if src.is_dir():
         from tools.import_hf import import_hf
 
-        import_hf(src, out, dtype=dtype, name=name, overwrite=overwrite, progress=progress)
+        import_hf(src, out, dtype=dtype, name=name, overwrite=overwrite, progress=progress, chat_template=chat_template)
     else:
         from tools.import_gguf import import_gguf
 
-        import_gguf(src, out, dtype=dtype, name=name, overwrite=overwrite, progress=progress, log=types.append)
+        import_gguf(src, out, dtype=dtype, name=name, overwrite=overwrite, progress=progress, log=types.append,
+                    chat_template=chat_template)
     return Imported(out, types, summary_line(out, time.perf_counter() - start))
 
 

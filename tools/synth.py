@@ -83,7 +83,9 @@ def random_quantized(unit: str, cfg: ModelConfig, fmt: Format, seed: int, fill: 
 
 def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits_per_weight: float | None = None,
           manifest_only: bool = False, overwrite: bool = False, layers: int | None = None,
-          progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+          progress: Callable[[int, int], None] = lambda done, total: None,
+          chat_template: str | None = CHAT_TEMPLATE) -> Path:
+    """chat_template None: a base model's store (chats are plain completion)."""
     if preset not in PRESETS:
         raise StoreError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     if dtype not in DTYPES:
@@ -119,7 +121,7 @@ def synth(out: Path, preset: str, *, seed: int = 0, dtype: str = "float32", bits
             progress(n + 1, len(units))
         w.add_file("tokenizer.json", tok.to_str().encode())
         w.finish(name=f"synthetic-{preset}", config=cfg, dtype=dtype, bits_per_weight=bits,
-                 manifest_only=manifest_only, tokenizer="tokenizer.json", chat_template=CHAT_TEMPLATE,
+                 manifest_only=manifest_only, tokenizer="tokenizer.json", chat_template=chat_template,
                  bos_token_id=None, eos_token_ids=(2,), extra={"seed": seed, "preset": preset},
                  quant=fmt.manifest() if fmt else {})
     return out

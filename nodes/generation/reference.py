@@ -31,6 +31,7 @@ class ReferenceModel:
         self.layers = {i: read_layer(self.store, i, self.cfg, dtype, fmt) for i in range(self.cfg.n_layers)}
         self.rope = Rope(self.cfg, self.cfg.max_seq_len, dtype)
         self.codec = TextCodec(m, self.store.tokenizer_path())
+        self.finish_reason: str | None = None  # of the last generation run to its end ("stop", "length", ...)
 
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(list(self.layers), self.cfg, capacity, self.dtype, self.kv_dtype)
@@ -69,6 +70,7 @@ class ReferenceModel:
                 yield from gen.accept_draft(self.step_all(ids + draft, pos, cache), draft)
             else:
                 yield gen.accept(self.step(ids, pos, cache))
+        self.finish_reason = gen.finish_reason
 
     def generate(self, prompt: str, params: GenerateParams, raw: bool = False,
                  spec: Speculator | None = None) -> Iterator[TokenOut]:

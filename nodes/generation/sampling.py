@@ -1,5 +1,7 @@
-"""Choosing the next token from logits: greedy, or seeded temperature / top-k / top-p sampling."""
+"""Choosing the next token from logits: greedy, or seeded temperature / top-k / top-p / min-p sampling; and the
+sampling a request that names no temperature gets (the model's own settings, else DEFAULTS)."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +15,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
     seed: int | None = None
+    min_p: float = 0.0  # 0: off; else tokens below min_p times the likeliest's probability are dropped
 
     def __post_init__(self):
         if not (TEMPERATURE[0] <= self.temperature <= TEMPERATURE[1]):
@@ -21,6 +24,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 <= self.top_p <= 1.0):
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
 
 class Sampler:
@@ -50,7 +55,7 @@ class Sampler:
         return int(torch.multinomial(self.probs(logits), 1, generator=generator))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution sampling draws from: [V], after temperature, top-k and top-p."""
+        """The distribution sampling draws from: [V], after temperature, top-k, top-p and min-p."""
         p = self.params
         logits = logits / p.temperature
         if p.top_k:
@@ -61,6 +66,8 @@ class Sampler:
             cum = sorted_logits.softmax(-1).cumsum(-1)
             drop = cum - sorted_logits.softmax(-1) > p.top_p  # keep the smallest set reaching top_p
             logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        if p.min_p > 0.0:  # log p(x) < log p(max) + log min_p, in logits
+            logits = logits.masked_fill(logits < logits.max() + math.log(p.min_p), float("-inf"))
         return logits.softmax(-1)
 
     def verify(self, logits: torch.Tensor, draft: list[int], rows: int | None = None) -> list[int]:
@@ -97,6 +104,7 @@ class Penalties:
     presence: float = 0.0  # OpenAI's: minus this for every token generated at least once
     frequency: float = 0.0  # OpenAI's: minus this times the token's count among the generated
     repetition: float = 1.0  # CTRL's: a seen token's (prompt too) logit divided by it if positive, else times it
+    window: int = 0  # the repetition penalty's last tokens (prompt too) that count as seen (0: all of them)
 
     @property
     def off(self) -> bool:
@@ -119,3 +127,23 @@ def logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tu
         return float(lp[token]), []
     values, ids = torch.topk(lp, min(top, lp.numel()))
     return float(lp[token]), [(int(i), float(v)) for i, v in zip(ids, values) if v > float("-inf")]
+
+
+# What a request that names no temperature samples with where the model's store gives no settings of its own:
+# llama.cpp's common set (its defaults, with its repeat penalty on), which keeps small models out of the loops
+# greedy decoding falls into (tools/bench/bench_defaults.py measures that on the default model).
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.1,
+            "repeat_last_n": 64}
+RANGES = {"temperature": (0.0, 2.0), "top_k": (0, 1 << 20), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+          "repeat_penalty": (0.01, 10.0), "repeat_last_n": (0, 1 << 20)}
+
+
+def model_defaults(settings: dict) -> dict:
+    """DEFAULTS with the model's own settings (a store manifest's "sampling") over them: the settings' values that
+    are numbers in range, the others ignored (a store's file is data, not a request to refuse)."""
+    out = dict(DEFAULTS)
+    for name, value in settings.items():
+        low, high = RANGES.get(name, (1, 0))
+        if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:
+            out[name] = type(DEFAULTS[name])(value)
+    return out

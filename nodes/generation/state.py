@@ -9,7 +9,7 @@ import torch
 
 from nodes.generation import tool_calls
 from nodes.generation.constrain import Constraint, grammar
-from nodes.generation.sampling import Penalties, Sampler, SamplingParams, logprobs, penalize
+from nodes.generation.sampling import Penalties, Sampler, SamplingParams, logprobs, model_defaults, penalize
 from nodes.generation.speculate import SpeculateParams, Speculator
 from nodes.generation.text import PromptError, StreamDecoder, TextCodec
 from nodes.generation.tool_stream import CallStream
@@ -27,6 +27,7 @@ class GenerateParams:
     top_logprobs: int = 0
     grammar: str | None = None  # llguidance's grammar the output follows (nodes/generation/constrain.py)
     tools: bool = False  # parse tool calls out of the answer
+    model_sampling: bool = False  # the request named no temperature: the model's sampling (with_model_sampling)
 
     @property
     def shapes_logits(self) -> bool:
@@ -47,10 +48,23 @@ def generate_params(request: GenerateRequest, speculate: SpeculateParams,
     model's tool-call markup (tool_calls.family of its chat template)."""
     return GenerateParams(
         max_tokens=request.max_tokens, stop=request.stop, speculate=speculate,
-        sampling=SamplingParams(request.temperature, request.top_k, request.top_p, request.seed),
+        sampling=SamplingParams(request.temperature or 0.0, request.top_k, request.top_p, request.seed),
+        model_sampling=request.temperature is None,
         penalties=Penalties(request.presence_penalty, request.frequency_penalty, request.repetition_penalty),
         logprobs=request.logprobs or request.top_logprobs > 0, top_logprobs=request.top_logprobs,
         grammar=grammar(request, family), tools=bool(request.tools) and request.tool_choice != "none")
+
+
+def with_model_sampling(params: GenerateParams, settings: dict) -> GenerateParams:
+    """`params` of a request that named no temperature, with the model's sampling (its store's settings over
+    sampling.DEFAULTS) where the request left a value at its default (top_k 0, top_p 1, repetition penalty 1)."""
+    d = model_defaults(settings)
+    s, pen = params.sampling, params.penalties
+    sampling = SamplingParams(d["temperature"], s.top_k or d["top_k"], s.top_p if s.top_p < 1.0 else d["top_p"],
+                              s.seed, d["min_p"])
+    repetition = pen.repetition if pen.repetition != 1.0 else d["repeat_penalty"]
+    return replace(params, sampling=sampling, penalties=replace(pen, repetition=repetition, window=d["repeat_last_n"]),
+                   model_sampling=False)
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,8 @@ class Generation:
         if len(prompt_ids) >= max_seq:
             raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {max_seq}")
         self.prompt_ids = list(prompt_ids)
+        if params.model_sampling:
+            params = with_model_sampling(params, codec.manifest.sampling)
         self.params = params
         self.max_tokens = min(params.max_tokens, max_seq - len(prompt_ids))
         self.capacity = len(prompt_ids) + self.max_tokens  # KV-cache length this request needs
@@ -139,9 +155,9 @@ class Generation:
                 self.counts.index_add_(0, torch.tensor(self.tokens, dtype=torch.long), torch.ones(len(self.tokens)))
                 self.seen = torch.zeros(logits.numel(), dtype=torch.bool)
                 self.seen[torch.tensor(self.prompt_ids + self.tokens)] = True
-            logits = penalize(logits, self.counts, self.seen, p.penalties)
+            logits = penalize(logits, self.counts, self._recent() if p.penalties.window else self.seen, p.penalties)
         if self.constraint is not None:
-            logits = self.constraint.mask(logits)
+            logits = self.constraint.mask(logits, self.max_tokens - len(self.tokens))
         token = self.sampler(logits)
         if self.constraint is not None and token not in self.eos_ids:
             self.constraint.advance(token)
@@ -150,6 +166,12 @@ class Generation:
             lp, top = logprobs(logits, token, p.top_logprobs)
             out = replace(out, logprob=lp, top=tuple(top))
         return out
+
+    def _recent(self) -> torch.Tensor:
+        """bool [V]: the tokens among the repetition penalty's window of the last ones (prompt too)."""
+        seen = torch.zeros_like(self.seen)
+        seen[torch.tensor((self.prompt_ids + self.tokens)[-self.params.penalties.window:])] = True
+        return seen
 
     def accept_draft(self, logits: torch.Tensor, draft: list[int], rows: int | None = None) -> list[TokenOut]:
         """Verify `draft` against logits [len(draft) + 1, V] of pending() + draft; emit the accepted prefix and

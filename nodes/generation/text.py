@@ -17,6 +17,22 @@ class PromptError(ValueError):
     """A prompt that cannot be turned into tokens (empty, too long, bad chat)."""
 
 
+def no_template(what: str) -> PromptError:
+    """The error of a chat feature a model without a chat template cannot have, and the ways it can be used."""
+    return PromptError(f"this model has no chat template, so {what}; send a raw prompt (prima-ctl --raw, or POST "
+                       "/v1/completions), or import the model again with --chat-template FILE")
+
+
+def plain_text(messages: list[dict]) -> str:
+    """A chat as one text for a model without a chat template (a base model): each answer continues the text
+    before it, and each new message starts a line of its own, so the model continues the whole conversation."""
+    text = ""
+    for m in messages:
+        joint = "" if not text or m.get("role") == "assistant" else "\n"
+        text += joint + m.get("content", "")
+    return text
+
+
 def _raise(message: str):
     raise TemplateError(message)
 
@@ -37,6 +53,11 @@ class TextCodec:
         self.template = env.from_string(manifest.chat_template) if manifest.chat_template else None
 
     @property
+    def plain(self) -> bool:
+        """Whether chats are plain completion: the model has no chat template (a base model)."""
+        return self.template is None
+
+    @property
     def tool_family(self) -> str:
         """The tool-call markup of this model's chat template (nodes/generation/tool_calls.py)."""
         return tool_calls.family(self.manifest.chat_template)
@@ -45,11 +66,15 @@ class TextCodec:
         """messages as transformers passes them (tool calls and results included); tools: OpenAI's JSON, for
         templates that render them; variables: a request's chat_template_kwargs (Qwen3's enable_thinking), as
         transformers' apply_chat_template(**kwargs) passes them."""
-        if self.template is None:
-            raise PromptError("this model has no chat template; send a raw prompt")
         for m in messages:
             if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content"), str):
                 raise PromptError(f"bad chat message {str(m)[:80]}: role system|user|assistant|tool and text content")
+        if self.template is None:  # a base model: plain completion of the conversation's text
+            if tools:
+                raise no_template("it cannot call tools")
+            if variables:
+                raise no_template("it takes no chat_template_kwargs")
+            return plain_text(messages)
         bos = self.token_text(self.manifest.bos_token_id)
         eos = self.token_text(self.manifest.eos_token_ids[0] if self.manifest.eos_token_ids else None)
         try:
@@ -89,6 +114,8 @@ class TextCodec:
             return self.prompt_ids(request.prompt, raw=request.raw, variables=request.template_kwargs())
         if request.raw:
             raise PromptError("tools need the chat template; raw prompts cannot carry them")
+        if tools and self.template is None:
+            raise no_template("it cannot call tools")
         messages = request.messages or (tool_calls.Message("user", request.prompt),)
         native = tool_calls.speaks_tools(self.manifest.chat_template)
         chat = tool_calls.template_messages(messages, tools, native)

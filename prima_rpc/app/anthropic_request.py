@@ -144,7 +144,7 @@ def _fields(body: dict) -> dict:
             "stop": tuple(stop)}
 
 
-def parse_messages(body, default_temperature: float = 0.0) -> MessagesCall:
+def parse_messages(body, default_temperature: float | None = None) -> MessagesCall:
     """Validate a decoded JSON body of /v1/messages; ApiError(400) says why not."""
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object, got {_show(body)}.")

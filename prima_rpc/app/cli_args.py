@@ -111,6 +111,10 @@ def template_vars(items: list[str]) -> str:
     return json.dumps(out) if out else ""
 
 
+TEMPERATURE_HELP = ("0: greedy; default: the model's sampling (its store's settings, else temperature 0.8, top-k 40, "
+                    "top-p 0.95, min-p 0.05, repeat penalty 1.1 over the last 64 tokens)")
+
+
 def request(**fields) -> GenerateRequest:
     """A GenerateRequest of the command's options, or the one-line error of the first the head would refuse."""
     try:

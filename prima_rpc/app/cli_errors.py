@@ -42,6 +42,13 @@ def fail_rpc(code: grpc.StatusCode, details: str, address: str = "") -> NoReturn
     fail(rpc_message(code, details, address), retriable=code in RETRIABLE)
 
 
+def cut(finish_reason: str | None, max_tokens: int) -> None:
+    """Say on stderr that an answer was cut at its token limit (finish_reason length), and how to get more."""
+    if finish_reason == "length":
+        print(f"\n[cut: the answer reached --max-tokens {max_tokens:,} (finish_reason: length); a larger "
+              "--max-tokens lets it go on]", file=sys.stderr, flush=True)
+
+
 def guarded(fn, retried: bool = False):
     """Turn the errors a user can cause into `fail` messages; retried: run the (ring) command again while the ring
     it meets changes."""

@@ -47,14 +47,22 @@ def up(ctx: typer.Context, local: int = typer.Option(3, "--local", help="nodes t
         target, directory, serving = _launch(ctx.obj, model, local, base_port, sizes, serve)
     if serve is not None and not serving:
         _start_server(target, directory, serve)
+    failed = ""  # the first prompt's error: said last, after where the ring is and how to stop it
     if prompt:
         print(f"you> {prompt}", flush=True)
         try:
-            asyncio.run(stream(target, GenerateRequest(prompt, max_tokens=64), echo=True, prefix="model> "))
+            first = GenerateRequest(prompt, max_tokens=64, temperature=None)  # the model's sampling, as chat's
+            asyncio.run(stream(target, first, echo=True, prefix="model> "))
         except PrimaError as exc:
-            print()
-            fail(f"{rpc_message(exc.code, exc.message)} (logs in {directory})")
+            failed = f"{rpc_message(exc.code, exc.message)} (logs in {directory})"
         print()
+    _where(target, serve)
+    if failed:
+        fail(failed)
+
+
+def _where(target, serve: int | None) -> None:
+    """The page's address and the commands that chat with, show and stop the ring."""
     if serve is not None:
         print(f"web page: http://127.0.0.1:{serve}/    OpenAI API: http://127.0.0.1:{serve}/v1")
     ctl = _ctl_command()

@@ -12,7 +12,7 @@ import typer
 
 from prima_rpc.app import cli_args, ring
 from prima_rpc.app.cli_args import Target
-from prima_rpc.app.cli_errors import fail, fail_rpc
+from prima_rpc.app.cli_errors import cut, fail, fail_rpc
 from prima_rpc.app.progress import LazyBar, bar, mib, summary
 from prima_rpc.app.rpc_message import rpc_message
 from prima_rpc.client import Finished, Prefill, PrimaClient, PrimaError, Token
@@ -57,7 +57,7 @@ def leave(ctx: typer.Context, node: str = typer.Argument(..., help="HOST:PORT of
 
 
 def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: int = typer.Option(128),
-             temperature: float = typer.Option(0.0), top_k: int = typer.Option(0),
+             temperature: float = typer.Option(None, help=cli_args.TEMPERATURE_HELP), top_k: int = typer.Option(0),
              top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
              stop: list[str] = typer.Option([], help="stop string (repeatable)"),
              raw: bool = typer.Option(False), json_out: bool = typer.Option(False, "--json"),
@@ -83,7 +83,8 @@ def generate(ctx: typer.Context, prompt: str = typer.Argument(...), max_tokens: 
         print()
 
 
-def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: float = typer.Option(0.0),
+def chat(ctx: typer.Context, max_tokens: int = typer.Option(256),
+         temperature: float = typer.Option(None, help=cli_args.TEMPERATURE_HELP),
          template_var: list[str] = typer.Option([], help=cli_args.TEMPLATE_VAR_HELP)):
     """An interactive chat with the ring (empty line or Ctrl-D ends it; Ctrl-C stops an answer).
 
@@ -91,6 +92,7 @@ def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: f
     history = cli_args.request(max_tokens=max_tokens, temperature=temperature,  # the chat so far
                                chat_template_kwargs=cli_args.template_vars(template_var))
     reach(ctx.obj)
+    _say_if_plain(ctx.obj)
     failed = False
     while (line := _read_line()) is not None:
         try:
@@ -112,6 +114,20 @@ def chat(ctx: typer.Context, max_tokens: int = typer.Option(256), temperature: f
             print(" [stopped]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+PLAIN_NOTE = ("note: this model has no chat template: it is a base model, so it does not answer questions; it "
+              "continues the text you write (plain completion), each turn after the text so far")
+
+
+def _say_if_plain(target: Target) -> None:
+    """Say on stderr when the chat is plain completion (a model without a chat template)."""
+    try:
+        plain = ring.plain_chat(target.node, target.token)
+    except ring.RingError:
+        return  # the chat's first turn says what is wrong with the node
+    if plain:
+        print(PLAIN_NOTE, file=sys.stderr, flush=True)
 
 
 def _read_line() -> str | None:
@@ -164,17 +180,19 @@ async def stream(target: Target, request: GenerateRequest, echo: bool,
         raise
     finally:
         prefill.end(lambda s: f"stopped reading the prompt after {s:.1f} s")
-    if echo and done is not None:
-        capped(request, done)
+    if echo and done is not None and not capped(request, done):
+        cut(done.finish_reason, request.max_tokens)
     return tokens, "".join(text), done
 
 
-def capped(request: GenerateRequest, done: Finished) -> None:
+def capped(request: GenerateRequest, done: Finished) -> bool:
     """Say when the head cut max_tokens to what the context leaves (and the answer ran into that limit)."""
-    if 0 < done.max_tokens < request.max_tokens:
+    was = 0 < done.max_tokens < request.max_tokens
+    if was:
         print(f"\nnote: max_tokens {request.max_tokens:,} was capped to {done.max_tokens:,}, what the model's "
               f"context leaves after the {done.prompt_tokens:,}-token prompt"
               + (" (finish_reason: length)" if done.finish_reason == "length" else ""), file=sys.stderr, flush=True)
+    return was
 
 
 def _plan_windows(target: Target, plan_file: Path | None):

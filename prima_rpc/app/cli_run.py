@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from prima_rpc.app import cli_args
-from prima_rpc.app.cli_errors import fail
+from prima_rpc.app.cli_errors import cut, fail
 from prima_rpc.app.cli_store import default_store
 from prima_rpc.request import GenerateRequest
 
@@ -17,7 +17,7 @@ KV_CHOICES = ("auto", "float", "int8", "int4")  # nodes.engine.kv_dtype.CHOICES,
 
 def run(prompt: str = typer.Argument(..., help="one user message (or raw text with --raw)"),
         model: Path = typer.Option(None, help="store directory (default: SmolLM2 in int4, imported if missing)"),
-        max_tokens: int = typer.Option(128), temperature: float = typer.Option(0.0),
+        max_tokens: int = typer.Option(128), temperature: float = typer.Option(None, help=cli_args.TEMPERATURE_HELP),
         top_k: int = typer.Option(0), top_p: float = typer.Option(1.0), seed: int = typer.Option(None),
         stop: list[str] = typer.Option([], help="stop string (repeatable)"),
         raw: bool = typer.Option(False, help="no chat template"),
@@ -92,9 +92,11 @@ def _generate(request: GenerateRequest, params, model: Path, dtype: str | None, 
             sys.stdout.write(out.text)
             sys.stdout.flush()
     if not json_out:
+        cut(ref.finish_reason, request.max_tokens)
         print()
         return
     ttft = (stamps[0] - start) * 1e3 if stamps else 0.0
     tpot = (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1) if len(stamps) > 1 else 0.0
     print(json.dumps({"tokens": tokens, "text": "".join(text), "prompt_tokens": len(prompt_ids),
-                      "ttft_ms": ttft, "tpot_ms": tpot, "drafted": spec.drafted, "accepted": spec.accepted}))
+                      "ttft_ms": ttft, "tpot_ms": tpot, "drafted": spec.drafted, "accepted": spec.accepted,
+                      "finish_reason": ref.finish_reason}))

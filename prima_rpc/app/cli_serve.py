@@ -16,8 +16,8 @@ def serve(ctx: typer.Context,
           host: str = typer.Option("127.0.0.1", help="address to bind (0.0.0.0: every interface)"),
           port: int = typer.Option(8000, help="HTTP port (0: any free port)"),
           max_tokens: int = typer.Option(1024, help="max_tokens for requests that give none"),
-          temperature: float = typer.Option(0.0, help="temperature for requests that give none (0: greedy, as the "
-                                                      "page and the CLI; OpenAI's is 1)")):
+          temperature: float = typer.Option(None, help="temperature for requests that give none (default: the "
+                                                       "model's sampling, as the page and the CLI; 0: greedy)")):
     """Serve /v1/chat/completions, /v1/completions and /v1/models over HTTP, forwarding to the head.
 
     With a token ($PRIMA_TOKEN or --token-file), clients must send it as their API key (Authorization: Bearer
@@ -27,7 +27,7 @@ def serve(ctx: typer.Context,
 
     if not 1 <= max_tokens <= MAX_TOKENS[1]:
         fail(f"--max-tokens must be in [1, {MAX_TOKENS[1]}], got {max_tokens}")
-    if not TEMPERATURE[0] <= temperature <= TEMPERATURE[1]:
+    if temperature is not None and not TEMPERATURE[0] <= temperature <= TEMPERATURE[1]:
         fail(f"--temperature must be in [{TEMPERATURE[0]:g}, {TEMPERATURE[1]:g}], got {temperature:g}")
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0-65535, got {port}")

@@ -16,6 +16,9 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
                                                  "other types as int8; --default alone: int4)"),
             name: str = typer.Option(None, help="the model's name in status, the page and /v1/models "
                                                 "(default: OUT's directory name)"),
+            chat_template: Path = typer.Option(None, "--chat-template", help="a Jinja chat template file for the store "
+                                               "(default: the model's own; a GGUF without one: its family's where "
+                                               "that is certain, else none: chats become plain completion)"),
             overwrite: bool = typer.Option(False, help="replace an existing store")):
     """Import a GGUF file or a Hugging Face directory into a per-layer store."""
     if default:
@@ -27,13 +30,33 @@ def import_(src: Path = typer.Argument(None, help="a GGUF file or a Hugging Face
         return
     if src is None or out is None:
         fail("give SRC and OUT, or --default")
+    template = read_template(chat_template) if chat_template else None
     if not src.exists():
         fail(f"{src} does not exist")
     from tools.importers import import_model
 
     with bar(f"importing {src.name}") as progress:
-        done = import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress, name=name)
+        done = import_model(src, out, dtype=dtype, overwrite=overwrite, progress=progress, name=name,
+                            chat_template=template)
     print("\n".join([*done.types, done.summary, str(out)]))
+
+
+def read_template(path: Path) -> str:
+    """A chat template file's text, checked to be Jinja that compiles (else a one-line error)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"--chat-template {path}: cannot read it ({exc})")
+    if not text.strip():
+        fail(f"--chat-template {path}: the file is empty")
+    try:
+        ImmutableSandboxedEnvironment().from_string(text)
+    except TemplateSyntaxError as exc:
+        fail(f"--chat-template {path}: not a Jinja template (line {exc.lineno}: {exc.message})")
+    return text
 
 
 def synth(out: Path = typer.Argument(..., help="the store directory to create"),

@@ -36,7 +36,7 @@ class OllamaCall:
     model: str
 
 
-def _options(body: dict, default_max_tokens: int, default_temperature: float) -> dict:
+def _options(body: dict, default_max_tokens: int, default_temperature: float | None) -> dict:
     options = body.get("options") or {}
     if not isinstance(options, dict):
         raise _bad("options", "an object", options)
@@ -123,7 +123,8 @@ def _generate(body: dict) -> tuple[dict, bool]:
     return {"messages": tuple(turns)}, not prompt
 
 
-def parse_ollama(body, chat: bool, default_max_tokens: int, default_temperature: float = 0.0) -> OllamaCall:
+def parse_ollama(body, chat: bool, default_max_tokens: int, default_temperature: float | None = None
+                 ) -> OllamaCall:
     """Validate a decoded JSON body of /api/chat (chat) or /api/generate; ApiError(400) says why not."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

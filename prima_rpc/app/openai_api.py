@@ -34,7 +34,7 @@ class ApiConfig:
     head: str  # HOST:PORT of the ring's head
     token: str | None = None  # the cluster secret: required as the Bearer key, passed on to the head
     default_max_tokens: int = 1024  # for requests without max_tokens (the head reserves KV for all of them)
-    default_temperature: float = 0.0  # for requests without one: greedy (docs/http-api.md says why)
+    default_temperature: float | None = None  # for requests without one (None: the model's sampling)
     members: tuple[str, ...] = ()  # other members (--node A,B,C): a stream the head breaks resumes on the new head
 
 

@@ -120,7 +120,7 @@ def _integer(body: dict, name: str, field: str | None = None) -> int | None:
     return value
 
 
-def _number(body: dict, name: str, default: float) -> float:
+def _number(body: dict, name: str, default: float | None) -> float | None:
     value = body.get(name)
     if value is None:
         return default
@@ -207,7 +207,8 @@ def _answer_shape(body) -> tuple[str | None, bool, bool]:
     return model, stream, bool(options and options.get("include_usage"))
 
 
-def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_temperature: float) -> GenerateRequest:
+def _generate_request(body: dict, chat: bool, default_max_tokens: int,
+                      default_temperature: float | None) -> GenerateRequest:
     """The body's generate fields, type-checked here and range-checked by GenerateRequest (ApiError naming the
     body's parameter)."""
     max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -234,7 +235,7 @@ def _generate_request(body: dict, chat: bool, default_max_tokens: int, default_t
         request = GenerateRequest(
             prompt=prompt, messages=messages, raw=not chat,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-            temperature=_number(body, "temperature", default_temperature),  # OpenAI's is 1; ours: serve's
+            temperature=_number(body, "temperature", default_temperature),  # OpenAI's is 1; ours: the model's
             top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k") or 0,
             seed=None if seed is None else seed % 2**64, stop=_stop(body),
             speculate=body.get("speculate") or "", draft_tokens=draft_tokens or 0,
@@ -290,7 +291,8 @@ def _n(body: dict) -> int:
     return n or 1
 
 
-def parse_request(body, chat: bool, default_max_tokens: int, default_temperature: float = 0.0) -> GenerateCall:
+def parse_request(body, chat: bool, default_max_tokens: int, default_temperature: float | None = None
+                  ) -> GenerateCall:
     """Validate a decoded JSON body of /v1/chat/completions (chat) or /v1/completions; ApiError(400) says why not."""
     model, stream, include_usage = _answer_shape(body)
     return GenerateCall(chat=chat, request=_generate_request(body, chat, default_max_tokens, default_temperature),

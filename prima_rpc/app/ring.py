@@ -1,5 +1,6 @@
 """Operations on a whole ring from outside: walk it, assign windows, read status (sync gRPC)."""
 
+import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,25 @@ def walk(start: str, token: str | None = None) -> list[tuple[str, pb.NodeInfo]]:
         out.append((address, info))
         address = info.peer
     raise RingError(f"no ring closes within {MAX_RING} nodes")
+
+
+def manifest(node: str, token: str | None = None) -> dict | None:
+    """The manifest (JSON) of the model `node` holds; None without a model."""
+    try:
+        with Control(node, token) as peer:
+            info = peer.info()
+            if not info.model_id:
+                return None
+            data = b"".join(chunk.data for chunk in peer.fetch(info.model_id, "manifest"))
+    except grpc.RpcError as exc:
+        raise _failed(node, exc) from None
+    return json.loads(data)
+
+
+def plain_chat(node: str, token: str | None = None) -> bool:
+    """Whether chats with the model `node` holds are plain completion: its store has no chat template."""
+    m = manifest(node, token)
+    return m is not None and not m.get("chat_template")
 
 
 def status(start: str, token: str | None = None) -> list[tuple[str, str, pb.NodeInfo | None]]:

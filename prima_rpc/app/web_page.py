@@ -4,7 +4,8 @@ The page (`/`) and its files (`/static/...`) are public, so a browser can load t
 ring's token; the JSON endpoints below need the Bearer token exactly as the OpenAI API does:
 
     GET  /api/ring   every node in ring order, as `prima-ctl status --json` prints them (a ring that cannot
-                     be walked: the head alone, when it answers, and the walk's error)
+                     be walked: the head alone, when it answers, and the walk's error), and plain_chat: whether
+                     the model has no chat template (a base model: the chat is plain completion)
     GET  /api/plan   the last prediction for the windows the ring holds now (none yet, or stale: null)
     POST /api/plan   profile the nodes and price those windows with the cost model: predicted vs measured TPOT
                      and the timeline picture (a PNG, base64)
@@ -54,13 +55,27 @@ class Page:
         self.head, self.token = head, token
         self.prediction: dict | None = None  # the last POST /api/plan, with the windows it priced
         self.predicting = asyncio.Lock()  # one profiling of the ring at a time (profiles on shared cores disagree)
+        self.plain: dict[str, bool] = {}  # model name -> whether it has no chat template (read once a model)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def ring(self, request: web.Request) -> web.Response:
         rows = await asyncio.to_thread(walk_rows, self.head, self.token)
-        return web.json_response({"head": self.head, "time": time.time(), **rows})
+        return web.json_response({"head": self.head, "time": time.time(), **rows,
+                                  "plain_chat": await self._plain_chat(rows)})
+
+    async def _plain_chat(self, rows: dict) -> bool:
+        """Whether the head's model has no chat template (its manifest, fetched once a model)."""
+        head = rows["nodes"][0] if rows["nodes"] else None
+        if not head or not head["model"]:
+            return False
+        if head["model"] not in self.plain:
+            try:
+                self.plain[head["model"]] = await asyncio.to_thread(ring.plain_chat, head["address"], self.token)
+            except ring.RingError:
+                return False  # asked again at the next poll
+        return self.plain[head["model"]]
 
     def _current(self, rows: dict) -> dict | None:
         """The cached prediction while the ring still holds the windows it priced."""

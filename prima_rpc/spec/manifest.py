@@ -110,6 +110,8 @@ class Manifest:
     add_bos: bool = False
     manifest_only: bool = False
     quant: dict = field(default_factory=dict)  # quantized stores: how matrices are packed (nodes.engine.formats.Format)
+    # the model's own sampling settings (nodes/generation/sampling.py's DEFAULTS names): temperature, top_k, ...
+    sampling: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -145,6 +147,7 @@ class Manifest:
                 **({"experts": [[asdict(f) for f in layer] for layer in self.experts]} if self.experts else {}),
             },
             **({"quant": self.quant} if self.quant else {}),
+            **({"sampling": self.sampling} if self.sampling else {}),  # stores without settings unchanged
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -176,7 +179,7 @@ class Manifest:
                 tokenizer=data.get("tokenizer"), chat_template=data.get("chat_template"),
                 bos_token_id=data.get("bos_token_id"), eos_token_ids=tuple(data.get("eos_token_ids", ())),
                 add_bos=bool(data.get("add_bos", False)), manifest_only=bool(data.get("manifest_only", False)),
-                quant=data.get("quant", {}), extra=data.get("extra", {}),
+                quant=data.get("quant", {}), sampling=dict(data.get("sampling", {})), extra=data.get("extra", {}),
             )
         except (KeyError, TypeError) as exc:
             raise StoreError(f"malformed manifest: missing or wrong field {exc}") from None

@@ -6,7 +6,9 @@ const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "prima-token";
 const HISTORY_KEY = "prima-chat";
 const POLL_MS = 2000;
-const MAX_TOKENS = 256; // and greedy sampling: as `prima-ctl chat` answers
+const MAX_TOKENS = 256; // and the model's sampling defaults: as `prima-ctl chat` answers
+const PLAIN_NOTE = "This model has no chat template: it is a base model, so it does not answer questions. It " +
+  "continues the text you write (plain completion): start a sentence, a list or a story and it carries on.";
 const WORDS_PER_TOKEN = 0.75; // English text: about 4 words in 3 tokens
 const TECH_KEY = "prima-technical";
 
@@ -109,7 +111,7 @@ async function ask(prompt) {
   try {
     const res = await call("/v1/chat/completions", {
       method: "POST", signal: answering.signal,
-      body: JSON.stringify({messages: history, stream: true, stream_options: {include_usage: true}, temperature: 0,
+      body: JSON.stringify({messages: history, stream: true, stream_options: {include_usage: true},
                             max_tokens: MAX_TOKENS}),
     });
     if (!res.ok) throw new Error(await errorOf(res));
@@ -142,7 +144,7 @@ async function ask(prompt) {
     const elapsed = (performance.now() - started) / 1000;
     const rate = received > 1 ? `, ${wordsASecond((last - first) / (received - 1))}` : "";
     note(reply, `${tokens ?? received} tokens in ${elapsed.toFixed(1)} s${rate}` +
-      `${cut ? ", cut at the token limit" : ""}`);
+      `${cut ? `, cut at the ${MAX_TOKENS}-token limit (finish reason: length)` : ""}`);
     if (received > 1) {
       answerTpot = (last - first) / (received - 1);
       measured(headTpot);
@@ -267,6 +269,9 @@ async function pollRing() {
     $("ring-error").hidden = false;
     return;
   }
+  $("plain-note").hidden = !ring.plain_chat;
+  $("plain-note").textContent = ring.plain_chat ? PLAIN_NOTE : "";
+  $("prompt").placeholder = ring.plain_chat ? "Start a text for the model to continue…" : "Ask something…";
   const nLayers = Math.max(0, ...ring.nodes.flatMap((n) => n.windows.map(([, b]) => b)));
   $("nodes").replaceChildren(...ring.nodes.map((n) => nodeItem(n, nLayers)));
   $("ring-error").hidden = !ring.error;
