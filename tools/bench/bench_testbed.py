@@ -58,7 +58,7 @@ def profile_check(record: dict, profiles: dict) -> list[dict]:
     return rows
 
 
-def measure_plan(head: str, strategy: str, tokens: int, folder: Path, ctx: int = 0) -> dict:
+def measure_plan(head: str, strategy: str, tokens: int, folder: Path, ctx: int = 0, raw: bool = False) -> dict:
     plan_file = folder / f"plan-{strategy}.json"
     ctl(head, "plan", "--strategy", strategy, "--out", str(plan_file), "--json", *(["--ctx", str(ctx)] if ctx else []))
     plan = json.loads(plan_file.read_text())
@@ -67,9 +67,10 @@ def measure_plan(head: str, strategy: str, tokens: int, folder: Path, ctx: int =
     started = time.perf_counter()
     ctl(head, "start", "--plan", str(plan_file))
     load_s = time.perf_counter() - started
-    ctl(head, "generate", "--max-tokens", "3", "--temperature", "0", "--speculate", "off", "--raw", "Hello")
+    as_text = ["--raw"] if raw else []  # a synthetic store has no chat template; an instruct model ends a raw prompt
+    ctl(head, "generate", "--max-tokens", "3", "--temperature", "0", "--speculate", "off", *as_text, "Hello")
     out = json.loads(ctl(head, "generate", "--max-tokens", str(tokens), "--temperature", "0", "--speculate", "off",
-                         "--raw", "--json", PROMPT))
+                         *as_text, "--json", PROMPT))
     status = json.loads(ctl(head, "status", "--json"))
     nodes = [{"address": r["address"], "name": r["name"], "windows": r["windows"], "predicted_ms": r["predicted_ms"],
               "measured_ms": r["measured_ms"], "rss_bytes": r["rss_bytes"], "disk_read_bytes": r["disk_read_bytes"]}
@@ -80,14 +81,14 @@ def measure_plan(head: str, strategy: str, tokens: int, folder: Path, ctx: int =
             "nodes": nodes}
 
 
-async def _concurrent(head: str, n: int, tokens: int) -> tuple[int, float]:
+async def _concurrent(head: str, n: int, tokens: int, raw: bool) -> tuple[int, float]:
     from prima_rpc.client import PrimaClient, Token
 
     async def one(i: int) -> int:
         got = 0
         async with PrimaClient(head) as client:
             async for event in client.generate(f"{PROMPT} ({i})", max_tokens=tokens, temperature=0.0,
-                                               speculate="off", raw=True):
+                                               speculate="off", raw=raw):
                 got += isinstance(event, Token)
         return got
 
@@ -96,11 +97,11 @@ async def _concurrent(head: str, n: int, tokens: int) -> tuple[int, float]:
     return sum(counts), time.perf_counter() - started
 
 
-def concurrency(head: str, levels: list[int], tokens: int) -> list[dict]:
+def concurrency(head: str, levels: list[int], tokens: int, raw: bool = False) -> list[dict]:
     """Aggregate tokens/s of n requests at once, for 1 and each level, on the plan applied now."""
     rows = []
     for n in [1, *levels]:
-        got, wall = asyncio.run(_concurrent(head, n, tokens))
+        got, wall = asyncio.run(_concurrent(head, n, tokens, raw))
         rows.append({"requests": n, "tokens": got, "seconds": wall, "tokens_per_s": got / wall})
     for r in rows:
         r["vs_one"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
@@ -164,6 +165,7 @@ def main() -> None:
                    "($PRIMA_PREFETCH_DEPTH=0): the prefetch-off row")
     p.add_argument("--ctx", type=int, default=1024, help="the context the nodes keep KV room for and the plans price "
                    "(0: the model's own)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as plain text (a store without a chat template)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     env = {"PRIMA_PREFETCH_DEPTH": "0"} if a.no_prefetch else {}
@@ -179,13 +181,13 @@ def main() -> None:
                   "profiles": profile_check(record, profiles), "plans": []}
         with tempfile.TemporaryDirectory() as tmp:
             for s in a.strategies:
-                result["plans"].append(measure_plan(record["head"], s, a.tokens, Path(tmp), a.ctx))
+                result["plans"].append(measure_plan(record["head"], s, a.tokens, Path(tmp), a.ctx, a.raw))
                 print(json.dumps({k: v for k, v in result["plans"][-1].items() if k != "nodes"}), file=sys.stderr)
             result["memory"] = memory_peaks(a.base_port)
             if a.concurrent:
                 if len(a.strategies) > 1:
-                    measure_plan(record["head"], a.strategies[0], 2, Path(tmp), a.ctx)
-                result["concurrency"] = concurrency(record["head"], a.concurrent, a.tokens)
+                    measure_plan(record["head"], a.strategies[0], 2, Path(tmp), a.ctx, a.raw)
+                result["concurrency"] = concurrency(record["head"], a.concurrent, a.tokens, a.raw)
     finally:
         if not a.keep:
             bed.down(a.base_port, say=lambda line: None)
