@@ -68,6 +68,9 @@ class ControlService(rpc.ControlServicer):
     def __init__(self, node: Node, stop: asyncio.Event):
         self.node, self.stop = node, stop
         self.serving = asyncio.Semaphore(fetch.MAX_SERVING)  # transfers served at once; more wait their turn
+        # one profile at a time: two at once measure each other, and the second finds the first one's cache
+        # (the head's live re-planner asks for profiles while prima-ctl may too)
+        self.profiling = asyncio.Lock()
 
     async def Info(self, request, context):
         return self.node.info()
@@ -136,15 +139,8 @@ class ControlService(rpc.ControlServicer):
         if (node.head and node.head.requests) or (node.shard and node.shard.caches):
             await abort(context, Code.FAILED_PRECONDITION, "requests are in flight; profile an idle ring")
         try:
-            # the node's dtype; its first use on this machine times kernels, so on the compute thread
-            dtype = await asyncio.get_running_loop().run_in_executor(node.pool, lambda: node.dtype_name)
-            prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
-                                        node.link if node.peer else None, dtype=dtype,
-                                        refresh=request.refresh, is_head=node.role == "head",
-                                        mem_budget=node.mem_budget, compute=node.pool,  # idle, as checked above
-                                        cache_path=owner.profile_cache(node.cfg.name or node.address,
-                                                                       node.cfg.max_cpu))
-            prof = owner.limited(prof, node.cfg.max_cpu)
+            async with self.profiling:
+                prof = await self._profile(request.refresh)
         except LinkDown as exc:
             await abort(context, Code.UNAVAILABLE, str(exc))
         except OSError as exc:
@@ -152,6 +148,17 @@ class ControlService(rpc.ControlServicer):
         manifest = (node.store.root / MANIFEST).read_text() if node.store else ""  # its store, or its cache
         # its --kv-dtype: the plan prices its KV so (auto: the plan's choice)
         return frames.profile_reply(json.dumps(prof.to_json() | {"kv_dtype": node.cfg.kv_dtype}), manifest)
+
+    async def _profile(self, refresh: bool):
+        node = self.node
+        # the node's dtype; its first use on this machine times kernels, so on the compute thread
+        dtype = await asyncio.get_running_loop().run_in_executor(node.pool, lambda: node.dtype_name)
+        prof = await profile_device(node.cfg.name or node.address, node.cfg.model,
+                                    node.link if node.peer else None, dtype=dtype,
+                                    refresh=refresh, is_head=node.role == "head",
+                                    mem_budget=node.mem_budget, compute=node.pool,  # idle, as checked above
+                                    cache_path=owner.profile_cache(node.cfg.name or node.address, node.cfg.max_cpu))
+        return owner.limited(prof, node.cfg.max_cpu)
 
     async def SetPeer(self, request, context):
         peer = request.peer
