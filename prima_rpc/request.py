@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from prima_rpc.spec.speculation import DEPTH, DRAFT_TOKENS  # noqa: F401 (re-exported: callers import them here)
 from prima_rpc.v1 import prima_pb2 as pb
 
 MAX_INT32 = 2**31 - 1  # max_tokens and top_k are int32 on the wire
@@ -19,8 +20,7 @@ TOP_P = (0.0, 1.0)  # 1: off
 SEED = (0, 2**64 - 1)  # uint64 on the wire
 MAX_STOP = 16  # stop strings per request (the head's limit)
 SPECULATE = ("off", "ngram", "draft")  # speculative decoding: none, prompt lookup, the head's draft model
-DRAFT_TOKENS = (1, 16)  # the most tokens drafted per trip
-DEPTH = (1, 16)  # speculative windows in flight round the ring
+
 PENALTY = (-2.0, 2.0)  # presence and frequency penalties: OpenAI's range
 REPETITION_PENALTY = (0.0, 10.0)  # CTRL's divisor; 1 (or 0 on the wire): off; 0 itself is refused
 TOP_LOGPROBS = (0, 20)  # OpenAI's most alternatives per position

@@ -16,7 +16,7 @@ geometric (E = 1 / (1 - a)), and it came back floor(K / N) periods after the cha
 trip above.
 """
 
-from prima_rpc.request import DEPTH, DRAFT_TOKENS
+from prima_rpc.spec.speculation import DEPTH, DRAFT_TOKENS
 from solver.cost_model import Instance, evaluate
 
 

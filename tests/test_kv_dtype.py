@@ -120,8 +120,8 @@ def test_the_reference_with_int8_kv_stays_close_to_float_and_int4_further(tiny_s
 
 
 def test_prima_ctl_run_takes_kv_dtype_and_refuses_a_bad_one(tiny_store):
-    res = ctl_here("run", "--model", str(tiny_store), "--raw", "--max-tokens", "6", "--kv-dtype", "int8", "--json",
-                   "hello there")
+    res = ctl_here("run", "--model", str(tiny_store), "--raw", "--max-tokens", "6", "--temperature", "0",
+                   "--kv-dtype", "int8", "--json", "hello there")
     assert res.returncode == 0, res.stderr
     ref = ReferenceModel(tiny_store, kv_dtype=INT8)
     expected = [t.token_id for t in ref.generate("hello there", GenerateParams(max_tokens=6), raw=True)]

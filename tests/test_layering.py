@@ -19,11 +19,13 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "nodes.engine": (SPEC, "nodes"),
     "nodes.generation": (SPEC, *WIRE, "nodes", "nodes.engine"),
     "nodes.profiling": (SPEC, *WIRE, "nodes", "nodes.engine", "nodes.generation"),
-    "nodes.ring": (SPEC, *WIRE, "nodes", "nodes.engine", "nodes.generation", "nodes.profiling"),
+    # the head re-plans live (nodes/ring/replanner.py): it solves Halda itself
+    "nodes.ring": (SPEC, *WIRE, "solver", "nodes", "nodes.engine", "nodes.generation", "nodes.profiling"),
     "tools": (SPEC, *WIRE, "solver", "nodes", "nodes.engine", "nodes.generation"),  # importers, synth
     "prima_rpc.app": (SPEC, *WIRE, "solver", "nodes", "nodes.engine", "nodes.generation", "tools"),
     # Above the application: the benchmarks and the tests drive it as a user would (they start local rings).
     "tools.bench": ("*",),
+    "tools.testbed": ("*",),  # a home of devices on one machine: it starts their nodes and waits for them
     "tests": ("*",),
 }
 # The application reaches the importers through one module, not through each of them.

@@ -20,15 +20,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nodes.generation.head_step import RowLogits
 from nodes.generation.state import Generation, TokenOut
 from nodes.jobs import run_job
 from nodes.ring.head_requests import HeadRequest, Window
-
-if TYPE_CHECKING:
-    from nodes.ring.head import Head
 
 
 @dataclass
@@ -43,7 +39,7 @@ def ahead(gen: Generation) -> bool:
     return gen.spec.on and gen.params.speculate.depth > 1 and not gen.params.shapes_logits
 
 
-async def decode_ahead(head: "Head", req: HeadRequest, request_id: str, gen: Generation) -> AsyncIterator[TokenOut]:
+async def decode_ahead(head, req: HeadRequest, request_id: str, gen: Generation) -> AsyncIterator[TokenOut]:
     """The request's tokens, from windows in flight, until it is done."""
     node, depth = head.node, gen.params.speculate.depth
     chain: deque[_Flight] = deque()
@@ -68,7 +64,7 @@ async def decode_ahead(head: "Head", req: HeadRequest, request_id: str, gen: Gen
         _cancel(chain)
 
 
-async def _next_window(head: "Head", req: HeadRequest, request_id: str, gen: Generation,
+async def _next_window(head, req: HeadRequest, request_id: str, gen: Generation,
                        chain: deque[_Flight]) -> _Flight | None:
     """The next window of the chain, sent; None when there is nothing to send (the drafter proposes nothing
     past the windows in flight, or the request may emit no more)."""
@@ -85,7 +81,7 @@ async def _next_window(head: "Head", req: HeadRequest, request_id: str, gen: Gen
     return _Flight(ids, pos, window)
 
 
-async def draft_for(head: "Head", gen: Generation, drafted: list[int] = ()) -> list[int]:
+async def draft_for(head, gen: Generation, drafted: list[int] = ()) -> list[int]:
     """Drafts that follow the accepted tokens and `drafted`: a draft model runs on the compute thread, a member's
     (nodes/ring/drafts.py) is asked over the network, prompt lookup runs here."""
     model = gen.spec.draft_model

@@ -125,11 +125,12 @@ class Replanner:
 
     def _price(self, ring: list[str], infos: list[pb.NodeInfo]) -> bool:
         """The cost model's per-node times for the windows the ring holds now (a new epoch)."""
-        from prima_rpc.app.applied_plan import priced
+        from nodes.engine.prefetch import KV_RESERVE_TOKENS
+        from solver.applied import priced
 
         try:
             k, windows = held(infos, self.node.store.config.n_layers)
-            plan = priced(self.devices(ring, infos), self.manifest, k, windows)
+            plan = priced(self.devices(ring, infos), self.manifest, k, windows, KV_RESERVE_TOKENS)
         except ValueError as exc:
             self.node.log.info("live re-plan cannot price these windows", error=str(exc))
             return False

@@ -43,14 +43,9 @@ def predict(head: str, token: str | None) -> dict:
 
 
 def priced(devices: tuple, manifest: dict, k: int, windows: list[int]) -> dict:
-    """The plan JSON of the assignment (k rounds, each device's window per round) on these profiles."""
+    """The plan JSON of the assignment (k rounds, each device's window per round) on these profiles, with the KV
+    room a node keeps under an explicit budget."""
     from nodes.engine.prefetch import KV_RESERVE_TOKENS  # torch and the solver: only when a prediction is asked for
-    from solver.cost_model import Instance, evaluate
-    from solver.model_profile import ModelProfile
-    from solver.plan import build_plan
-    from solver.strategies import plan_to_json
+    from solver.applied import priced as price
 
-    inst = Instance(devices, ModelProfile.from_json(manifest), n_ctx=KV_RESERVE_TOKENS)
-    gpu, members = [0] * len(windows), [True] * len(windows)  # nodes run their layers on CPU; the walk finds members
-    plan = build_plan(inst, k, windows, gpu, members, 0.0, "applied")
-    return plan_to_json(plan, inst.model.n_layers, evaluate(inst, k, windows, gpu, members))
+    return price(devices, manifest, k, windows, KV_RESERVE_TOKENS)

@@ -102,12 +102,11 @@ def _retried(fn, args, kwargs, target):
 
 
 def _target(args, kwargs):
-    """The Target of a ring command (in its context), else None."""
-    from prima_rpc.app.cli_args import Target
-
+    """The Target of a ring command (in its context: what has a node to ask), else None. By its fields, not its
+    class: prima_rpc.app.cli_args imports this module."""
     for value in (*args, *kwargs.values()):
         obj = getattr(value, "obj", None)
-        if isinstance(value, typer.Context) and isinstance(obj, Target):
+        if isinstance(value, typer.Context) and hasattr(obj, "node") and hasattr(obj, "token"):
             return obj
     return None
 

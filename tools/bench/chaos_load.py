@@ -16,20 +16,23 @@ TOOL = {"type": "function", "function": {"name": "weather", "parameters": {
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
           "required": ["city", "sunny"]}
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
-MIX = {  # name -> (path, body, streamed)
-    "chat-stream": ("/v1/chat/completions", {"model": "m", "messages": ASK, "max_tokens": 16, "stream": True}, True),
-    "chat": ("/v1/chat/completions", {"model": "m", "messages": ASK, "max_tokens": 16}, False),
+MIX = {  # name -> (path, body, streamed); greedy, to be checked against the reference
+    "chat-stream": ("/v1/chat/completions", {"model": "m", "messages": ASK, "max_tokens": 16, "stream": True,
+                                             "temperature": 0}, True),
+    "chat": ("/v1/chat/completions", {"model": "m", "messages": ASK, "max_tokens": 16, "temperature": 0}, False),
     "tool-call": ("/v1/chat/completions", {"model": "m", "messages": [
         {"role": "user", "content": "Weather in Paris?"}], "tools": [TOOL],
-        "tool_choice": "required", "max_tokens": 24}, False),
+        "tool_choice": "required", "max_tokens": 24, "temperature": 0}, False),
     "json-schema": ("/v1/chat/completions", {"model": "m", "messages": [
         {"role": "user", "content": "Describe Paris's weather as JSON."}], "max_tokens": 24,
+        "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}}, False),
-    "long-prompt": ("/v1/completions", {"model": "m", "prompt": LONG, "max_tokens": 12}, False),
-    "n2": ("/v1/completions", {"model": "m", "prompt": "The three primary colors are", "max_tokens": 10, "n": 2},
-           False),
-    "anthropic": ("/v1/messages", {"model": "m", "messages": ASK, "max_tokens": 16}, False),
-    "ollama": ("/api/chat", {"model": "m", "messages": ASK, "stream": False, "options": {"num_predict": 16}}, False),
+    "long-prompt": ("/v1/completions", {"model": "m", "prompt": LONG, "max_tokens": 12, "temperature": 0}, False),
+    "n2": ("/v1/completions", {"model": "m", "prompt": "The three primary colors are", "max_tokens": 10, "n": 2,
+                               "temperature": 0}, False),
+    "anthropic": ("/v1/messages", {"model": "m", "messages": ASK, "max_tokens": 16, "temperature": 0}, False),
+    "ollama": ("/api/chat", {"model": "m", "messages": ASK, "stream": False,
+                             "options": {"num_predict": 16, "temperature": 0}}, False),
 }
 VOLATILE = {"id", "created", "created_at", "system_fingerprint", "total_duration", "load_duration",
             "prompt_eval_duration", "eval_duration", "model", "drafted", "accepted"}  # speculation: timing-dependent
