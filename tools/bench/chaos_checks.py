@@ -7,7 +7,7 @@ import time
 import psutil
 
 from tools.bench.chaos_load import send
-from tools.bench.chaos_ring import ChaosRing, anon_rss
+from tools.bench.chaos_ring import ChaosRing, anon_rss, open_fds
 
 SETTLE_S = 120.0
 
@@ -25,7 +25,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def process_resources(proc) -> tuple[int, int, int, int]:
     p = psutil.Process(proc.pid)
-    return p.pid, anon_rss(p.pid), p.num_fds(), 0
+    return p.pid, anon_rss(p.pid), open_fds(p.pid), 0
 
 
 def growth(before: dict, after: dict) -> tuple[float, float]:

@@ -30,6 +30,16 @@ class Member:
     killed: bool = False  # the soak killed it (else a process that ended did so on its own: a failure)
 
 
+def open_fds(pid: int) -> int:
+    """Open descriptors that could leak: a cached prefix keeps one memfd a layer (nodes/engine/kv_share.py) as long as
+    the cache holds it, so those count with the prefix cache (bounded by its bytes), not here."""
+    try:
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return psutil.Process(pid).num_fds()
+    return sum(not link.startswith("/memfd:prima-prefix") for link in links)
+
+
 def anon_rss(pid: int) -> int:
     """A process's anonymous resident bytes (RssAnon): what a leak grows. Pages of mapped files (the store's
     safetensors read through mmap) are page cache the kernel takes back, not the process's to leak."""
@@ -143,7 +153,7 @@ class ChaosRing:
             info = self.info(address)
             try:
                 p = psutil.Process(self.nodes[address].proc.pid)
-                out[address] = (p.pid, anon_rss(p.pid), p.num_fds(), info.stats.resident_bytes if info else 0)
+                out[address] = (p.pid, anon_rss(p.pid), open_fds(p.pid), info.stats.resident_bytes if info else 0)
             except psutil.Error:
                 pass
         return out
