@@ -273,6 +273,12 @@ def down(base: int = DEFAULT_BASE, say=lambda line: print(line, file=sys.stderr)
             cgroups.DeviceGroups(tree, f"{base}/{dev.name}").remove()
             removed.append(f"group {top.parent.parent.name}:{base}/{dev.name}")
         top.rmdir()
+    for top in {g.parent for g in cgroups.leftovers("")} | {cgroups.Tree.detect().base(c) / "prima-testbed"
+                                                             for c in ("cpu", "memory", "blkio", "cpuset", "unified")}:
+        try:
+            top.rmdir()  # the testbeds' common parent, once no testbed is left in it
+        except OSError:
+            pass
     for name in netns.names(f"{NETNS_PREFIX}{base}-"):
         netns.delete(name)
         removed.append(f"namespace {name}")
