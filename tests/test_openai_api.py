@@ -4,10 +4,8 @@ import asyncio
 import contextlib
 import http.client
 import json
-import queue
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,9 +15,10 @@ import pytest
 
 from prima_rpc.app import ring
 from prima_rpc.app.local_ring import free_ports
-from prima_rpc.app.openai_api import ApiConfig, ApiError, model_id, parse_request, serve
+from prima_rpc.app.openai_api import ApiConfig, ApiError, model_id, parse_request
 from prima_rpc.client import PrimaClient, Token
 from prima_rpc.request import GenerateRequest, Message
+from tools.bench.http_harness import api_in_thread
 
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]
 RAW = "The three primary colors are"
@@ -28,29 +27,9 @@ TOKENS = 10
 
 @contextlib.contextmanager
 def api_server(head: str, token: str | None = None):
-    """The HTTP API on a free port, served by a background thread's event loop; yields its base URL."""
-    started: queue.Queue = queue.Queue()
-    loop_and_stop = []
-
-    async def main():
-        stop = asyncio.Event()
-        loop_and_stop.extend([asyncio.get_running_loop(), stop])
-        try:
-            await serve(ApiConfig(head, token), "127.0.0.1", 0, ready=started.put, stop=stop)
-        except BaseException as exc:  # handed to the test's thread below
-            started.put(exc)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True, name="openai-api")
-    thread.start()
-    url = started.get(timeout=30)
-    if isinstance(url, BaseException):
-        raise url
-    try:
-        yield url
-    finally:
-        loop, stop = loop_and_stop
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout=10)
+    """The HTTP API on a free port, served by a background thread's event loop; yields its base URL (.../v1)."""
+    with api_in_thread(ApiConfig(head, token)) as root:
+        yield root + "/v1"
 
 
 def post(url: str, data: bytes, headers: dict | None = None) -> tuple[int, dict]:
